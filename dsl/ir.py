@@ -1,0 +1,189 @@
+"""Kernel IR: SSA values in nested blocks, one node type (`Op`).
+
+A `Kernel` is one specialisation of an `@k.kernel` function (its constexprs are fixed):
+typed parameters, a `host` block that computes the launch grid from parameters, and a `body`
+block whose arguments are the program ids. Tile shapes are static integers; tensor sizes,
+strides and scalar parameters are runtime values.
+
+The op set (operands | attrs -> results). "tile" means any TileType, scalars are shape ().
+
+  const         -              | value, dtype          -> scalar
+  dim           tensor         | axis                  -> i32 scalar (tensor size on axis)
+  arange        -              | size                  -> i32[size] (0 .. size-1)
+  full          -              | shape, value, dtype   -> tile
+  load          tensor, idx*, [mask] | index, other     -> tile         (see INDEX KINDS)
+  store         tensor, idx*, value, [mask] | index    -> -
+  <binary>      a, b           | -                     -> broadcast(a, b) (cmp -> bool)
+  <unary>       x              | -                     -> like x
+  where         cond, a, b     | -                     -> broadcast
+  cast          x              | dtype                 -> x.shape of dtype
+  bitcast       x              | dtype                 -> same width, bits reinterpreted
+  sum/max/min   x              | axis (None = all)     -> reduced
+  cumsum        x              | axis, reverse         -> like x
+  dot           a[M,K], b[K,N] | precision             -> f32[M,N]
+  topk          x[..., L]      | n                     -> values[..., n], i32 positions[..., n]
+  take          x[..., L], i[..., n] | -               -> x gathered along the last axis
+  expand        x              | axis                  -> rank+1
+  trans         x[A,B]         | -                     -> [B,A]
+  broadcast     x              | shape                 -> tile of shape
+  reshape       x              | shape                 -> tile of shape (row-major)
+  cat           a[L], b[L]     | -                     -> [2L] (a then b)
+  for           lo, hi, step, init* | -  region(iv, carried*) -> carried*
+  yield         v*             | -                     -> -   (terminates a for body)
+
+INDEX KINDS of load/store (attr `index`, one entry per tensor axis, each consumes one operand):
+  "scalar"      an i32 scalar; the axis is dropped
+  "span:N"      an i32 scalar start; the axis becomes a tile axis of size N (lanes start..start+N-1)
+  "gather"      an i32 1-D index tile; the axis becomes a tile axis of that length
+The result's axes are the non-scalar entries in order. A lane is in bounds when every index is in
+[0, size of its axis); out-of-bounds lanes of a load read `other` (attr, or None = undefined; the
+numpy target fills NaN/poison so that reliance on undefined lanes shows), out-of-bounds lanes of a
+store are skipped. An optional bool `mask` operand (broadcast to the tile) further restricts lanes.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import dtypes as D
+from .errors import UNKNOWN, Loc
+
+
+# ---------------------------------------------------------------- types
+
+@dataclass(frozen=True)
+class TileType:
+    dtype: D.DType
+    shape: tuple[int, ...] = ()
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.shape == ()
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def __str__(self) -> str:
+        if not self.shape:
+            return self.dtype.name
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: D.DType
+    dims: tuple[str, ...]        # named/expression dims as written, e.g. ("N", "D // 128")
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def __str__(self) -> str:
+        dims = ", ".join(f'"{d}"' for d in self.dims)
+        return f"tensor<{self.dtype.name}>[{dims}]"
+
+
+Type = TileType | TensorType
+
+
+# ---------------------------------------------------------------- values, ops, blocks
+
+_ids = itertools.count()
+
+
+class Value:
+    """An SSA value. `name` is assigned by the printer; `hint` is the user's variable name."""
+    __slots__ = ("type", "uid", "hint")
+
+    def __init__(self, type: Type, hint: str | None = None):
+        self.type = type
+        self.uid = next(_ids)
+        self.hint = hint
+
+    def __repr__(self) -> str:
+        return f"<Value {self.hint or ''}#{self.uid}: {self.type}>"
+
+
+@dataclass(eq=False)
+class Block:
+    args: list[Value] = field(default_factory=list)
+    ops: list["Op"] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Op:
+    name: str
+    operands: list[Value]
+    results: list[Value]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    regions: list[Block] = field(default_factory=list)
+    loc: Loc = UNKNOWN
+
+    @property
+    def result(self) -> Value:
+        assert len(self.results) == 1, self.name
+        return self.results[0]
+
+
+@dataclass(eq=False)
+class Param:
+    name: str
+    value: Value          # type is TensorType or a scalar TileType
+
+    @property
+    def is_tensor(self) -> bool:
+        return isinstance(self.value.type, TensorType)
+
+
+@dataclass(eq=False)
+class Kernel:
+    name: str
+    params: list[Param]
+    constexprs: dict[str, Any]
+    host: Block                    # computes the grid extents (scalar i32 ops only)
+    grid: list[Value]              # 1-3 values defined in `host`
+    body: Block                    # args: program ids, one per grid dim
+    loc: Loc = UNKNOWN
+    configs: list[dict] = field(default_factory=list)
+
+    @property
+    def source_file(self) -> str:
+        return self.loc.file
+
+
+# ---------------------------------------------------------------- op families
+
+BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "maximum", "minimum",
+          "and", "or", "xor", "shl", "shr"}
+COMPARE = {"lt", "le", "gt", "ge", "eq", "ne"}
+UNARY = {"neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sigmoid", "softplus",
+         "relu", "not", "floor", "ceil"}
+FLOAT_ONLY_UNARY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "softplus",
+                    "floor", "ceil"}
+INT_ONLY_BINARY = {"and", "or", "xor", "shl", "shr"}
+REDUCE = {"sum", "max", "min"}
+
+
+def walk(block: Block):
+    """Every op in a block, nested regions included, in program order."""
+    for op in block.ops:
+        yield op
+        for region in op.regions:
+            yield from walk(region)
+
+
+def all_ops(kernel: Kernel):
+    yield from walk(kernel.host)
+    yield from walk(kernel.body)
+
+
+def parse_index_kind(kind: str) -> tuple[str, int | None]:
+    """"span:128" -> ("span", 128); "scalar" -> ("scalar", None)."""
+    if kind.startswith("span:"):
+        return "span", int(kind[5:])
+    return kind, None

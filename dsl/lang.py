@@ -1,0 +1,143 @@
+"""The DSL surface an op author imports as `k`: decorators, annotations and the names that are
+only meaningful inside a kernel. Calling those names from plain Python raises a K31Error; the
+frontend recognises them by identity while it reads the kernel's AST."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from . import dtypes as D
+from .errors import K31Error, Loc
+
+# The front door (k31dsl/__init__) installs the target dispatcher here, so that `dsl` never
+# imports `targets` (data flows one way).
+_COMPILER: Callable | None = None
+
+
+def set_compiler(fn: Callable) -> None:
+    global _COMPILER
+    _COMPILER = fn
+
+
+class TensorAnnot:
+    """`k.Tensor[k.bf16, "N", "D"]`: dtype plus one named or expression dim per axis."""
+
+    def __init__(self, dtype: D.DType, dims: tuple[str, ...]):
+        self.dtype, self.dims = dtype, dims
+
+    def __class_getitem__(cls, item):
+        item = item if isinstance(item, tuple) else (item,)
+        if not item or not isinstance(item[0], D.DType):
+            raise K31Error("k.Tensor[...] starts with a dtype, e.g. k.Tensor[k.f32, \"N\", \"D\"]")
+        dims = []
+        for d in item[1:]:
+            if not isinstance(d, (str, int)):
+                raise K31Error(f"k.Tensor dims are names or expressions in strings, got {d!r}")
+            dims.append(str(d))
+        if not dims:
+            raise K31Error("k.Tensor[...] needs at least one dim")
+        return cls(item[0], tuple(dims))
+
+    def __repr__(self) -> str:
+        return f"k.Tensor[{self.dtype!r}, {', '.join(map(repr, self.dims))}]"
+
+
+Tensor = TensorAnnot
+
+
+class _Constexpr:
+    def __repr__(self) -> str:
+        return "k.constexpr"
+
+
+constexpr = _Constexpr()
+
+
+class FuncDef:
+    """A `@k.func` device helper; the frontend inlines it at each call."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.name = fn.__name__
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *a, **kw):
+        raise K31Error(f"@k.func `{self.name}` can only be called from inside a @k.kernel or another @k.func")
+
+
+class KernelDef:
+    """A `@k.kernel` function. `kern[target]` (or `k.compile(kern, target=...)`) gives a callable."""
+
+    def __init__(self, fn: Callable, configs: list[dict] | None = None):
+        self.fn = fn
+        self.name = fn.__name__
+        self.configs = [dict(c) for c in (configs or [])]
+        functools.update_wrapper(self, fn)
+        try:
+            self.file = inspect.getsourcefile(fn) or "<unknown>"
+            self.first_line = inspect.getsourcelines(fn)[1]
+        except (OSError, TypeError):
+            self.file, self.first_line = "<unknown>", 0
+        self._compiled: dict = {}
+
+    @property
+    def loc(self) -> Loc:
+        return Loc(self.file, self.first_line, 0)
+
+    def __getitem__(self, target: str):
+        return self.compile(target)
+
+    def compile(self, target: str = "numpy", **options):
+        if _COMPILER is None:
+            raise K31Error("no target dispatcher installed; import k31dsl first")
+        key = (target, tuple(sorted(options.items())))
+        if key not in self._compiled:
+            self._compiled[key] = _COMPILER(self, target, **options)
+        return self._compiled[key]
+
+    def ir(self, **constexprs):
+        """The kernel IR for one specialisation (constexprs default from the signature/configs)."""
+        from .frontend import build_kernel
+        return build_kernel(self, constexprs)
+
+    def __call__(self, *a, **kw):
+        raise K31Error(f"call a compiled kernel: `{self.name}[\"numpy\"](...)` or "
+                       f"`k.compile({self.name}, target=...)(...)`")
+
+    def __repr__(self) -> str:
+        return f"<k31dsl kernel {self.name} ({self.file}:{self.first_line})>"
+
+
+def kernel(fn: Callable | None = None, *, configs: list[dict] | None = None):
+    if fn is None:
+        return lambda f: KernelDef(f, configs)
+    return KernelDef(fn, configs)
+
+
+def func(fn: Callable) -> FuncDef:
+    return FuncDef(fn)
+
+
+# ---------------------------------------------------------------- in-kernel names
+
+def _in_kernel_only(name: str):
+    def stub(*a, **kw):
+        raise K31Error(f"k.{name} can only be used inside a @k.kernel or @k.func body")
+    stub.__name__ = name
+    stub.__qualname__ = name
+    return stub
+
+
+IN_KERNEL = ("grid span arange zeros full exp exp2 log log2 sqrt rsqrt abs sigmoid softplus relu "
+             "floor ceil maximum minimum where sum max min cumsum dot topk take cat reshape "
+             "broadcast_to cdiv load store static_range cast bitcast").split()
+
+for _n in IN_KERNEL:
+    globals()[_n] = _in_kernel_only(_n)
+
+BUILTIN_BY_ID: dict[int, str] = {id(globals()[_n]): _n for _n in IN_KERNEL}
+
+
+def builtin_name(obj: Any) -> str | None:
+    return BUILTIN_BY_ID.get(id(obj))

@@ -1,0 +1,3 @@
+from k31dsl.cli import main
+
+raise SystemExit(main())

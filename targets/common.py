@@ -1,0 +1,130 @@
+"""What every target's callable shares: constexpr specialisation, argument checking against the
+kernel's annotations (dtype, rank, named dims), and the error a wrong call produces."""
+from __future__ import annotations
+
+import ast
+from typing import Any, Callable
+
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.ir import Kernel, TensorType
+
+
+def _array_facts(x, allow_numpy: bool):
+    """(dtype, shape) of a torch tensor (or numpy array where the target accepts them)."""
+    try:
+        import torch
+        if isinstance(x, torch.Tensor):
+            return D.from_torch(x.dtype), tuple(x.shape)
+    except ImportError:
+        pass
+    if allow_numpy:
+        import numpy as np
+        if isinstance(x, np.ndarray):
+            return D.from_numpy(x.dtype), tuple(x.shape)
+    return None
+
+
+def _eval_dim(expr: str, env: dict[str, int]):
+    """Evaluate a dim annotation such as "D // 128" once its names are known; None if not yet."""
+    tree = ast.parse(expr, mode="eval")
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    if not names <= env.keys():
+        return None
+    allowed = (ast.Expression, ast.BinOp, ast.Name, ast.Constant, ast.Load, ast.Add, ast.Sub,
+               ast.Mult, ast.FloorDiv, ast.Mod, ast.UnaryOp, ast.USub, ast.Call)
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return None
+    return eval(compile(tree, "<dim>", "eval"), {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, dict(env))
+
+
+def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
+    """Validate a call against the kernel's parameters; returns the arguments in order."""
+    where = f"{kdef.file}:{kdef.first_line}"
+    params = kernel.params
+    if len(args) != len(params):
+        names = ", ".join(p.name for p in params)
+        raise K31Error(f"{where}: kernel `{kernel.name}` takes {len(params)} arguments ({names}), got {len(args)}")
+    dims: dict[str, int] = {k: v for k, v in kernel.constexprs.items() if isinstance(v, int)}
+    pending = []
+    for p, a in zip(params, args):
+        t = p.value.type
+        if isinstance(t, TensorType):
+            facts = _array_facts(a, allow_numpy)
+            if facts is None:
+                kind = "a torch tensor" + (" or numpy array" if allow_numpy else "")
+                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` must be {kind}, got {type(a).__name__}")
+            dt, shape = facts
+            ok = dt is t.dtype or (t.dtype is D.e8m0 and dt is D.u8)
+            if not ok:
+                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` has dtype "
+                               f"{dt.name if dt else '?'}, the kernel expects {t.dtype.name}",
+                               hint=None)
+            if len(shape) != t.rank:
+                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` has rank {len(shape)} "
+                               f"(shape {list(shape)}), the kernel expects rank {t.rank} {list(t.dims)}")
+            for axis, (expr, size) in enumerate(zip(t.dims, shape)):
+                if expr.isidentifier() and expr not in dims:
+                    dims[expr] = size
+                else:
+                    pending.append((p.name, axis, expr, size))
+        else:
+            if _array_facts(a, True) is not None and getattr(a, "ndim", 1) != 0:
+                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` is a scalar "
+                               f"{t.dtype.name}, got an array")
+            if t.dtype.is_int and not isinstance(a, (int,)) and not hasattr(a, "__index__"):
+                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` must be an integer, got {a!r}")
+            if t.dtype.is_float and not isinstance(a, (int, float)) and not hasattr(a, "__float__"):
+                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` must be a number, got {a!r}")
+    for name, axis, expr, size in pending:
+        want = _eval_dim(expr, dims)
+        if want is not None and want != size:
+            bound = ", ".join(f"{k}={v}" for k, v in dims.items() if k in expr)
+            raise K31Error(f"{where}: argument `{name}` of `{kernel.name}` has size {size} on axis {axis}, "
+                           f"but its annotation says {expr} = {want} ({bound})")
+    return list(args)
+
+
+class CompiledKernel:
+    """A kernel bound to a target. Call it with the kernel's parameters (torch tensors, numbers);
+    constexprs may be passed by keyword and select a specialisation."""
+
+    allow_numpy = False
+
+    def __init__(self, kdef, target: str, build: Callable[[Kernel], Callable], **options):
+        self.kdef, self.target, self.build, self.options = kdef, target, build, options
+        self._ir: dict = {}
+        self._launch: dict = {}
+
+    def ir(self, **constexprs) -> Kernel:
+        key = tuple(sorted(constexprs.items()))
+        if key not in self._ir:
+            self._ir[key] = self.kdef.ir(**constexprs)
+        return self._ir[key]
+
+    def _split(self, kwargs: dict[str, Any]):
+        kernel = self.ir()
+        cx = {k: v for k, v in kwargs.items() if k in kernel.constexprs}
+        rest = {k: v for k, v in kwargs.items() if k not in kernel.constexprs}
+        return cx, rest
+
+    def __call__(self, *args, **kwargs):
+        cx, rest = self._split(kwargs)
+        kernel = self.ir(**cx)
+        if rest:
+            names = [p.name for p in kernel.params]
+            unknown = set(rest) - set(names)
+            if unknown:
+                raise K31Error(f"{self.kdef.file}:{self.kdef.first_line}: kernel `{kernel.name}` has no "
+                               f"parameter {', '.join(sorted(unknown))}")
+            args = list(args) + [rest[n] for n in names[len(args):] if n in rest]
+        bound = check_args(kernel, self.kdef, tuple(args), self.allow_numpy)
+        key = tuple(sorted(cx.items()))
+        if key not in self._launch:
+            self._launch[key] = self.build(kernel)
+        return self._launch[key](*bound)
+
+    def source(self, **constexprs) -> str:
+        from k31dsl.targets import emit_source
+        files = emit_source(self.ir(**constexprs), self.target, **self.options)
+        return "\n".join(files.values())
