@@ -1,0 +1,5 @@
+"""Test set-up: the Triton interpreter must be selected before triton is imported anywhere."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("K31_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "k31"))
