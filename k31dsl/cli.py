@@ -1,0 +1,521 @@
+"""The `k31dsl` command line: compile kernels to a target, list the op library, check every op
+against its oracle. `main(argv)` returns the exit code (0 ok, 1 a user error or a failed check,
+2 a bad command line or a target that is not built yet, 3 an internal compiler error)."""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from k31dsl.dsl.errors import K31Error, Loc, error
+from k31dsl.version import __version__
+
+TARGETS = ("numpy", "triton", "ascendc")
+TARGET_TITLES = {"numpy": "NumPy", "triton": "Triton", "ascendc": "AscendC"}
+NOT_BUILT_ISSUE = {"ascendc": "issue 3"}
+EXTRA_OPS_ENV = "K31_EXTRA_OPS"
+
+
+class TargetNotBuilt(Exception):
+    """The target's runtime module does not exist yet (exit code 2)."""
+
+
+# ---------------------------------------------------------------- terminal output
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+    stream = sys.stderr if stderr else sys.stdout
+    # Off a terminal (CI logs, pipes) keep lines long rather than wrapping tables at 80 columns.
+    width = None if stream.isatty() else 160
+    return Console(file=stream, width=width, highlight=False, soft_wrap=stderr)
+
+
+def _print_error(message: str) -> None:
+    from rich.markup import escape
+    _console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
+
+
+# ---------------------------------------------------------------- loading kernels
+
+def _user_frame_loc(exc: BaseException, path: Path) -> Loc | None:
+    """The deepest traceback frame inside the user's file, as a Loc."""
+    loc = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and Path(frame.filename).resolve() == path.resolve():
+            loc = Loc(frame.filename, frame.lineno or 0, 0)
+    return loc
+
+
+def _package_module_name(path: Path) -> str | None:
+    """`ops/quant.py` of this checkout is `k31dsl.ops.quant`: import it under that name so that
+    relative imports work and its ops do not register twice."""
+    for name in ("k31dsl", "k31dsl.dsl", "k31dsl.ops", "k31dsl.model", "k31dsl.lowering"):
+        try:
+            pkg = importlib.import_module(name)
+        except ImportError:
+            continue
+        for d in getattr(pkg, "__path__", []):
+            if Path(d).resolve() == path.parent.resolve():
+                return f"{name}.{path.stem}"
+    return None
+
+
+def import_path(path: Path):
+    """Import a Python file as a module; errors while running it become K31Errors at their line."""
+    if not path.is_file():
+        raise K31Error(f"{path}: no such file")
+    pkg_name = _package_module_name(path)
+    try:
+        if pkg_name is not None:
+            return importlib.import_module(pkg_name)
+        name = "k31user_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, str(path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.parent))    # sibling imports, as `python FILE` allows
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        finally:
+            sys.path.remove(str(path.parent))
+        return module
+    except SyntaxError as e:
+        loc = Loc(e.filename or str(path), e.lineno or 0, max((e.offset or 1) - 1, 0))
+        raise error(f"syntax error: {e.msg}", loc) from None
+    except K31Error as e:
+        if e.loc is not None:
+            raise
+        raise error(e.message, _user_frame_loc(e, path), e.hint) from None
+    except Exception as e:  # noqa: BLE001 - the user's module-level code failed
+        loc = _user_frame_loc(e, path)
+        raise error(f"importing {path} raised {type(e).__name__}: {e}", loc,
+                    f"run `python {path}` to see the full traceback") from None
+
+
+def _kernel_defs(module, path: Path, selected: str | None) -> list:
+    from k31dsl.dsl.lang import KernelDef
+    found = {id(v): v for v in vars(module).values() if isinstance(v, KernelDef)}
+    kdefs = sorted(found.values(), key=lambda d: (d.file, d.first_line))
+    if selected:
+        match = [d for d in kdefs if d.name == selected]
+        if not match:
+            names = ", ".join(d.name for d in kdefs) or "none"
+            raise K31Error(f"{path}: no @k.kernel named `{selected}` (kernels here: {names})")
+        return match
+    own = [d for d in kdefs if Path(d.file).resolve() == path.resolve()]
+    if not own:
+        raise K31Error(f"{path}: no @k.kernel functions defined in this file",
+                       hint="decorate a function with @k.kernel, or name one with PATH::KERNEL")
+    return own
+
+
+def _constexpr_names(kdef) -> list[str]:
+    from k31dsl.dsl.lang import constexpr
+    names = []
+    for p in inspect.signature(kdef.fn).parameters.values():
+        ann = p.annotation
+        if ann is constexpr or (isinstance(ann, str) and ann.split(".")[-1] == "constexpr"):
+            names.append(p.name)
+    return names
+
+
+def parse_constexpr(item: str) -> tuple[str, object]:
+    """`BD=64` -> ("BD", 64); values are Python literals, true/false, or a dtype name."""
+    from k31dsl.dsl import dtypes as D
+    name, eq, text = item.partition("=")
+    name, text = name.strip(), text.strip()
+    if not eq or not name.isidentifier() or not text:
+        raise K31Error(f"--constexpr {item!r}: write NAME=VALUE, e.g. --constexpr BD=64")
+    if text in ("true", "false"):
+        return name, text == "true"
+    if text.removeprefix("k.") in D.BY_NAME:
+        return name, D.BY_NAME[text.removeprefix("k.")]
+    try:
+        return name, ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise K31Error(f"--constexpr {item!r}: {text!r} is not a number, true/false or a dtype "
+                       f"name ({', '.join(D.BY_NAME)})") from None
+
+
+def load_kernels(spec: str, constexprs: dict) -> list:
+    """Kernel IRs for `PATH[::KERNEL]`: a Python file with @k.kernel functions or a .k31 file."""
+    path_text, _, selected = spec.partition("::")
+    path = Path(path_text)
+    if path.suffix == ".k31":
+        return _load_k31(path, selected, constexprs)
+    if path.suffix != ".py":
+        raise K31Error(f"{path}: expected a Python file (.py) with @k.kernel functions or a .k31 IR file")
+    kdefs = _kernel_defs(import_path(path), path, selected or None)
+    known = {d.name: _constexpr_names(d) for d in kdefs}
+    for name in constexprs:
+        if not any(name in names for names in known.values()):
+            have = "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in known.items())
+            raise K31Error(f"--constexpr {name}: no selected kernel has a constexpr named {name} "
+                           f"(constexprs by kernel: {have})")
+    return [d.ir(**{n: v for n, v in constexprs.items() if n in known[d.name]}) for d in kdefs]
+
+
+def _load_k31(path: Path, selected: str, constexprs: dict) -> list:
+    if constexprs:
+        raise K31Error(f"{path}: a .k31 kernel is already specialised; --constexpr applies to "
+                       "Python sources")
+    if not path.is_file():
+        raise K31Error(f"{path}: no such file")
+    try:
+        from k31dsl.dsl.parse import parse_file
+    except ImportError:
+        raise K31Error("the .k31 parser (dsl/parse.py) is not built yet") from None
+    parsed = parse_file(str(path))
+    kernels = list(parsed) if isinstance(parsed, (list, tuple)) else [parsed]
+    if selected:
+        match = [k for k in kernels if k.name == selected]
+        if not match:
+            names = ", ".join(k.name for k in kernels)
+            raise K31Error(f"{path}: no kernel named `{selected}` (kernels here: {names})")
+        kernels = match
+    return kernels
+
+
+# ---------------------------------------------------------------- targets
+
+def require_target(target: str) -> None:
+    if target not in TARGETS:
+        raise K31Error(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    try:
+        found = importlib.util.find_spec(f"k31dsl.targets.{target}.runtime") is not None
+    except ImportError:
+        found = False
+    if not found:
+        issue = f" ({NOT_BUILT_ISSUE[target]})" if target in NOT_BUILT_ISSUE else ""
+        raise TargetNotBuilt(f"the {TARGET_TITLES[target]} target is not built yet{issue}")
+    if target == "triton" and "triton" not in sys.modules:
+        # Without a GPU the generated Triton runs in the interpreter, chosen before the import.
+        try:
+            import torch
+            if not torch.cuda.is_available():
+                os.environ.setdefault("TRITON_INTERPRET", "1")
+        except ImportError:
+            pass
+
+
+# ---------------------------------------------------------------- compile
+
+def _write_files(files: dict[str, str], out_dir: Path) -> None:
+    """All files appear together: written to a temp folder beside them, then moved in."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".k31-tmp-"))
+    try:
+        for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text)
+        for name in files:
+            (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp / name, out_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+LEXERS = {".py": "python", ".cpp": "cpp", ".h": "cpp", ".cc": "cpp", ".hpp": "cpp", ".txt": "text"}
+
+
+def _show(title: str, text: str, suffix: str) -> None:
+    if sys.stdout.isatty():
+        from rich.rule import Rule
+        from rich.syntax import Syntax
+        console = _console()
+        console.print(Rule(title))
+        console.print(Syntax(text, LEXERS.get(suffix, "text"), line_numbers=False, word_wrap=False))
+    else:
+        sys.stdout.write(f"# ===== {title} =====\n{text}")
+        if not text.endswith("\n"):
+            sys.stdout.write("\n")
+
+
+def cmd_compile(args) -> int:
+    from k31dsl.dsl.text import print_kernel
+    from k31dsl.lowering.pipeline import pass_names, run_pipeline
+    from k31dsl.targets import emit_source
+
+    require_target(args.target)
+    if args.dump_after is not None and args.dump_after not in pass_names(args.target):
+        raise K31Error(f"--dump-after {args.dump_after}: no such pass for target {args.target}; "
+                       f"the passes are: {', '.join(pass_names(args.target))}")
+    constexprs = dict(parse_constexpr(c) for c in args.constexpr)
+    kernels = load_kernels(args.path, constexprs)
+
+    files: dict[str, str] = {}
+    dumps: list[tuple[str, str]] = []
+    for kernel in kernels:
+        def after(name, k, kname=kernel.name):
+            if name == args.dump_after:
+                dumps.append((f"IR of `{kname}` after pass `{name}`", print_kernel(k)))
+        kernel = run_pipeline(kernel, args.target, after)
+        generated = dict(emit_source(kernel, args.target))
+        generated[f"{kernel.name}.k31"] = print_kernel(kernel)
+        for name, text in generated.items():
+            if name in files:
+                raise K31Error(f"two kernels would both write {name}; select one with PATH::KERNEL")
+            files[name] = text
+
+    for title, text in dumps:
+        _show(title, text, ".k31")
+    if args.print:
+        for name, text in files.items():
+            _show(name, text, Path(name).suffix)
+    out_dir = args.output
+    if out_dir is None and not args.print and args.dump_after is None:
+        out_dir = "out"
+    if out_dir is not None:
+        _write_files(files, Path(out_dir))
+        _console(stderr=True).print(f"wrote {len(files)} files to {out_dir}/: {', '.join(files)}")
+    return 0
+
+
+# ---------------------------------------------------------------- op library
+
+def load_extra_ops(extras: list[str]) -> None:
+    """Import modules that register more OpSpecs: `--extra MODULE` (dotted name or .py path) and
+    the comma-separated K31_EXTRA_OPS environment variable."""
+    names = [e for e in os.environ.get(EXTRA_OPS_ENV, "").split(",") if e.strip()] + list(extras)
+    for name in names:
+        name = name.strip()
+        if name.endswith(".py"):
+            import_path(Path(name))
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise K31Error(f"--extra {name}: cannot import it ({e})",
+                           hint="give a module importable from here or a path to a .py file") from None
+
+
+def _all_ops(extras: list[str]) -> dict:
+    from k31dsl.ops.registry import all_ops
+    load_extra_ops(extras)
+    return all_ops()
+
+
+def cmd_ops(args) -> int:
+    ops = _all_ops(args.extra)
+    rows = [{"name": s.name, "module": s.module, "summary": s.summary,
+             "kernels": [getattr(k, "name", str(k)) for k in s.kernels], "exact": bool(s.exact)}
+            for s in sorted(ops.values(), key=lambda s: (s.module, s.name))]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.table import Table
+    table = Table(title=f"k31dsl op library ({len(rows)} ops)")
+    for col in ("op", "module", "summary", "kernels", "exact?"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["name"], r["module"], r["summary"], ", ".join(r["kernels"]),
+                      "bit-exact" if r["exact"] else "tolerance")
+    _console().print(table)
+    return 0
+
+
+def _run_check(spec, target: str, seed: int) -> list[dict]:
+    try:
+        results = spec.check(target, seed)
+        if not results:
+            raise RuntimeError("its check returned no cases")
+        return [{"op": spec.name, "case": r.case, "max_err": float(r.max_err), "tol": float(r.tol),
+                 "passed": bool(r.passed), "detail": r.detail} for r in results]
+    except Exception as e:  # noqa: BLE001 - a crashing check is a failed check, reported as such
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        return [{"op": spec.name, "case": "(check raised)", "max_err": float("nan"),
+                 "tol": float("nan"), "passed": False, "detail": f"{type(e).__name__}: {e}{at}"}]
+
+
+def cmd_check(args) -> int:
+    require_target(args.target)
+    ops = _all_ops(args.extra)
+    names = args.ops or sorted(ops)
+    unknown = [n for n in names if n not in ops]
+    if unknown:
+        raise K31Error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                       f"the ops are: {', '.join(sorted(ops))}")
+    rows: list[dict] = []
+    show_progress = sys.stderr.isatty() and not args.json
+    if show_progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=_console(stderr=True), transient=True) as bar:
+            task = bar.add_task("checking", total=len(names))
+            for name in names:
+                bar.update(task, description=name)
+                rows += _run_check(ops[name], args.target, args.seed)
+                bar.advance(task)
+    else:
+        for name in names:
+            rows += _run_check(ops[name], args.target, args.seed)
+    failed = [r for r in rows if not r["passed"]]
+    if args.json:
+        print(json.dumps({"target": args.target, "seed": args.seed, "results": rows,
+                          "passed": not failed}, indent=2))
+    else:
+        from rich.table import Table
+        table = Table(title=f"k31dsl check --target {args.target} --seed {args.seed}")
+        for col, just in (("op", "left"), ("case", "left"), ("max error", "right"),
+                          ("tolerance", "right"), ("result", "left")):
+            table.add_column(col, justify=just, overflow="fold")
+        for r in rows:
+            status = "[green]pass[/]" if r["passed"] else f"[bold red]FAIL[/] {r['detail']}".rstrip()
+            table.add_row(r["op"], r["case"], f"{r['max_err']:.3g}", f"{r['tol']:.3g}", status)
+        console = _console()
+        console.print(table)
+        verdict = "[green]all passed[/]" if not failed else f"[bold red]{len(failed)} failed[/]"
+        console.print(f"{len(names)} ops, {len(rows)} cases on {args.target}: {verdict}")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------- version
+
+def cmd_version(args) -> int:
+    from importlib import metadata
+    print(f"k31dsl {__version__}")
+    if args.verbose:
+        print(f"python {sys.version.split()[0]}")
+        for dist in ("numpy", "ml_dtypes", "torch", "triton", "lark", "jinja2", "networkx", "rich"):
+            try:
+                print(f"{dist} {metadata.version(dist)}")
+            except metadata.PackageNotFoundError:
+                print(f"{dist} (not installed)")
+        for t in TARGETS:
+            state = "available" if importlib.util.find_spec(f"k31dsl.targets.{t}.runtime") else "not built yet"
+            print(f"target {t}: {state}")
+    return 0
+
+
+# ---------------------------------------------------------------- argument parsing
+
+MAIN_HELP = """\
+k31dsl compiles kernels written in a small Python-embedded DSL to NumPy (the reference),
+Triton (GPU, or its interpreter on CPU) and AscendC, and checks its op library against
+fp64 oracles.
+
+examples:
+  k31dsl compile my_kernels.py --target numpy -o out/      write generated code + .k31 IR
+  k31dsl compile my_kernels.py::rms --target triton --print
+  k31dsl ops                                             list the op library
+  k31dsl check --target numpy                            check every op against its oracle
+  k31dsl check mxfp8_quantize --target triton --seed 3
+
+`k31dsl COMMAND --help` explains each command."""
+
+COMPILE_HELP = """\
+Compile the @k.kernel functions of a Python file (or the kernels of a .k31 IR file) for one
+target. Writes each kernel's generated source and its .k31 IR text into DIR; nothing is
+written if any kernel fails to compile.
+
+examples:
+  k31dsl compile kernels.py --target numpy -o build/          every kernel in kernels.py
+  k31dsl compile kernels.py::rms_quant --target triton --print  one kernel, shown on screen
+  k31dsl compile kernels.py::rms_quant --target numpy --constexpr BD=64 -o build/
+  k31dsl compile build/rms_quant.k31 --target numpy --print   from the text IR
+  k31dsl compile kernels.py --target numpy --dump-after verify  IR after a pass"""
+
+CHECK_HELP = """\
+Run each op's equivalence check on a target: fresh random inputs (seeded), ragged shapes,
+compared with an fp64 NumPy oracle under a per-dtype tolerance (bit-exact for quantizer codes).
+Exits 1 if any case fails.
+
+examples:
+  k31dsl check --target numpy                     all ops
+  k31dsl check rmsnorm swiglu --target triton     some ops (Triton interpreter without a GPU)
+  k31dsl check --target numpy --seed 7 --json     machine-readable results
+  k31dsl check --target numpy --extra my_ops.py   also check ops registered by my_ops.py"""
+
+OPS_HELP = """\
+List the op library: each op's name, module, summary, the kernels it launches and whether
+its check is bit-exact.
+
+examples:
+  k31dsl ops
+  k31dsl ops --json"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="k31dsl", description=MAIN_HELP, formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"k31dsl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile kernels to a target", description=COMPILE_HELP,
+                       formatter_class=fmt)
+    p.add_argument("path", metavar="PATH[::KERNEL]",
+                   help="a .py file with @k.kernel functions or a .k31 file; ::KERNEL picks one")
+    p.add_argument("--target", "-t", required=True, choices=TARGETS)
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="folder for the generated files (default: out/ unless --print or --dump-after)")
+    p.add_argument("--print", action="store_true", help="print the generated files")
+    p.add_argument("--dump-after", metavar="PASS",
+                   help="print the IR after the named pass (see the error for the list)")
+    p.add_argument("--constexpr", metavar="NAME=VALUE", action="append", default=[],
+                   help="specialise a constexpr parameter (repeatable)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("ops", help="list the op library", description=OPS_HELP, formatter_class=fmt)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--extra", metavar="MODULE", action="append", default=[],
+                   help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
+    p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("check", help="check ops against their oracles", description=CHECK_HELP,
+                       formatter_class=fmt)
+    p.add_argument("ops", nargs="*", metavar="OP", help="op names (default: all)")
+    p.add_argument("--target", "-t", required=True, choices=TARGETS)
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON results instead of a table")
+    p.add_argument("--extra", metavar="MODULE", action="append", default=[],
+                   help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("version", help="print the version", description="Print k31dsl's version.")
+    p.add_argument("--verbose", "-v", action="store_true", help="also dependencies and targets")
+    p.set_defaults(func=cmd_version)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:          # --help, --version, usage errors
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except K31Error as e:
+        _print_error(str(e))
+        return 1
+    except TargetNotBuilt as e:
+        _print_error(str(e))
+        return 2
+    except KeyboardInterrupt:
+        _print_error("interrupted")
+        return 130
+    except Exception:  # noqa: BLE001 - a compiler bug: say so, with the traceback to report
+        _print_error("internal compiler error (a bug in k31dsl, not in your kernel); please report:")
+        traceback.print_exc()
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

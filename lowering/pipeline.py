@@ -1,0 +1,64 @@
+"""The pass pipeline per target, in one readable list. Each pass is `(name, fn)` with fn taking a
+kernel IR and returning one; the name is what `k31dsl compile --dump-after NAME` accepts.
+
+Today only kernel-level passes exist: the frontend (which already ran when the IR was built, or
+the `.k31` parser) and the verifier. Graph passes (superkernel, nz_layout, streams, memory plan)
+slot into these lists as they land.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.ir import Kernel
+
+Pass = tuple[str, Callable[[Kernel], Kernel]]
+
+
+def frontend(kernel: Kernel) -> Kernel:
+    """The IR as the frontend (or the `.k31` parser) built it; listed so that it can be dumped."""
+    return kernel
+
+
+def verify(kernel: Kernel) -> Kernel:
+    """Check the IR against the per-op rules; raises on a malformed kernel."""
+    try:
+        from k31dsl.dsl.verify import verify as check
+    except ModuleNotFoundError as e:     # the verifier lands in a sibling change
+        if e.name != "k31dsl.dsl.verify":
+            raise
+        return kernel
+    check(kernel)
+    return kernel
+
+
+KERNEL_PASSES: list[Pass] = [
+    ("frontend", frontend),
+    ("verify", verify),
+]
+
+PIPELINES: dict[str, list[Pass]] = {
+    "numpy": KERNEL_PASSES,
+    "triton": KERNEL_PASSES,
+    "ascendc": KERNEL_PASSES,
+}
+
+
+def pipeline(target: str) -> list[Pass]:
+    if target not in PIPELINES:
+        raise K31Error(f"unknown target {target!r}; choose one of {', '.join(PIPELINES)}")
+    return PIPELINES[target]
+
+
+def pass_names(target: str) -> list[str]:
+    return [name for name, _ in pipeline(target)]
+
+
+def run_pipeline(kernel: Kernel, target: str,
+                 after_pass: Callable[[str, Kernel], None] | None = None) -> Kernel:
+    """Run every pass of `target` in order; `after_pass(name, kernel)` sees the IR after each."""
+    for name, fn in pipeline(target):
+        kernel = fn(kernel)
+        if after_pass is not None:
+            after_pass(name, kernel)
+    return kernel
