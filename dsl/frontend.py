@@ -593,11 +593,29 @@ class Frontend:
     def binary(self, name, a, b, node):
         if isinstance(a, (Span, ShapeOf)) or isinstance(b, (Span, ShapeOf)):
             raise self.err(node, f"cannot compute with {self._describe(a if not _is_value(a) else b)}")
+        a, b = self._promote_int_scalar(a, b, node)
         like = a.type.dtype if _is_value(a) else b.type.dtype
         if name == "div" and like.is_int:
             raise self.err(node, "`/` on integers", "use // for integer division, or cast with .to(k.f32)")
         a, b = self.as_value(a, node, like), self.as_value(b, node, like)
         return self.emit1(name, [a, b], {}, node)
+
+    def _promote_int_scalar(self, a, b, node):
+        """An integer scalar (a shape, loop index, program id, int parameter) meeting a float
+        operand converts to that float type, as a Python int would; tiles never convert."""
+        def float_of(x):
+            if _is_value(x):
+                return x.type.dtype if x.type.dtype.is_float else None
+            return D.f32 if isinstance(x, float) else None
+
+        def int_scalar(x):
+            return _is_value(x) and x.type.is_scalar and x.type.dtype.is_int
+
+        if int_scalar(a) and float_of(b) is not None:
+            a = self.emit1("cast", [a], {"dtype": float_of(b)}, node)
+        elif int_scalar(b) and float_of(a) is not None:
+            b = self.emit1("cast", [b], {"dtype": float_of(a)}, node)
+        return a, b
 
     def power(self, a, b, node):
         if not _is_value(a) and not _is_value(b):

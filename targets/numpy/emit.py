@@ -23,6 +23,13 @@ CALLS = {"floordiv": "rt.idiv", "mod": "rt.imod", "maximum": "np.maximum", "mini
          "take": "rt.take", "dot": "rt.dot"}
 
 
+def lit(v) -> str:
+    """A Python literal for an attribute value; inf/nan have no literal of their own."""
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return f"float('{v}')"
+    return repr(v)
+
+
 class NumpyEmitter(PyEmitter):
     target = "numpy"
 
@@ -38,8 +45,7 @@ class NumpyEmitter(PyEmitter):
         return super().rule_for(op)
 
     def op_const(self, op):
-        v = op.attrs["value"]
-        return f"{self.dt(op.attrs['dtype'])}({v!r})" if v == v else f"{self.dt(op.attrs['dtype'])}('nan')"
+        return f"{self.dt(op.attrs['dtype'])}({lit(op.attrs['value'])})"
 
     def op_dim(self, op):
         return f"np.int32({self.n(op.operands[0])}.shape[{op.attrs['axis']}])"
@@ -48,7 +54,7 @@ class NumpyEmitter(PyEmitter):
         return f"np.arange({op.attrs['size']}, dtype=np.int32)"
 
     def op_full(self, op):
-        return f"rt.full({tuple(op.attrs['shape'])!r}, {op.attrs['value']!r}, {self.dt(op.attrs['dtype'])})"
+        return f"rt.full({tuple(op.attrs['shape'])!r}, {lit(op.attrs['value'])}, {self.dt(op.attrs['dtype'])})"
 
     def _access(self, op, has_value: bool):
         kinds = op.attrs["index"]
@@ -61,7 +67,7 @@ class NumpyEmitter(PyEmitter):
 
     def op_load(self, op):
         t, kinds, idx, _, mask = self._access(op, False)
-        return f"rt.load({t}, {kinds!r}, {idx}, {mask}, {op.attrs['other']!r})"
+        return f"rt.load({t}, {kinds!r}, {idx}, {mask}, {lit(op.attrs['other'])})"
 
     def op_store(self, op):
         t, kinds, idx, value, mask = self._access(op, True)
