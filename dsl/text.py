@@ -18,7 +18,9 @@
     }
 
 Values print as `%<hint>` when the user named them (suffixed `.N` on reuse), else `%<number>`.
-Every op line ends with `@line:col` in the kernel's file. Attributes print sorted by key.
+Every op line ends with `@line:col` in the kernel's file, or `@"file":line:col` when the op came
+from another file (an inlined `@k.func`). Attributes print sorted by key; strings and tensor dims
+are double-quoted, with backslash escapes for quotes, backslashes, tabs and newlines.
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ import math
 from typing import Any
 
 from . import dtypes as D
-from .ir import Block, Kernel, Op, Value
+from .ir import Block, Kernel, Op, TensorType, Value
 
 VERSION_LINE = "# k31dsl kernel IR v1"
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def fmt_attr(v: Any) -> str:
@@ -48,10 +51,17 @@ def fmt_attr(v: Any) -> str:
         r = repr(v)
         return r if ("." in r or "e" in r) else r + ".0"
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_ESCAPES.get(c, c) for c in v) + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(fmt_attr(x) for x in v) + "]"
     raise TypeError(f"cannot print attribute {v!r}")
+
+
+def fmt_type(t) -> str:
+    """Like str(type), with tensor dims quoted the way fmt_attr quotes strings."""
+    if isinstance(t, TensorType):
+        return f"tensor<{t.dtype.name}>[{', '.join(fmt_attr(d) for d in t.dims)}]"
+    return str(t)
 
 
 class Printer:
@@ -96,8 +106,8 @@ class Printer:
             attrs = " {" + ", ".join(f"{k} = {fmt_attr(op.attrs[k])}" for k in sorted(op.attrs)) + "}"
         types = ""
         if op.results:
-            types = " : " + ", ".join(str(r.type) for r in op.results)
-        loc = f" @{op.loc.line}:{op.loc.col}"
+            types = " : " + ", ".join(fmt_type(r.type) for r in op.results)
+        loc = self.loc(op)
         head = f"{lhs}{op.name}({args}){attrs}{types}{loc}"
         if not op.regions:
             self.emit(depth, head)
@@ -107,9 +117,15 @@ class Printer:
             self.block_body(region, depth + 1, with_args=True)
         self.emit(depth, "}")
 
+    def loc(self, op: Op) -> str:
+        # the file is implied by the kernel header unless the op came from elsewhere (a k.func)
+        if op.loc.file == self.k.loc.file:
+            return f" @{op.loc.line}:{op.loc.col}"
+        return f" @{fmt_attr(op.loc.file)}:{op.loc.line}:{op.loc.col}"
+
     def block_body(self, block: Block, depth: int, with_args: bool):
         if with_args:
-            args = ", ".join(f"{self.name(a)} : {a.type}" for a in block.args)
+            args = ", ".join(f"{self.name(a)} : {fmt_type(a.type)}" for a in block.args)
             self.emit(depth - 1, f"^({args}):")
         for op in block.ops:
             self.op(op, depth)
@@ -121,12 +137,12 @@ class Printer:
         for n in sorted(k.constexprs):
             self.emit(1, f"constexpr {n} = {fmt_attr(k.constexprs[n])}")
         for p in k.params:
-            self.emit(1, f"param {self.name(p.value)} : {p.value.type}")
+            self.emit(1, f"param {self.name(p.value)} : {fmt_type(p.value.type)}")
         self.emit(1, "host {")
         self.block_body(k.host, 2, with_args=False)
         self.emit(1, "}")
         grid = ", ".join(self.ref(g) for g in k.grid)
-        pids = ", ".join(f"{self.name(a)} : {a.type}" for a in k.body.args)
+        pids = ", ".join(f"{self.name(a)} : {fmt_type(a.type)}" for a in k.body.args)
         self.emit(1, f"grid({grid}) ({pids}) {{")
         self.block_body(k.body, 2, with_args=False)
         self.emit(1, "}")
