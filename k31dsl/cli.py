@@ -280,7 +280,8 @@ def cmd_compile(args) -> int:
         out_dir = "out"
     if out_dir is not None:
         _write_files(files, Path(out_dir))
-        _console(stderr=True).print(f"wrote {len(files)} files to {out_dir}/: {', '.join(files)}")
+        where = os.path.join(os.path.normpath(out_dir), "")
+        _console(stderr=True).print(f"wrote {len(files)} files to {where}: {', '.join(files)}")
     return 0
 
 
