@@ -1,0 +1,163 @@
+"""Common layers (rmsnorm) and the small helpers every op's public function shares: choosing the
+target, validating torch inputs with K31Errors, flattening leading dims into rows."""
+
+import math
+
+import k31dsl as k
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+FLOAT_INPUTS = (k.bf16, k.f16, k.f32)
+
+
+# ---------------------------------------------------------------- shared public-API helpers
+
+def resolve_target(target: str | None) -> str:
+    """`None` -> "triton" when CUDA is available, else "numpy"."""
+    from k31dsl.targets import TARGETS, default_target
+    if target is None:
+        return default_target()
+    if target not in TARGETS:
+        raise K31Error(f"unknown target {target!r}", hint=f"choose one of {', '.join(TARGETS)}")
+    return target
+
+
+def require_tensor(op: str, name: str, t, dtypes=FLOAT_INPUTS, min_rank: int = 1):
+    """The input's DSL dtype, or a K31Error that says what was expected."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise K31Error(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    dt = D.from_torch(t.dtype)
+    if dt not in dtypes:
+        want = ", ".join(str(D.torch_dtype(d)).replace("torch.", "") for d in dtypes)
+        raise K31Error(f"{op}: `{name}` has dtype {str(t.dtype).replace('torch.', '')}, expected one of {want}",
+                       hint=f"convert it first, e.g. {name}.to(torch.bfloat16)")
+    if t.dim() < min_rank:
+        raise K31Error(f"{op}: `{name}` must have at least {min_rank} dim(s), got shape {list(t.shape)}")
+    return dt
+
+
+def require_dtype_arg(op: str, name: str, dtype, allowed=FLOAT_INPUTS):
+    """A torch dtype argument (e.g. the output dtype) that must be one of `allowed`."""
+    dt = D.from_torch(dtype) if not isinstance(dtype, D.DType) else dtype
+    if dt not in allowed:
+        want = ", ".join(str(D.torch_dtype(d)).replace("torch.", "") for d in allowed)
+        raise K31Error(f"{op}: `{name}`={dtype} is not supported, expected one of {want}")
+    return dt
+
+
+def rows(t):
+    """A contiguous [M, D] view of `t` (leading dims flattened; copies only if non-contiguous)."""
+    t = t.contiguous()
+    return t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _variant(fn, name: str, configs=None):
+    """A KernelDef for one dtype specialisation of a kernel factory's inner function."""
+    fn.__name__ = fn.__qualname__ = name
+    return k.kernel(fn, configs=configs)
+
+
+# ---------------------------------------------------------------- rmsnorm
+
+RMSNORM_CONFIGS = [{"BM": 4, "BD": 128}, {"BM": 1, "BD": 1024}, {"BM": 2, "BD": 1024},
+                   {"BM": 4, "BD": 2048}, {"BM": 8, "BD": 512}]
+
+
+def _make_rmsnorm(x_dt, w_dt, y_dt):
+    def kernel(x: k.Tensor[x_dt, "M", "D"], w: k.Tensor[w_dt, "D"], y: k.Tensor[y_dt, "M", "D"],
+               eps: k.f32, BM: k.constexpr = 4, BD: k.constexpr = 128, ONE_TILE: k.constexpr = False):
+        # One program normalises BM rows. When a whole row fits one BD tile (ONE_TILE) it is read
+        # once and kept; otherwise a first sweep sums squares and a second one scales.
+        for pm in k.grid(k.cdiv(x.shape[0], BM)):
+            d = x.shape[1]
+            if ONE_TILE:
+                t = x[k.span(pm * BM, BM), k.span(0, BD, other=0.0)].to(k.f32)
+                r = k.rsqrt(k.sum(t * t, axis=1) / d.to(k.f32) + eps)
+                wt = w[k.span(0, BD, other=0.0)].to(k.f32)
+                y[k.span(pm * BM, BM), k.span(0, BD)] = (t * r[:, None] * wt[None, :]).to(y.dtype)
+            else:
+                acc = k.zeros((BM, BD), k.f32)
+                for j in range(k.cdiv(d, BD)):
+                    t = x[k.span(pm * BM, BM), k.span(j * BD, BD, other=0.0)].to(k.f32)
+                    acc += t * t
+                r = k.rsqrt(k.sum(acc, axis=1) / d.to(k.f32) + eps)
+                for j in range(k.cdiv(d, BD)):
+                    t = x[k.span(pm * BM, BM), k.span(j * BD, BD, other=0.0)].to(k.f32)
+                    wt = w[k.span(j * BD, BD, other=0.0)].to(k.f32)
+                    y[k.span(pm * BM, BM), k.span(j * BD, BD)] = (t * r[:, None] * wt[None, :]).to(y.dtype)
+    return _variant(kernel, f"rmsnorm_{x_dt.name}_{w_dt.name}_{y_dt.name}", RMSNORM_CONFIGS)
+
+
+RMSNORM_KERNELS = {(a, b, c): _make_rmsnorm(a, b, c)
+                   for a in FLOAT_INPUTS for b in FLOAT_INPUTS for c in FLOAT_INPUTS}
+
+
+def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None = None):
+    """y = x / sqrt(mean(x^2 over the last dim) + eps) * weight, accumulated in fp32.
+
+    x: [..., D] bf16/f16/f32; weight: [D] bf16/f16/f32; returns [..., D] in `out_dtype`
+    (default x.dtype)."""
+    import torch
+    target = resolve_target(target)
+    x_dt = require_tensor("rmsnorm", "x", x)
+    w_dt = require_tensor("rmsnorm", "weight", weight)
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise K31Error(f"rmsnorm: `weight` must have shape [{x.shape[-1]}] (the last dim of x), "
+                       f"got {list(weight.shape)}")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise K31Error(f"rmsnorm: eps must be a finite number >= 0, got {eps!r}")
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    y_dt = require_dtype_arg("rmsnorm", "out_dtype", out_dtype)
+    y = torch.empty(x.shape, dtype=D.torch_dtype(y_dt), device=x.device)
+    if x.numel() == 0:
+        return y
+    x2, y2 = rows(x), y.view(-1, x.shape[-1])
+    kern = RMSNORM_KERNELS[(x_dt, w_dt, y_dt)][target]
+    d = x.shape[-1]
+    if d <= 2048:
+        bd = max(16, next_pow2(d))
+        bm = max(1, min(16, 2048 // bd))
+        kern(x2, weight.contiguous(), y2, float(eps), BM=bm, BD=bd, ONE_TILE=True)
+    else:
+        kern(x2, weight.contiguous(), y2, float(eps), BM=2, BD=1024, ONE_TILE=False)
+    return y
+
+
+# ---------------------------------------------------------------- checks against the oracle
+
+def _check_rmsnorm(target: str, seed: int = 0) -> list[CaseResult]:
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
+    ref = load_oracle("norm")
+    g = torch.Generator().manual_seed(seed)
+    cases = [((7, 200), torch.bfloat16, torch.bfloat16, None, 1e-6),
+             ((2, 3, 96), torch.float32, torch.float32, None, 1e-5),
+             ((1, 1), torch.float16, torch.float32, torch.float32, 1e-6),
+             ((5, 2500), torch.bfloat16, torch.float32, torch.float32, 1e-6),   # two-sweep path
+             ((3, 37), torch.float32, torch.bfloat16, torch.bfloat16, 1e-6)]
+    tol = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+    out = []
+    for shape, x_dt, w_dt, y_dt, eps in cases:
+        x = (torch.randn(shape, generator=g) * 3).to(x_dt)
+        if shape[-1] > 4:
+            x.view(-1, shape[-1])[0, :3] = torch.tensor([0.0, 1e-3, -250.0]).to(x_dt)
+        w = (1 + 0.5 * torch.randn(shape[-1], generator=g)).to(w_dt)
+        y = rmsnorm(x, w, eps, out_dtype=y_dt, target=target)
+        want = ref.rmsnorm(to_f64(x), to_f64(w), eps)
+        err = max_rel_err(to_f64(y), want, floor=1e-3 * float(np.abs(want).max()))
+        t = tol[y.dtype]
+        out.append(CaseResult(f"x={list(shape)} {str(x_dt)[6:]}, w {str(w_dt)[6:]} -> {str(y.dtype)[6:]}",
+                              err, t, bool(err <= t)))
+    return out
+
+
+register(OpSpec(name="rmsnorm", module="common", fn=rmsnorm, kernels=list(RMSNORM_KERNELS.values()),
+                summary="RMSNorm over the last dim (fp32 accumulate, any leading dims, ragged D)",
+                check=_check_rmsnorm, tags=["norm"]))
