@@ -50,7 +50,7 @@ class Context:
     names: dict[int, str]                 # uid -> printed name, for messages
     params: set[int]                      # uids of parameter values
     host_results: set[int]
-    defs: dict[int, list[str]] = field(default_factory=dict)    # uid -> where defined (descriptions)
+    defs: dict[int, list[tuple[str, Loc]]] = field(default_factory=dict)   # uid -> where defined
 
     def name(self, v: Value) -> str:
         return self.names.get(v.uid, f"%<unnamed #{v.uid}>")
@@ -103,7 +103,8 @@ def _body_args(ctx: Context):
 def _defined_once(ctx: Context):
     for uid, where in ctx.defs.items():
         if len(where) > 1:
-            yield ctx.kernel.loc, f"{ctx.names.get(uid, f'#{uid}')} is defined {len(where)} times: {'; '.join(where)}"
+            name = ctx.names.get(uid, f"#{uid}")
+            yield where[1][1], f"{name} is defined {len(where)} times: {'; '.join(w for w, _ in where)}"
 
 
 def _tensors_only_params(ctx: Context):
@@ -402,20 +403,20 @@ def _context(kernel: Kernel) -> Context:
     host = {r.uid for s in sites if s.role == "host" for r in s.op.results}
     ctx = Context(kernel, sites, _value_names(kernel), params, host)
 
-    def define(v: Value, where: str):
-        ctx.defs.setdefault(v.uid, []).append(where)
+    def define(v: Value, where: str, loc: Loc):
+        ctx.defs.setdefault(v.uid, []).append((where, loc))
 
     for p in kernel.params:
-        define(p.value, f"param {p.name}")
+        define(p.value, f"param {p.name}", kernel.loc)
     for a in kernel.body.args:
-        define(a, "program id")
+        define(a, "program id", kernel.loc)
     for s in sites:
         at = f"{s.op.loc.line}:{s.op.loc.col}"
         for r in s.op.results:
-            define(r, f"result of `{s.op.name}` at {at}")
+            define(r, f"result of `{s.op.name}` at {at}", s.op.loc)
         for region in s.op.regions:
             for a in region.args:
-                define(a, f"block arg of `{s.op.name}` at {at}")
+                define(a, f"block arg of `{s.op.name}` at {at}", s.op.loc)
     return ctx
 
 
