@@ -322,7 +322,9 @@ def cmd_ops(args) -> int:
     for col in ("op", "module", "summary", "kernels", "exact?"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["name"], r["module"], r["summary"], ", ".join(r["kernels"]),
+        kernels = r["kernels"]
+        shown = ", ".join(kernels) if len(kernels) <= 3 else f"{kernels[0]}, … ({len(kernels)} kernels)"
+        table.add_row(r["name"], r["module"], r["summary"], shown,
                       "bit-exact" if r["exact"] else "tolerance")
     _console().print(table)
     return 0
