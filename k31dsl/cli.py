@@ -237,7 +237,7 @@ def _show(title: str, text: str, suffix: str) -> None:
         from rich.syntax import Syntax
         console = _console()
         console.print(Rule(title))
-        console.print(Syntax(text, LEXERS.get(suffix, "text"), line_numbers=False, word_wrap=False))
+        console.print(Syntax(text, LEXERS.get(suffix, "text"), theme="ansi_dark", word_wrap=False))
     else:
         sys.stdout.write(f"# ===== {title} =====\n{text}")
         if not text.endswith("\n"):
