@@ -143,7 +143,8 @@ def variants(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], a: k.f32, n_prog:
         v = x[k.span(i * B, B, other=0.0)].to(DT).to(k.f32) * a
         if DOUBLE:
             v = v * 2.0
-        y[k.span(i * B, B)] = soft_clip(v, 4.0)
+        größe = soft_clip(v, 4.0)                  # a non-ASCII name prints and parses
+        y[k.span(i * B, B)] = größe
 
 
 # ---------------------------------------------------------------- inputs per kernel
@@ -358,7 +359,9 @@ def _library_kernels():
     try:
         from k31dsl.ops.registry import all_ops as library
         specs = library()
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("k31dsl.ops"):
+            raise
         pytest.skip(f"op library not written yet ({e})")
     out = []
     for spec in specs.values():

@@ -290,7 +290,9 @@ def test_verifier_accepts_the_op_library():
     try:
         from k31dsl.ops.registry import all_ops as library
         specs = library()
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("k31dsl.ops"):
+            raise
         pytest.skip(f"op library not written yet ({e})")
     count = 0
     for spec in specs.values():
