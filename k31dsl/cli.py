@@ -105,10 +105,22 @@ def import_path(path: Path):
                     f"run `python {path}` to see the full traceback") from None
 
 
-def _kernel_defs(module, path: Path, selected: str | None) -> list:
+def _module_kernel_defs(module) -> list:
+    """The KernelDefs a module holds: top-level names, and one level into dicts/lists/tuples (the
+    op library builds kernels per dtype in factories and keeps them in tables)."""
     from k31dsl.dsl.lang import KernelDef
-    found = {id(v): v for v in vars(module).values() if isinstance(v, KernelDef)}
-    kdefs = sorted(found.values(), key=lambda d: (d.file, d.first_line))
+    found: dict[int, KernelDef] = {}
+    for value in vars(module).values():
+        items = value.values() if isinstance(value, dict) else (
+            value if isinstance(value, (list, tuple)) else [value])
+        for item in items:
+            if isinstance(item, KernelDef):
+                found.setdefault(id(item), item)
+    return sorted(found.values(), key=lambda d: (d.file, d.first_line, d.name))
+
+
+def _kernel_defs(module, path: Path, selected: str | None) -> list:
+    kdefs = _module_kernel_defs(module)
     if selected:
         match = [d for d in kdefs if d.name == selected]
         if not match:
@@ -151,14 +163,27 @@ def parse_constexpr(item: str) -> tuple[str, object]:
 
 
 def load_kernels(spec: str, constexprs: dict) -> list:
-    """Kernel IRs for `PATH[::KERNEL]`: a Python file with @k.kernel functions or a .k31 file."""
+    """Kernel IRs for `PATH[::KERNEL]`: a Python file with @k.kernel functions, a .k31 file, or a
+    folder (every kernel of its .py files, e.g. `ops/` for the whole op library)."""
     path_text, _, selected = spec.partition("::")
     path = Path(path_text)
     if path.suffix == ".k31":
         return _load_k31(path, selected, constexprs)
-    if path.suffix != ".py":
-        raise K31Error(f"{path}: expected a Python file (.py) with @k.kernel functions or a .k31 IR file")
-    kdefs = _kernel_defs(import_path(path), path, selected or None)
+    if path.is_dir():
+        kdefs = []
+        for file in sorted(path.glob("*.py")):
+            kdefs += [d for d in _module_kernel_defs(import_path(file))
+                      if Path(d.file).resolve() == file.resolve()]
+        if selected:
+            kdefs = [d for d in kdefs if d.name == selected]
+        if not kdefs:
+            what = f"a kernel named `{selected}`" if selected else "@k.kernel functions"
+            raise K31Error(f"{path}: no .py file in this folder defines {what}")
+    elif path.suffix != ".py":
+        raise K31Error(f"{path}: expected a Python file (.py) with @k.kernel functions, a .k31 IR "
+                       "file or a folder of Python files")
+    else:
+        kdefs = _kernel_defs(import_path(path), path, selected or None)
     known = {d.name: _constexpr_names(d) for d in kdefs}
     for name in constexprs:
         if not any(name in names for names in known.values()):
@@ -281,7 +306,8 @@ def cmd_compile(args) -> int:
     if out_dir is not None:
         _write_files(files, Path(out_dir))
         where = os.path.join(os.path.normpath(out_dir), "")
-        _console(stderr=True).print(f"wrote {len(files)} files to {where}: {', '.join(files)}")
+        names = f": {', '.join(files)}" if len(files) <= 6 else ""
+        _console(stderr=True).print(f"wrote {len(files)} files to {where}{names}")
     return 0
 
 
@@ -430,7 +456,8 @@ examples:
   k31dsl compile kernels.py::rms_quant --target triton --print  one kernel, shown on screen
   k31dsl compile kernels.py::rms_quant --target numpy --constexpr BD=64 -o build/
   k31dsl compile build/rms_quant.k31 --target numpy --print   from the text IR
-  k31dsl compile kernels.py --target numpy --dump-after verify  IR after a pass"""
+  k31dsl compile kernels.py --target numpy --dump-after verify  IR after a pass
+  k31dsl compile ops/ --target triton -o build/ops           the whole op library"""
 
 CHECK_HELP = """\
 Run each op's equivalence check on a target: fresh random inputs (seeded), ragged shapes,
@@ -461,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile kernels to a target", description=COMPILE_HELP,
                        formatter_class=fmt)
     p.add_argument("path", metavar="PATH[::KERNEL]",
-                   help="a .py file with @k.kernel functions or a .k31 file; ::KERNEL picks one")
+                   help="a .py file with @k.kernel functions, a .k31 file or a folder of .py files; "
+                        "::KERNEL picks one kernel")
     p.add_argument("--target", "-t", required=True, choices=TARGETS)
     p.add_argument("-o", "--output", metavar="DIR",
                    help="folder for the generated files (default: out/ unless --print or --dump-after)")

@@ -126,6 +126,17 @@ def test_compile_unknown_constexpr_and_kernel(tmp_path, capsys):
     assert "no @k.kernel named `nope`" in err and "scale_bias" in err
 
 
+def test_compile_the_op_library_folder(tmp_path, capsys):
+    """`k31dsl compile ops/` writes every kernel the registered ops launch."""
+    ops_dir = Path(__file__).resolve().parent.parent / "ops"
+    out = tmp_path / "ops"
+    assert main(["compile", str(ops_dir), "--target", "numpy", "-o", str(out)]) == 0
+    written = {p.name for p in out.iterdir()}
+    kernels = {kd.name for spec in registry.all_ops().values() for kd in spec.kernels}
+    assert kernels and all(f"{n}.py" in written and f"{n}.k31" in written for n in kernels)
+    assert f"wrote {len(written)} files" in capsys.readouterr().err
+
+
 def test_compile_from_k31_text(tmp_path, rng, capsys):
     pytest.importorskip("k31dsl.dsl.parse")
     src = _write(tmp_path, "kernels.py", SCALE_BIAS)
@@ -138,6 +149,15 @@ def test_compile_from_k31_text(tmp_path, rng, capsys):
     assert main(["compile", str(first / "scale_bias.k31"), "--target", "numpy", "--print",
                  "--constexpr", "BD=8"]) == 1
     assert "already specialised" in capsys.readouterr().err
+    # a hand-edited .k31 with a type that breaks the op rules: a clean K31Error, exit 1
+    text = (first / "scale_bias.k31").read_text()
+    broken = tmp_path / "broken.k31"
+    broken.write_text(text.replace(": f32[32]", ": i32[32]", 1))
+    assert broken.read_text() != text
+    assert main(["compile", str(broken), "--target", "numpy", "-o", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" in err
+    assert not (tmp_path / "b").exists()
 
 
 def test_dump_after(tmp_path, capsys):
