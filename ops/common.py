@@ -134,7 +134,7 @@ def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None 
 def _check_rmsnorm(target: str, seed: int = 0) -> list[CaseResult]:
     import numpy as np
     import torch
-    from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
+    from k31dsl.ops.testing import dtype_name, load_oracle, max_rel_err, to_f64
     ref = load_oracle("norm")
     g = torch.Generator().manual_seed(seed)
     cases = [((7, 200), torch.bfloat16, torch.bfloat16, None, 1e-6),
@@ -153,7 +153,7 @@ def _check_rmsnorm(target: str, seed: int = 0) -> list[CaseResult]:
         want = ref.rmsnorm(to_f64(x), to_f64(w), eps)
         err = max_rel_err(to_f64(y), want, floor=1e-3 * float(np.abs(want).max()))
         t = tol[y.dtype]
-        out.append(CaseResult(f"x={list(shape)} {str(x_dt)[6:]}, w {str(w_dt)[6:]} -> {str(y.dtype)[6:]}",
+        out.append(CaseResult(f"x={list(shape)} {dtype_name(x_dt)}, w {dtype_name(w_dt)} -> {dtype_name(y.dtype)}, eps={eps}",
                               err, t, bool(err <= t)))
     return out
 
