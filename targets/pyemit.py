@@ -23,6 +23,7 @@ class PyEmitter:
         self.used: set[str] = set()
         self.lines: list[str] = []
         self.last_src: tuple[str, int] | None = None
+        self.depth = 0               # indentation of the op being emitted (for pre-lines)
         self.ir_hash = ir_hash(kernel)
 
     # ------------------------------------------------------------ naming
@@ -46,9 +47,22 @@ class PyEmitter:
     def n(self, v: Value) -> str:
         return self.names[v.uid] if v.uid in self.names else self.name(v)
 
+    def fresh(self, base: str) -> str:
+        """A new local name for a helper value the target introduces (not an IR value)."""
+        cand, n = base, 0
+        while cand in self.used or cand in self.reserved():
+            n += 1
+            cand = f"{base}_{n}"
+        self.used.add(cand)
+        return cand
+
     # ------------------------------------------------------------ lines
     def line(self, depth: int, text: str):
         self.lines.append("    " * depth + text)
+
+    def pre(self, text: str):
+        """A line before the current op's own line (handlers that need several statements)."""
+        self.line(self.depth, text)
 
     def origin(self, op: Op, depth: int):
         key = (op.loc.file, op.loc.line)
@@ -67,6 +81,7 @@ class PyEmitter:
         if op.name == "yield":
             return  # handled by the enclosing for
         self.origin(op, depth)
+        self.depth = depth
         if op.name == "for":
             self.for_op(op, depth)
             return
@@ -92,9 +107,11 @@ class PyEmitter:
         for c, init, r in zip(carried, inits, op.results):
             # carried values live in one variable across iterations, named after the result
             self.names[c.uid] = self.name(r)
-            self.line(depth, f"{self.names[c.uid]} = {self.n(init)}")
+            self.line(depth, f"{self.names[c.uid]} = {self.init_expr(init)}")
         self.line(depth, f"for {self.name(iv)} in {self.loop_range(lo, hi, step)}:")
-        self.line(depth + 1, self.loop_index(iv))
+        fix = self.loop_index(iv)
+        if fix is not None:
+            self.line(depth + 1, fix)
         start = len(self.lines)
         self.block(body, depth + 1)
         yield_op = body.ops[-1]
@@ -108,8 +125,13 @@ class PyEmitter:
     def loop_range(self, lo, hi, step) -> str:
         return f"range({self.n(lo)}, {self.n(hi)}, {self.n(step)})"
 
-    def loop_index(self, iv: Value) -> str:
-        return "pass"
+    def loop_index(self, iv: Value) -> str | None:
+        """A statement fixing up the induction variable at the top of the body, if any."""
+        return None
+
+    def init_expr(self, init: Value) -> str:
+        """The initial value of a loop-carried variable."""
+        return self.n(init)
 
     def header(self) -> list[str]:
         k = self.k

@@ -1,0 +1,333 @@
+"""Kernel IR -> a Python module holding one `@triton.jit` kernel and a launcher.
+
+The launcher takes the kernel's parameters (torch tensors, numbers), computes the grid from the
+host block and passes every tensor as a data pointer plus all of its sizes and strides. Only
+`tl.*` is used (no libdevice, block pointers or inline asm), and the code is generated for one
+mode, fixed at emit time and written in the header:
+
+  gpu        native bf16 tiles, hardware fp8 conversions, correctly rounded `/` and sqrt.
+  interpret  Triton's CPU interpreter: bf16 tiles live in f32 carriers rounded in software (its
+             own bf16 is wrong), fp8 converts in software, dots run in f32.
+
+fp8 and e8m0 tensors travel as uint8 views and their tiles are carried as uint8 bits. Values are
+exact against the numpy reference for integer, fp8 and e8m0 results. Op lowerings that are not a
+single `tl` call live in lower.py.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jinja2
+
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import error
+from k31dsl.dsl.ir import BINARY, COMPARE, Kernel, Op, TileType, Value, walk
+from k31dsl.targets.pyemit import PyEmitter
+from k31dsl.targets.triton import lower
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+TL = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "f64": "tl.float64",
+      "i8": "tl.int8", "i32": "tl.int32", "i64": "tl.int64", "u8": "tl.uint8", "u32": "tl.uint32",
+      "bool": "tl.int1", "f8e4m3": "tl.uint8", "f8e5m2": "tl.uint8", "e8m0": "tl.uint8"}
+INFIX = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^", "shl": "<<",
+         "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+HELPERS = ("_fmax", "_fmin", "_round_bf16", "_bf16_from_bits", "_bf16_to_bits", "_rne_shift",
+           "_fp8_encode", "_fp8_encode_hw", "_fp8_decode", "_e8m0_encode", "_e8m0_decode",
+           "_float_to_int", "_softplus", "_trunc", "_topk", "_f32_order", "_idiv", "_imod")
+LAUNCH_KEYS = ("num_warps", "num_stages")
+
+
+def detect_mode() -> str:
+    """"interpret" under TRITON_INTERPRET=1 or without a CUDA device, else "gpu"."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "interpret"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return "gpu"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return "interpret"
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+class TritonEmitter(PyEmitter):
+    target = "triton"
+
+    def __init__(self, kernel: Kernel, options: dict | None = None):
+        super().__init__(kernel, options)
+        self.mode = self.options.get("mode") or detect_mode()
+        self.interp = self.mode == "interpret"
+        self.soft_fp8 = bool(self.options.get("soft_fp8", self.interp))
+        self.helpers: set[str] = set()
+        self.consts: dict[int, str] = {}     # uid -> literal of an inlined constant
+        self.maybe_cx: set[int] = set()      # values Triton may see as constexpr (no .to())
+        self.defs: dict[int, Op] = {}
+        self.iv_ops: dict[int, Op] = {}      # loop induction variable -> its for op
+        self._nonneg: dict[int, bool] = {}
+        for op in list(walk(kernel.host)) + list(walk(kernel.body)):
+            for r in op.results:
+                self.defs[r.uid] = op
+            if op.name == "for":
+                self.iv_ops[op.regions[0].args[0].uid] = op
+        self.pids = {a.uid for a in kernel.body.args}
+        self.maybe_cx.update(self.iv_ops)     # the interpreter's loop variables are Python ints
+        for p in kernel.params:
+            self.used.add(p.name)
+            self.names[p.value.uid] = p.name
+        self.used.update(n for n in kernel.constexprs)
+
+    def reserved(self) -> set[str]:
+        return super().reserved() | set(HELPERS) | {"grid", "float", "int", "bool"}
+
+    # ------------------------------------------------------------ types and operand forms
+    def carrier(self, dt: D.DType) -> str:
+        """The tl dtype a value of `dt` lives in inside the kernel."""
+        if dt is D.bf16 and self.interp:
+            return "tl.float32"
+        return TL[dt.name]
+
+    def dt(self, v: Value) -> D.DType:
+        return v.type.dtype
+
+    def t(self, v: Value) -> str:
+        """`v` as a tensor (constants and possibly-constexpr values are materialised)."""
+        if v.uid in self.consts:
+            return f"tl.full([], {self.consts[v.uid]}, {self.carrier(self.dt(v))})"
+        if v.uid in self.maybe_cx:
+            return f"tl.cast({self.n(v)}, {self.carrier(self.dt(v))})"
+        return self.n(v)
+
+    def to(self, v: Value | str, tl_dtype: str, bitcast: bool = False, cx: bool = False) -> str:
+        """A conversion of a value (or an expression) to a tl dtype."""
+        if isinstance(v, Value):
+            cx, v = v.uid in self.maybe_cx, self.n(v)
+        extra = ", bitcast=True" if bitcast else ""
+        return f"tl.cast({v}, {tl_dtype}{extra})" if cx else f"{v}.to({tl_dtype}{extra})"
+
+    def use(self, *groups: str):
+        """Ask for prelude helper groups (names of the blocks in prelude.py.jinja)."""
+        self.helpers.update(groups)
+
+    def nonneg(self, v: Value) -> bool:
+        """Whether an integer value is provably >= 0 (spares the `>= 0` half of bounds masks)."""
+        if v.uid in self._nonneg:
+            return self._nonneg[v.uid]
+        self._nonneg[v.uid] = False          # cycles through loops resolve to "unknown"
+        ok = v.uid in self.pids
+        if v.uid in self.iv_ops:
+            lo, _, step = self.iv_ops[v.uid].operands[:3]
+            s = self.defs.get(step.uid)
+            ok = self.nonneg(lo) and s is not None and s.name == "const" and s.attrs["value"] > 0
+        op = self.defs.get(v.uid)
+        if op is not None and not v.type.dtype.is_float:
+            if op.name == "const":
+                ok = op.attrs["value"] >= 0
+            elif op.name in ("dim", "arange"):
+                ok = True
+            elif op.name in ("add", "mul", "floordiv", "mod", "minimum", "shr", "and"):
+                ok = all(self.nonneg(x) for x in op.operands)
+            elif op.name == "maximum":
+                ok = any(self.nonneg(x) for x in op.operands)
+            elif op.name == "broadcast" or op.name == "expand":
+                ok = self.nonneg(op.operands[0])
+        self._nonneg[v.uid] = ok
+        return ok
+
+    def inline(self, op: Op, text: str, cx: bool = True):
+        r = op.result
+        self.names[r.uid] = text
+        if cx:
+            self.maybe_cx.add(r.uid)
+
+    # ------------------------------------------------------------ checks
+    def check(self):
+        """Triton's limits, reported at the user's source line."""
+        for op in walk(self.k.body):
+            for v in op.results + [a for r in op.regions for a in r.args]:
+                if isinstance(v.type, TileType) and not all(_pow2(s) for s in v.type.shape):
+                    raise error(f"Triton tiles need power-of-two sizes; `{op.name}` makes a "
+                                f"{list(v.type.shape)} tile here",
+                                op.loc, "round the tile size up to a power of two and mask the extra lanes")
+            if op.name == "dot":
+                (m, kk), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
+                if min(m, n, kk) < 16:
+                    raise error(f"Triton's tl.dot needs M, N and K of at least 16, got "
+                                f"[{m},{kk}] @ [{kk},{n}]", op.loc,
+                                "pad the tiles to 16 (mask the extra rows/columns with other=0.0)")
+
+    # ------------------------------------------------------------ emission driver
+    def op(self, op: Op, depth: int):
+        if op.name == "cast" and self.carrier(op.operands[0].type.dtype) == "tl.float32" \
+                and op.attrs["dtype"] is D.f32:
+            self.names[op.result.uid] = self.n(op.operands[0])   # bf16 in an f32 carrier
+            return
+        super().op(op, depth)
+        # Triton folds arithmetic on constexprs into constexprs
+        if op.results and op.name in BINARY | COMPARE | {"neg", "not", "where"}:
+            if all(x.uid in self.maybe_cx for x in op.operands):
+                self.maybe_cx.add(op.result.uid)
+
+    def rule_for(self, op: Op):
+        fn = lower.binary if op.name in BINARY or op.name in COMPARE else lower.RULES[op.name]
+        return lambda op: fn(self, op)
+
+    def init_expr(self, init: Value) -> str:
+        return self.t(init)
+
+    def render(self) -> str:
+        self.check()
+        k = self.k
+        host = self.emit_host()
+        host_args = self.host_values_in_body()
+        self.lines, self.last_src = [], None
+        for axis, pid in enumerate(k.body.args):
+            self.line(0, f"{self.name(pid)} = tl.program_id({axis})")
+        self.prologue()
+        self.block(k.body, 0)
+        body = self.lines
+        tensor_params = [p for p in k.params if p.is_tensor]
+        scalar_params = [p for p in k.params if not p.is_tensor]
+        kernel_params, launch_args, views = [], [], []
+        for p in tensor_params:
+            rank = p.value.type.rank
+            sizes = [f"{p.name}_size_{a}" for a in range(rank)]
+            strides = [f"{p.name}_stride_{a}" for a in range(rank)]
+            kernel_params.append([p.name] + sizes + strides)
+            arg = self.tensor_arg(p, views)
+            launch_args.append([arg] + [f"{p.name}.shape[{a}]" for a in range(rank)]
+                               + [f"{p.name}.stride({a})" for a in range(rank)])
+        scalars = []
+        for p in scalar_params:
+            dt = p.value.type.dtype
+            scalars.append(f"{p.name}: tl.float64" if dt is D.f64 else p.name)
+            launch_args.append([self.scalar_arg(p)])
+        if scalars:
+            kernel_params.append(scalars)
+        if host_args:
+            kernel_params.append(host_args)
+            launch_args.append(host_args)
+        cx = [(n, v) for n, v in sorted(k.constexprs.items()) if isinstance(v, (int, float, bool))]
+        if cx:
+            kernel_params.append([f"{n}: tl.constexpr" for n, _ in cx])
+            launch_args.append([f"{n}={v!r}" for n, v in cx])
+        launch_opts = []
+        if not self.interp:
+            opts = self.launch_options()
+            launch_opts = [f"{n}={v!r}" for n, v in opts.items()]
+            launch_args.append([f"{n}={n}" for n in opts])
+        header = self.header() + [f"# mode: {self.mode}" + ("" if self.interp else
+                                                           f"   soft-fp8: {self.soft_fp8}")]
+        return _ENV.get_template("module.py.jinja").render(
+            header=header, name=k.name, params=[p.name for p in k.params], host=host, views=views,
+            grid=[self.host_expr(g) for g in k.grid], body=body or ["pass"],
+            kernel_params=kernel_params, launch_args=launch_args, launch_opts=launch_opts,
+            no_specialize=[p.name for p in scalar_params] + host_args,
+            used=self.helpers,
+            host_helpers=self.host_helpers, mode=self.mode,
+            device="the CPU (the interpreter copies them)" if self.interp else "the GPU")
+
+    def launch_options(self) -> dict:
+        """num_warps/num_stages of the config this specialisation came from; fp fusion off by
+        default so that results track the reference rounding op by op."""
+        out = {}
+        for cfg in self.k.configs:
+            if all(self.k.constexprs.get(n) == v for n, v in cfg.items() if n not in LAUNCH_KEYS):
+                out.update({n: cfg[n] for n in LAUNCH_KEYS if n in cfg})
+                break
+        for n in LAUNCH_KEYS:
+            if n in self.options:
+                out[n] = self.options[n]
+        out["enable_fp_fusion"] = bool(self.options.get("fp_fusion", False))
+        return out
+
+    def tensor_arg(self, p, views: list) -> str:
+        dt = p.value.type.dtype
+        if dt.is_storage_only:
+            views.append(f"{p.name}_bytes = {p.name}.view(torch.uint8)  # {dt.name} travels as its bits")
+            return f"{p.name}_bytes"
+        if dt is D.bf16 and self.interp:
+            views.append(f"{p.name}_bits = {p.name}.view(torch.int16)  # bf16 is done in software here")
+            return f"{p.name}_bits"
+        return p.name
+
+    def scalar_arg(self, p) -> str:
+        dt = p.value.type.dtype
+        conv = "bool" if dt is D.bool_ else ("int" if dt.is_int else "float")
+        return f"{conv}({p.name})"
+
+    def prologue(self):
+        """Scalar parameters arrive as i32/i64 or f32; give them their IR dtype."""
+        for p in self.k.params:
+            if p.is_tensor:
+                continue
+            dt = p.value.type.dtype
+            name = self.name(p.value)
+            if dt is D.bf16 and self.interp:
+                self.use("round_bf16")
+                self.line(0, f"{name} = _round_bf16({p.name}.to(tl.float32))")
+            elif dt not in (D.f32, D.i32, D.bool_, D.f64):
+                self.line(0, f"{name} = {p.name}.to({self.carrier(dt)})")
+
+    # ------------------------------------------------------------ host block (Python ints)
+    host_helpers = False
+
+    def emit_host(self) -> list[str]:
+        self.lines = []
+        self.host_names: dict[int, str] = {}
+        for op in self.k.host.ops:
+            a = [self.host_expr(x) for x in op.operands]
+            if op.name == "const":
+                self.host_names[op.result.uid] = repr(op.attrs["value"])
+                continue
+            if op.name == "dim":
+                self.host_names[op.result.uid] = f"{a[0]}.shape[{op.attrs['axis']}]"
+                continue
+            if op.name in ("floordiv", "mod"):
+                self.host_helpers = True
+                text = f"_{'idiv' if op.name == 'floordiv' else 'imod'}({a[0]}, {a[1]})"
+            elif op.name in ("maximum", "minimum"):
+                text = f"{op.name[:3]}({a[0]}, {a[1]})"
+            else:
+                text = f"{a[0]} {INFIX[op.name]} {a[1]}"
+            name = self.name(op.result)
+            self.host_names[op.result.uid] = name
+            self.line(0, f"{name} = {text}")
+        return self.lines
+
+    def host_expr(self, v: Value) -> str:
+        if isinstance(v.type, TileType):
+            return self.host_names[v.uid]
+        return self.n(v)   # a tensor parameter
+
+    def host_values_in_body(self) -> list[str]:
+        """Host values the body reads travel as (unspecialised) scalar kernel arguments."""
+        host = {r.uid for op in self.k.host.ops for r in op.results}
+        out = []
+        for op in walk(self.k.body):
+            for x in op.operands:
+                if x.uid in host and x.uid not in self.names:
+                    op_def = self.defs[x.uid]
+                    if op_def.name == "const":
+                        self.names[x.uid] = op_def.attrs["value"].__repr__()
+                        self.consts[x.uid] = self.names[x.uid]
+                        self.maybe_cx.add(x.uid)
+                        continue
+                    name = self.host_names[x.uid]
+                    if not name.isidentifier():      # a dim: name it for the kernel
+                        name = self.fresh(f"{x.hint or 'n'}")
+                        self.lines.append(f"{name} = {self.host_names[x.uid]}")
+                        self.host_names[x.uid] = name
+                    self.names[x.uid] = name
+                    out.append(name)
+        return out
+
+
+def emit(kernel: Kernel, **options) -> str:
+    return TritonEmitter(kernel, options).render()

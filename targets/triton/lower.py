@@ -1,0 +1,426 @@
+"""Op lowerings of the Triton emitter, one function per op family. Each takes the emitter and the
+op and returns the right-hand side of the op's assignment, or None once it named the result
+itself (inlined constants and sizes). Helper lines go out through `em.pre(...)`.
+
+Rounding rules (they make results match the numpy reference): f32 `/` and sqrt are correctly
+rounded (tl.math.div_rn, tl.sqrt_rn); bf16/f16 math other than + - * runs in f32 and rounds
+back; integer `//` and `%` truncate toward zero, which is what Triton's own operators do."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.ir import COMPARE, parse_index_kind
+
+INFIX = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^", "shl": "<<",
+         "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+         "mod": "%"}
+LOW = (D.bf16, D.f16)
+FP8_HW = {"f8e4m3": "tl.float8e4nv", "f8e5m2": "tl.float8e5"}
+F32_MIN_NORMAL, F32_MAX = 2.0 ** -126, float(np.finfo(np.float32).max)
+
+
+# ---------------------------------------------------------------- literals
+
+def float_text(x: float, npdt=np.float64) -> str:
+    """Python text of a float that Triton turns back into exactly this value of `npdt`: the
+    shortest form when parsing it and rounding to npdt returns x, else the exact value."""
+    if math.isnan(x):
+        return 'float("nan")'
+    if math.isinf(x):
+        return 'float("inf")' if x > 0 else '(-float("inf"))'
+    text = repr(x)
+    v = npdt(x)
+    fmt = np.format_float_positional if x == 0 or 1e-5 <= abs(x) < 1e16 else np.format_float_scientific
+    short = fmt(v, unique=True, trim="0")
+    if float(np.array(float(short)).astype(npdt)) == x:
+        text = short
+    return f"({text})" if text.startswith("-") else text
+
+
+def literal(value, dt: D.DType) -> str:
+    """`value` as a Python literal of dt's carrier (fp8/e8m0: the byte NumPy's cast gives)."""
+    if dt is D.bool_:
+        return "True" if value else "False"
+    if dt.is_int:
+        v = int(value)
+        return f"({v})" if v < 0 else str(v)
+    npdt = D.numpy_dtype(dt)
+    if dt.is_storage_only:
+        return str(int(np.array(value, np.float64).astype(npdt).view(np.uint8)))
+    return float_text(float(np.array(value, np.float64).astype(npdt).astype(np.float64)), npdt)
+
+
+def natural(value, dt: D.DType, em) -> bool:
+    """Whether Triton reads the bare literal as exactly this dtype (f32, i32, bool)."""
+    if dt is D.bool_ or dt is D.i32:
+        return True
+    if em.carrier(dt) != "tl.float32" or dt.is_storage_only:
+        return False
+    r = abs(float(np.array(value, np.float64).astype(D.numpy_dtype(dt))))
+    return r == 0 or math.isinf(r) or math.isnan(r) or F32_MIN_NORMAL <= r <= F32_MAX
+
+
+def const(em, op):
+    v, dt = op.attrs["value"], op.attrs["dtype"]
+    text = literal(v, dt)
+    if natural(v, dt, em):
+        em.consts[op.result.uid] = text
+        em.inline(op, text)
+        return None
+    return f"tl.full([], {text}, {em.carrier(dt)})"
+
+
+def dim(em, op):
+    em.inline(op, f"{em.n(op.operands[0])}_size_{op.attrs['axis']}")
+
+
+def arange(em, op):
+    return f"tl.arange(0, {op.attrs['size']})"
+
+
+def full(em, op):
+    dt = op.attrs["dtype"]
+    return f"tl.full({list(op.attrs['shape'])}, {literal(op.attrs['value'], dt)}, {em.carrier(dt)})"
+
+
+# ---------------------------------------------------------------- conversions through f32
+
+def f32(em, v) -> str:
+    """`v` (any non-bool dtype) as an f32 tensor expression."""
+    dt = v.type.dtype
+    x = em.t(v)
+    if dt is D.f32 or (dt is D.bf16 and em.interp):
+        return x
+    if dt.kind == "fp8":
+        if em.interp or em.soft_fp8:
+            em.use("fp8_decode")
+            e, m, bias = D.FP8_FORMAT[dt.name]
+            return f"_fp8_decode({x}, {m}, {bias}, {dt is D.f8e4m3}, {2.0 ** (1 - bias - m)!r})"
+        return f"{x}.to({FP8_HW[dt.name]}, bitcast=True).to(tl.float32)"
+    if dt is D.e8m0:
+        em.use("e8m0_decode")
+        return f"_e8m0_decode({x})"
+    return f"{x}.to(tl.float32)"
+
+
+def from32(em, expr: str, dt: D.DType) -> str:
+    """An f32 tensor expression converted to dt's carrier (rounding to nearest even)."""
+    if dt is D.f32:
+        return expr
+    if dt is D.bf16 and em.interp:
+        em.use("round_bf16")
+        return f"_round_bf16({expr})"
+    if dt.kind == "fp8":
+        bound = D.from_name(dt.name).max_finite
+        if em.interp or em.soft_fp8:
+            em.use("fp8_encode")
+            e, m, bias = D.FP8_FORMAT[dt.name]
+            max_bits = int(np.array(bound, np.float32).view(np.uint32))
+            return f"_fp8_encode({expr}, {m}, {bias}, {hex(max_bits)})"
+        em.use("fp8_encode_hw")
+        return f"_fp8_encode_hw({expr}, {FP8_HW[dt.name]}, {bound!r})"
+    if dt is D.e8m0:
+        em.use("e8m0_encode")
+        return f"_e8m0_encode({expr})"
+    return f"({expr}).to({em.carrier(dt)})"
+
+
+# ---------------------------------------------------------------- arithmetic
+
+def binary(em, op):
+    a, b = op.operands
+    dt, name = a.type.dtype, op.name
+    # two possible constexprs: make one a tensor where Python's rules would differ from the IR's
+    both_cx = a.uid in em.maybe_cx and b.uid in em.maybe_cx
+    A = em.t(a) if both_cx and (name in ("floordiv", "mod") or dt.is_float) else em.n(a)
+    B = em.n(b)
+    if name in COMPARE or (not dt.is_float and name in INFIX):
+        text = f"{A} {INFIX[name]} {B}"
+        if dt is D.bool_ and em.interp and a.type.is_scalar != b.type.is_scalar:
+            return f"({text}) != 0"          # the interpreter's scalar & tile gives int32 data
+        return text
+    if not dt.is_float:
+        if name == "floordiv":
+            return f"{A} // {B}"            # Triton's integer // truncates toward zero
+        return f"tl.{name}({A}, {B})"        # maximum / minimum
+    if name in ("maximum", "minimum"):
+        em.use("fmax" if name == "maximum" else "fmin")
+        return f"_f{name[:3]}({A}, {B})"
+    if dt in LOW and name in ("add", "sub", "mul"):
+        # one 16-bit + - * rounds the same natively as through f32 (24 >= 2 * 11 + 2 bits)
+        text = f"{A} {INFIX[name]} {B}"
+        return from32(em, text, dt) if dt is D.bf16 and em.interp else text
+    if dt in LOW:
+        return from32(em, _fdiv(em, name, f32(em, a), f32(em, b), D.f32), dt)
+    if name in ("add", "sub", "mul"):
+        return f"{A} {INFIX[name]} {B}"
+    return _fdiv(em, name, A, B, dt)
+
+
+def _fdiv(em, name, A, B, dt) -> str:
+    if name == "mod":
+        return f"{A} % {B}"                  # frem: C fmod, exact
+    q = f"tl.math.div_rn({A}, {B})" if dt is D.f32 else f"{A} / {B}"
+    if name == "floordiv":
+        em.use("trunc")
+        return f"_trunc({q})"
+    return q
+
+
+def _float_unary(em, name: str, X: str, dt: D.DType) -> str:
+    if name == "sqrt":
+        return f"tl.sqrt_rn({X})" if dt is D.f32 else f"tl.sqrt({X})"
+    if name == "rsqrt":
+        return f"tl.math.div_rn(1.0, tl.sqrt_rn({X}))" if dt is D.f32 else f"1.0 / tl.sqrt({X})"
+    if name == "softplus":
+        em.use("softplus")
+        return f"_softplus({X})"
+    return f"tl.{name}({X})"
+
+
+def unary(em, op):
+    x = op.operands[0]
+    dt, name = x.type.dtype, op.name
+    X = em.t(x)
+    if name == "neg":
+        return f"-{X}"
+    if name == "not":
+        return f"~{X}"
+    if name == "abs":
+        return f"tl.abs({X})"
+    if name == "relu":
+        if dt in LOW:
+            em.use("fmax")
+            return f"_fmax({X}, tl.zeros_like({X}))"
+        return f"tl.where({X} > 0, {X}, tl.zeros_like({X}))"
+    if dt in LOW:
+        return from32(em, _float_unary(em, name, f32(em, x), D.f32), dt)
+    return _float_unary(em, name, X, dt)
+
+
+def where(em, op):
+    c, a, b = op.operands
+    return f"tl.where({em.n(c)}, {em.n(a)}, {em.n(b)})"
+
+
+def cast(em, op):
+    x = op.operands[0]
+    src, dst = x.type.dtype, op.attrs["dtype"]
+    if dst is D.bool_:
+        return f"{em.n(x)} != 0"
+    if dst.is_float or dst.is_storage_only:
+        bf16_carrier = src is D.bf16 and em.interp
+        if dst in (D.f32, D.f64, D.f16) and not src.is_storage_only and not bf16_carrier:
+            return em.to(x, em.carrier(dst))            # one rounding, as NumPy's astype
+        return from32(em, f32(em, x), dst)              # via f32 like the reference
+    # to an integer
+    if src.is_float:
+        em.use("float_to_int")
+        X = em.t(x) if src in (D.f32, D.f64) else f32(em, x)
+        bits, signed = dst.bits, dst.signed
+        lo, hi = (-(2.0 ** (bits - 1)), 2.0 ** (bits - 1)) if signed else (-1.0, 2.0 ** bits)
+        mn, mx = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
+        return f"_float_to_int({X}, {em.carrier(dst)}, {lo!r}, {hi!r}, {mn}, {mx})"
+    return em.to(x, em.carrier(dst))
+
+
+def bitcast(em, op):
+    x = op.operands[0]
+    src, dst = x.type.dtype, op.attrs["dtype"]
+    if em.interp and D.bf16 in (src, dst) and src is not dst:
+        em.use("round_bf16")
+        if src is D.bf16:            # f32 carrier -> 16 bits -> f16
+            return f"_bf16_to_bits({em.t(x)}).to({em.carrier(dst)}, bitcast=True)"
+        return f"_bf16_from_bits({em.t(x)}.to(tl.int16, bitcast=True))"
+    if em.carrier(src) == em.carrier(dst):
+        em.names[op.result.uid] = em.n(x)                  # same bits in the same carrier
+        if x.uid in em.maybe_cx:
+            em.maybe_cx.add(op.result.uid)
+        return None
+    return em.to(x, em.carrier(dst), bitcast=True)
+
+
+# ---------------------------------------------------------------- reductions, scans, dot
+
+def reduce(em, op):
+    x = op.operands[0]
+    dt, axis = x.type.dtype, op.attrs["axis"]
+    X = em.t(x)
+    if x.type.is_scalar:
+        return X
+    ax = "" if axis is None else f", {axis}"
+    if dt is D.bool_:
+        fn = "tl.sum" if op.name == "sum" else f"tl.{op.name}"
+        return f"{fn}({X}.to(tl.int32){ax}) != 0"
+    if dt.is_float and op.name != "sum":
+        em.use("fmax" if op.name == "max" else "fmin")
+        return f"tl.reduce({X}, {axis}, _f{op.name})"
+    if dt in LOW:
+        return from32(em, f"tl.sum({f32(em, x)}{ax})", dt)
+    out = f"tl.{op.name}({X}{ax})"
+    return f"{out}.to({em.carrier(dt)})" if dt.is_int and dt.bits < 32 else out
+
+
+def cumsum(em, op):
+    x = op.operands[0]
+    dt = x.type.dtype
+    args = f"{op.attrs['axis']}, reverse={op.attrs['reverse']}"
+    if dt in LOW:
+        return from32(em, f"tl.cumsum({f32(em, x)}, {args})", dt)
+    if dt is D.bool_:
+        return f"tl.cumsum({em.t(x)}.to(tl.int32), {args}) != 0"
+    out = f"tl.cumsum({em.t(x)}, {args})"
+    return f"{out}.to({em.carrier(dt)})" if dt.is_int and dt.bits < 32 else out
+
+
+def dot(em, op):
+    a, b = op.operands
+    dt = a.type.dtype
+    ieee = 'input_precision="ieee"'
+    if dt is D.f32:
+        prec = "ieee" if em.interp else op.attrs["precision"]
+        return f'tl.dot({em.t(a)}, {em.t(b)}, input_precision="{prec}")'
+    if dt.kind == "fp8" and not em.interp:
+        hw = FP8_HW[dt.name]
+        return f"tl.dot({em.t(a)}.to({hw}, bitcast=True), {em.t(b)}.to({hw}, bitcast=True))"
+    if dt in LOW and not em.interp:
+        return f"tl.dot({em.t(a)}, {em.t(b)})"
+    # interpreter (its 16-bit dot is wrong), fp8 decoded in software, f64: f32 operands
+    return f"tl.dot({f32(em, a)}, {f32(em, b)}, {ieee})"
+
+
+def topk(em, op):
+    x = op.operands[0]
+    X = em.t(x)
+    em.use("topk")
+    order = X if x.type.dtype is D.i32 else f"_f32_order({X})"
+    rank = len(x.type.shape)
+    return f"_topk({X}, {order}, {op.attrs['n']}, {x.type.shape[-1]}, {rank - 1})"
+
+
+def take(em, op):
+    x, i = op.operands
+    last = x.type.shape[-1]
+    idx = em.fresh("take_idx")
+    em.pre(f"{idx} = tl.minimum(tl.maximum({em.t(i)}, 0), {last - 1}).to(tl.int32)")
+    return f"tl.gather({em.t(x)}, {idx}, {len(x.type.shape) - 1})"
+
+
+# ---------------------------------------------------------------- shape ops
+
+def expand(em, op):
+    x = op.operands[0]
+    rank, axis = len(x.type.shape), op.attrs["axis"]
+    if rank == 0:
+        return f"tl.expand_dims({em.t(x)}, 0)"
+    idx = [":"] * rank
+    idx.insert(axis, "None")
+    return f"{em.t(x)}[{', '.join(idx)}]"
+
+
+def trans(em, op):
+    return f"tl.trans({em.t(op.operands[0])})"
+
+
+def broadcast(em, op):
+    x = op.operands[0]
+    if x.type.shape == tuple(op.attrs["shape"]):
+        return em.t(x)
+    return f"tl.broadcast_to({em.t(x)}, {list(op.attrs['shape'])})"
+
+
+def reshape(em, op):
+    return f"tl.reshape({em.t(op.operands[0])}, {list(op.attrs['shape'])})"
+
+
+def cat(em, op):
+    a, b = op.operands
+    n = 2 * a.type.shape[0]
+    # join -> [L, 2]; transposed -> [2, L]; row-major flattening puts a before b
+    return f"tl.reshape(tl.trans(tl.join({em.t(a)}, {em.t(b)})), [{n}])"
+
+
+# ---------------------------------------------------------------- memory
+
+def _access(em, op, has_value: bool):
+    """(pointer expr, mask expr, value operand) of a load/store; index lines go out as pre-lines."""
+    kinds = op.attrs["index"]
+    tensor = op.operands[0]
+    t = em.n(tensor)
+    idx = op.operands[1:1 + len(kinds)]
+    rest = op.operands[1 + len(kinds):]
+    value = rest[0] if has_value else None
+    user_mask = rest[-1] if op.attrs["mask"] else None
+    rank = sum(parse_index_kind(k)[0] != "scalar" for k in kinds)
+    offs, masks, scalar_masks, r = [], [], [], 0
+    for axis, (kind, v) in enumerate(zip(kinds, idx)):
+        k, size = parse_index_kind(kind)
+        stride, bound = f"{t}_stride_{axis}", f"{t}_size_{axis}"
+        if k == "scalar":
+            ix = em.n(v)
+            scalar_masks += [] if em.nonneg(v) else [f"({ix} >= 0)"]
+            scalar_masks.append(f"({ix} < {bound})")
+            if v.uid in em.consts:
+                offs.append(f"{ix} * {stride}")
+            else:
+                offs.append(f"{em.to(v, 'tl.int64')} * {stride}")
+            continue
+        lanes = f"{em.n(v)} + tl.arange(0, {size})" if k == "span" else em.t(v)
+        if rank > 1:
+            sub = ["None"] * rank
+            sub[r] = ":"
+            lanes = f"({lanes})[{', '.join(sub)}]"
+        name = em.fresh(f"{t}_i{axis}")
+        em.pre(f"{name} = {lanes}")
+        ok_low = em.nonneg(v)
+        masks += [] if ok_low else [f"({name} >= 0)"]
+        masks.append(f"({name} < {bound})")
+        offs.append(f"{name}.to(tl.int64) * {stride}")
+        r += 1
+    if user_mask is not None:
+        (scalar_masks if user_mask.type.is_scalar else masks).append(em.n(user_mask))
+    mask = " & ".join(scalar_masks + masks)
+    if em.interp and masks and scalar_masks:
+        mask = f"({mask}) != 0"               # the interpreter's scalar & tile gives int32 data
+    return f"{t} + " + " + ".join(offs), mask, value
+
+
+def load(em, op):
+    ptr, mask, _ = _access(em, op, False)
+    dt = op.operands[0].type.dtype
+    other = op.attrs["other"]
+    extra = ""
+    if other is not None:
+        if dt is D.bf16 and em.interp:
+            bits = int(np.array(other, np.float64).astype(D.numpy_dtype(dt)).view(np.int16))
+            extra = f", other={bits}"
+        else:
+            extra = f", other={literal(other, dt)}"
+    text = f"tl.load({ptr}, mask={mask}{extra})"
+    if dt is D.bf16 and em.interp:
+        em.use("round_bf16")
+        return f"_bf16_from_bits({text})"
+    return text
+
+
+def store(em, op):
+    ptr, mask, value = _access(em, op, True)
+    dt = op.operands[0].type.dtype
+    v = em.n(value)
+    if dt is D.bf16 and em.interp:
+        em.use("round_bf16")
+        v = f"_bf16_to_bits({em.t(value)})"
+    return f"tl.store({ptr}, {v}, mask={mask})"
+
+
+RULES = {
+    "const": const, "dim": dim, "arange": arange, "full": full, "load": load, "store": store,
+    "where": where, "cast": cast, "bitcast": bitcast, "sum": reduce, "max": reduce, "min": reduce,
+    "cumsum": cumsum, "dot": dot, "topk": topk, "take": take, "expand": expand, "trans": trans,
+    "broadcast": broadcast, "reshape": reshape, "cat": cat,
+    **{n: unary for n in ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sigmoid",
+                          "softplus", "relu", "not", "floor", "ceil")},
+}

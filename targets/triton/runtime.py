@@ -1,0 +1,105 @@
+"""Triton target runtime: emit, write the module to the generated-code cache, import it and call
+its launcher. On a GPU a kernel with several `configs` is autotuned: each config is timed once per
+argument-shape key with triton.testing.do_bench (on clones of the arguments, so that outputs are
+written once) and the fastest is remembered. Elsewhere the first config is used."""
+from __future__ import annotations
+
+from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.ir import Kernel
+from k31dsl.targets.common import CompiledKernel
+from k31dsl.targets.loader import load_module
+from k31dsl.targets.triton.emit import LAUNCH_KEYS, detect_mode, emit
+
+
+def emit_files(kernel: Kernel, **options) -> dict[str, str]:
+    return {f"{kernel.name}.py": emit(kernel, **options)}
+
+
+def _check_devices(kernel: Kernel, kdef, args, mode: str):
+    import torch
+    want = "cpu" if mode == "interpret" else "cuda"
+    for p, a in zip(kernel.params, args):
+        if p.is_tensor and isinstance(a, torch.Tensor) and a.device.type != want:
+            where = f"{kdef.file}:{kdef.first_line}"
+            if mode == "interpret":
+                hint = "the Triton interpreter (TRITON_INTERPRET=1 or no GPU) runs on CPU tensors: pass x.cpu()"
+            else:
+                hint = "move the tensor to the GPU with x.cuda(), or run with TRITON_INTERPRET=1"
+            raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` is on {a.device}, the "
+                           f"Triton target in {mode} mode needs {want} tensors", hint=hint)
+
+
+def build(kernel: Kernel, kdef=None, **options):
+    options.setdefault("mode", detect_mode())
+    src = emit(kernel, **options)
+    mod = load_module(src, f"triton_{kernel.name}")
+    fn = getattr(mod, kernel.name)
+    mode = options["mode"]
+
+    def launch(*args):
+        if kdef is not None:
+            _check_devices(kernel, kdef, args, mode)
+        fn(*args)
+    launch.source = src
+    launch.module = mod
+    return launch
+
+
+class TritonKernel(CompiledKernel):
+    """Adds the interpreter/GPU mode to the specialisation key and GPU autotuning over configs."""
+
+    def __init__(self, kdef, **options):
+        self.mode = options.get("mode") or detect_mode()
+        super().__init__(kdef, "triton", self._build, **options)
+        self._tuned: dict = {}
+
+    def _build(self, kernel: Kernel):
+        return build(kernel, self.kdef, **{**self.options, "mode": self.mode})
+
+    def _split(self, kwargs):
+        cx, rest = super()._split(kwargs)
+        return cx, {k: v for k, v in rest.items() if k not in LAUNCH_KEYS}
+
+    def __call__(self, *args, **kwargs):
+        cx, _ = self._split(kwargs)
+        configs = self.kdef.configs
+        if cx or len(configs) < 2 or self.mode != "gpu":
+            return super().__call__(*args, **kwargs)
+        key = self._shape_key(args, kwargs)
+        if key not in self._tuned:
+            self._tuned[key] = self._autotune(args, kwargs)
+        return super().__call__(*args, **kwargs, **self._tuned[key])
+
+    @staticmethod
+    def _shape_key(args, kwargs):
+        def facts(a):
+            return (tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else type(a).__name__
+        return tuple(facts(a) for a in args) + tuple((k, facts(v)) for k, v in sorted(kwargs.items()))
+
+    def _autotune(self, args, kwargs) -> dict:
+        import torch
+        import triton.testing
+        best, best_ms = None, float("inf")
+        for cfg in self.kdef.configs:
+            cx = {k: v for k, v in cfg.items() if k not in LAUNCH_KEYS}
+            clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+            try:
+                ms = triton.testing.do_bench(lambda: CompiledKernel.__call__(self, *clones, **kw, **cx))
+            except K31Error:
+                raise
+            except Exception:  # noqa: BLE001 - a config that cannot run (resources) just loses
+                continue
+            if ms < best_ms:
+                best, best_ms = cx, ms
+        if best is None:
+            raise K31Error(f"{self.kdef.file}:{self.kdef.first_line}: no config of `{self.kdef.name}` "
+                           "could run on this GPU", hint="add a config with smaller tiles or fewer stages")
+        return best
+
+
+def compile(kdef, **options):  # noqa: A001 - the targets' common entry point
+    return TritonKernel(kdef, **options)
+
+
+__all__ = ["compile", "emit_files", "build"]
