@@ -1,13 +1,15 @@
-"""How the frontend reads each `k.<name>(...)` call: a table from name to a small handler that
-checks compile-time arguments and emits IR."""
+"""How the frontend reads each call: a table from `k.<name>` to a small handler that checks
+compile-time arguments and emits IR, plus the Python builtins and `math.*` functions a kernel
+may call on compile-time values."""
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 from . import dtypes as D
-from .frontend import GridCall, Span, _is_const, _is_value
-from .ir import Value
+from .frontend_exprs import GridCall, Span, is_const, is_tensor, is_tile, is_value
+from .ir import TileType
 
 
 def _sig(fe, node, name, args, kwargs, params: str):
@@ -25,54 +27,62 @@ def _sig(fe, node, name, args, kwargs, params: str):
     try:
         b = inspect.Signature(ps).bind(*args, **kwargs)
     except TypeError as e:
-        raise fe.err(node, f"k.{name}({params}): {e}") from None
+        raise fe.err(node, f"k.{name}({params}): {e}", f"call it as k.{name}({params})") from None
     b.apply_defaults()
     return b.arguments
 
 
 def _static_int(fe, node, x, what: str) -> int:
-    if not isinstance(x, int) or isinstance(x, bool) or _is_value(x):
+    if not isinstance(x, int) or isinstance(x, bool):
         raise fe.err(node, f"{what} must be a compile-time integer (a literal or a constexpr), "
-                     f"got {fe._describe(x)}", "make it a k.constexpr parameter")
+                     f"got {fe.describe(x)}", "make it a k.constexpr parameter or a literal")
     return x
 
 
+def _static_bool(fe, node, x, what: str) -> bool:
+    if not isinstance(x, (bool, int)) or is_value(x):
+        raise fe.err(node, f"{what} must be a compile-time bool, got {fe.describe(x)}", "use True/False or a constexpr")
+    return bool(x)
+
+
 def _shape(fe, node, s, what="shape"):
-    if isinstance(s, int):
+    if isinstance(s, int) and not isinstance(s, bool):
         s = (s,)
     if not isinstance(s, (tuple, list)):
-        raise fe.err(node, f"{what} must be a tuple of compile-time integers")
+        raise fe.err(node, f"{what} must be a tuple of compile-time integers, got {fe.describe(s)}",
+                     "e.g. (BM, BN) with constexpr sizes")
     out = tuple(_static_int(fe, node, d, f"each {what} entry") for d in s)
-    if any(d <= 0 for d in out):
-        raise fe.err(node, f"{what} entries must be positive, got {list(out)}")
+    if not out or any(d <= 0 for d in out):
+        raise fe.err(node, f"{what} entries must be positive, got {list(out)}", "use positive tile sizes")
     return out
 
 
 def _dtype(fe, node, d):
     if not isinstance(d, D.DType):
-        raise fe.err(node, f"expected a dtype such as k.f32, got {fe._describe(d)}")
+        raise fe.err(node, f"expected a dtype such as k.f32, got {fe.describe(d)}", "pass k.f32, k.bf16, k.i32, ...")
     return d
 
 
-def _tile(fe, node, x, what="operand"):
-    if _is_const(x):
-        return fe.as_value(x, node)
-    if not _is_value(x):
-        raise fe.err(node, f"{what} must be a tile or number, got {fe._describe(x)}")
-    return x
+def _int_operand(fe, node, x, what):
+    if isinstance(x, int) and not isinstance(x, bool):
+        return x
+    if is_tile(x) and x.type.is_scalar and x.type.dtype.is_int:
+        return x
+    raise fe.err(node, f"{what} must be an integer scalar, got {fe.describe(x)}",
+                 "use sizes, program ids, loop indices or integer literals")
 
 
 def b_span(fe, node, args, kwargs):
     a = _sig(fe, node, "span", args, kwargs, "start, size, other=None")
     size = _static_int(fe, node, a["size"], "k.span size")
     if size <= 0:
-        raise fe.err(node, f"k.span size must be positive, got {size}")
-    start = a["start"]
-    if not (_is_value(start) or isinstance(start, int)):
-        raise fe.err(node, f"k.span start must be an integer, got {fe._describe(start)}")
-    if _is_value(start) and not (start.type.is_scalar and start.type.dtype.is_int):
-        raise fe.err(node, f"k.span start must be an integer scalar, got {start.type}")
-    return Span(start, size, a["other"])
+        raise fe.err(node, f"k.span size must be positive, got {size}", "use a positive power of two")
+    start = _int_operand(fe, node, a["start"], "k.span start")
+    other = a["other"]
+    if other is not None and not is_const(other):
+        raise fe.err(node, f"k.span other= must be a compile-time number, got {fe.describe(other)}",
+                     "write a literal such as 0.0 or float('-inf')")
+    return Span(start, size, other)
 
 
 def b_grid(fe, node, args, kwargs):
@@ -81,66 +91,74 @@ def b_grid(fe, node, args, kwargs):
 
 
 def b_arange(fe, node, args, kwargs):
-    if len(args) == 1:
+    if len(args) == 1 and not kwargs:
         args = [0, args[0]]
     a = _sig(fe, node, "arange", args, kwargs, "start, end")
     lo = _static_int(fe, node, a["start"], "k.arange start")
     hi = _static_int(fe, node, a["end"], "k.arange end")
     if hi <= lo:
-        raise fe.err(node, f"k.arange({lo}, {hi}) is empty")
+        raise fe.err(node, f"k.arange({lo}, {hi}) is empty", "the end must exceed the start")
     r = fe.emit1("arange", [], {"size": hi - lo}, node)
-    return fe.binary("add", r, lo, node) if lo else r
+    return fe.binary("add", r, lo, node, "+") if lo else r
 
 
 def b_zeros(fe, node, args, kwargs):
     a = _sig(fe, node, "zeros", args, kwargs, "shape, dtype=None")
     dt = _dtype(fe, node, a["dtype"]) if a["dtype"] is not None else D.f32
-    return fe.emit1("full", [], {"shape": list(_shape(fe, node, a["shape"])), "value": 0 if dt.is_int else 0.0,
+    return fe.emit1("full", [], {"shape": list(_shape(fe, node, a["shape"])),
+                                 "value": 0.0 if dt.is_float else (False if dt is D.bool_ else 0),
                                  "dtype": dt}, node)
 
 
 def b_full(fe, node, args, kwargs):
     a = _sig(fe, node, "full", args, kwargs, "shape, value, dtype=None")
-    v = a["value"]
-    if not _is_const(v):
-        if _is_value(v) and v.type.is_scalar:
-            shape = _shape(fe, node, a["shape"])
-            dt = a["dtype"]
-            if dt is not None and dt is not v.type.dtype:
-                v = fe.emit1("cast", [v], {"dtype": dt}, node)
-            return fe.emit1("broadcast", [v], {"shape": list(shape)}, node)
-        raise fe.err(node, "k.full value must be a number or a scalar")
-    dt = _dtype(fe, node, a["dtype"]) if a["dtype"] is not None else (D.f32 if isinstance(v, float) else D.i32)
-    v = float(v) if dt.is_float else (bool(v) if dt is D.bool_ else int(v))
-    return fe.emit1("full", [], {"shape": list(_shape(fe, node, a["shape"])), "value": v, "dtype": dt}, node)
+    v, shape = a["value"], _shape(fe, node, a["shape"])
+    dt = _dtype(fe, node, a["dtype"]) if a["dtype"] is not None else None
+    if is_tile(v) and v.type.is_scalar:
+        if dt is not None and dt is not v.type.dtype:
+            v = fe.emit1("cast", [v], {"dtype": dt}, node)
+        return fe.emit1("broadcast", [v], {"shape": list(shape)}, node)
+    if not is_const(v):
+        raise fe.err(node, f"k.full value must be a number or a scalar, got {fe.describe(v)}",
+                     "for a tile use k.broadcast_to(tile, shape)")
+    dt = dt or (D.f32 if isinstance(v, float) else (D.bool_ if isinstance(v, bool) else D.i32))
+    if dt.is_storage_only:
+        raise fe.err(node, f"k.full cannot build {dt.name} tiles directly",
+                     f"build a float tile and convert it: k.full(shape, v, k.f32).to(k.{dt.name})")
+    return fe.emit1("full", [], {"shape": list(shape), "value": fe.literal(v, dt, node), "dtype": dt}, node)
 
 
 def b_unary(name):
     def h(fe, node, args, kwargs):
         a = _sig(fe, node, name, args, kwargs, "x")
         x = a["x"]
-        if _is_const(x):
-            x = fe.as_value(float(x), node)
-        return fe.emit1(name, [_tile(fe, node, x)], {}, node)
+        if is_const(x) and name not in ("abs", "relu"):
+            x = float(x)
+        return fe.emit1(name, [fe.operand(x, node, f"the argument of k.{name}")], {}, node)
     return h
 
 
 def b_minmax(name):
     def h(fe, node, args, kwargs):
         a = _sig(fe, node, name, args, kwargs, "a, b")
-        if not _is_value(a["a"]) and not _is_value(a["b"]):
+        if is_const(a["a"]) and is_const(a["b"]):
             return (min if name == "minimum" else max)(a["a"], a["b"])
-        return fe.binary(name, a["a"], a["b"], node)
+        return fe.binary(name, a["a"], a["b"], node, f"k.{name}")
     return h
 
 
 def b_where(fe, node, args, kwargs):
     a = _sig(fe, node, "where", args, kwargs, "cond, a, b")
-    c = _tile(fe, node, a["cond"], "condition")
+    c = fe.operand(a["cond"], node, "the k.where condition")
     x, y = a["a"], a["b"]
-    like = x.type.dtype if _is_value(x) else (y.type.dtype if _is_value(y) else None)
+    for v in (x, y):
+        if not (is_tile(v) or is_const(v)):
+            fe.operand(v, node, "a k.where branch")
+    x, y = fe.promote_int_scalar(x, y, node)
+    like = x.type.dtype if is_tile(x) else (y.type.dtype if is_tile(y) else None)
     if like is None:
-        like = D.f32 if isinstance(x, float) or isinstance(y, float) else D.i32
+        like = D.f32 if isinstance(x, float) or isinstance(y, float) else (
+            D.bool_ if isinstance(x, bool) and isinstance(y, bool) else D.i32)
     return fe.emit1("where", [c, fe.as_value(x, node, like), fe.as_value(y, node, like)], {}, node)
 
 
@@ -150,62 +168,73 @@ def b_reduce(name):
         ax = a["axis"]
         if ax is not None:
             ax = _static_int(fe, node, ax, f"k.{name} axis")
-        return fe.emit1(name, [_tile(fe, node, a["x"])], {"axis": ax}, node)
+        return fe.emit1(name, [fe.operand(a["x"], node, f"the argument of k.{name}")], {"axis": ax}, node)
     return h
 
 
 def b_cumsum(fe, node, args, kwargs):
     a = _sig(fe, node, "cumsum", args, kwargs, "x, axis=0, reverse=False")
-    return fe.emit1("cumsum", [_tile(fe, node, a["x"])],
-                    {"axis": _static_int(fe, node, a["axis"], "k.cumsum axis"), "reverse": bool(a["reverse"])}, node)
+    return fe.emit1("cumsum", [fe.operand(a["x"], node, "the argument of k.cumsum")],
+                    {"axis": _static_int(fe, node, a["axis"], "k.cumsum axis"),
+                     "reverse": _static_bool(fe, node, a["reverse"], "k.cumsum reverse")}, node)
 
 
 def b_dot(fe, node, args, kwargs):
     a = _sig(fe, node, "dot", args, kwargs, "a, b, precision='ieee'")
     if a["precision"] not in ("ieee", "tf32"):
-        raise fe.err(node, f"k.dot precision must be 'ieee' or 'tf32', got {a['precision']!r}")
-    return fe.emit1("dot", [_tile(fe, node, a["a"]), _tile(fe, node, a["b"])], {"precision": a["precision"]}, node)
+        raise fe.err(node, f"k.dot precision must be 'ieee' or 'tf32', got {fe.describe(a['precision'])}",
+                     "'ieee' is exact fp32 accumulation; 'tf32' allows tensor-core rounding")
+    return fe.emit1("dot", [fe.operand(a["a"], node, "the left k.dot operand"),
+                            fe.operand(a["b"], node, "the right k.dot operand")], {"precision": a["precision"]}, node)
 
 
 def b_topk(fe, node, args, kwargs):
     a = _sig(fe, node, "topk", args, kwargs, "x, n")
-    vals, idx = fe.emit("topk", [_tile(fe, node, a["x"])], {"n": _static_int(fe, node, a["n"], "k.topk n")}, node)
+    vals, idx = fe.emit("topk", [fe.operand(a["x"], node, "the argument of k.topk")],
+                        {"n": _static_int(fe, node, a["n"], "k.topk n")}, node)
     return vals, idx
 
 
 def b_take(fe, node, args, kwargs):
     a = _sig(fe, node, "take", args, kwargs, "x, index")
-    return fe.emit1("take", [_tile(fe, node, a["x"]), _tile(fe, node, a["index"])], {}, node)
+    return fe.emit1("take", [fe.operand(a["x"], node, "the k.take source"),
+                             fe.operand(a["index"], node, "the k.take index")], {}, node)
 
 
 def b_cat(fe, node, args, kwargs):
     a = _sig(fe, node, "cat", args, kwargs, "a, b")
-    return fe.emit1("cat", [_tile(fe, node, a["a"]), _tile(fe, node, a["b"])], {}, node)
+    return fe.emit1("cat", [fe.operand(a["a"], node, "a k.cat operand"),
+                            fe.operand(a["b"], node, "a k.cat operand")], {}, node)
 
 
 def b_reshape(fe, node, args, kwargs):
     a = _sig(fe, node, "reshape", args, kwargs, "x, shape")
-    return fe.emit1("reshape", [_tile(fe, node, a["x"])], {"shape": list(_shape(fe, node, a["shape"]))}, node)
+    return fe.emit1("reshape", [fe.operand(a["x"], node, "the argument of k.reshape")],
+                    {"shape": list(_shape(fe, node, a["shape"]))}, node)
 
 
 def b_broadcast_to(fe, node, args, kwargs):
     a = _sig(fe, node, "broadcast_to", args, kwargs, "x, shape")
-    return fe.emit1("broadcast", [_tile(fe, node, a["x"])], {"shape": list(_shape(fe, node, a["shape"]))}, node)
+    return fe.emit1("broadcast", [fe.operand(a["x"], node, "the argument of k.broadcast_to")],
+                    {"shape": list(_shape(fe, node, a["shape"]))}, node)
 
 
 def b_cdiv(fe, node, args, kwargs):
     a = _sig(fe, node, "cdiv", args, kwargs, "a, b")
-    x, y = a["a"], a["b"]
-    if not _is_value(x) and not _is_value(y):
+    x = _int_operand(fe, node, a["a"], "k.cdiv numerator")
+    y = _int_operand(fe, node, a["b"], "k.cdiv denominator")
+    if not is_value(x) and not is_value(y):
+        if y == 0:
+            raise fe.err(node, "k.cdiv by zero", "the denominator must be positive")
         return -(-x // y)
-    s = fe.binary("add", x, fe.binary("sub", y, 1, node) if _is_value(y) else y - 1, node)
-    return fe.binary("floordiv", s, y, node)
+    s = fe.binary("add", x, fe.binary("sub", y, 1, node, "-") if is_value(y) else y - 1, node, "+")
+    return fe.binary("floordiv", s, y, node, "//")
 
 
 def b_cast(name):
     def h(fe, node, args, kwargs):
         a = _sig(fe, node, name, args, kwargs, "x, dtype")
-        x = _tile(fe, node, a["x"])
+        x = fe.operand(a["x"], node, f"the argument of k.{name}")
         dt = _dtype(fe, node, a["dtype"])
         if name == "cast" and dt is x.type.dtype:
             return x
@@ -213,26 +242,30 @@ def b_cast(name):
     return h
 
 
+def _tensor_arg(fe, node, t, verb):
+    if not is_tensor(t):
+        raise fe.err(node, f"k.{verb} needs a tensor parameter, got {fe.describe(t)}",
+                     f"pass a kernel parameter annotated k.Tensor[...]")
+    return t
+
+
 def b_load(fe, node, args, kwargs):
     a = _sig(fe, node, "load", args, kwargs, "tensor, index, mask=None, other=None")
-    t = a["tensor"]
-    if not (_is_value(t) and hasattr(t.type, "dims")):
-        raise fe.err(node, "k.load reads from a tensor parameter")
+    t = _tensor_arg(fe, node, a["tensor"], "load")
     idx = a["index"] if isinstance(a["index"], tuple) else (a["index"],)
     return fe.load(t, list(idx), a["mask"], a["other"], node)
 
 
 def b_store(fe, node, args, kwargs):
     a = _sig(fe, node, "store", args, kwargs, "tensor, index, value, mask=None")
-    t = a["tensor"]
-    if not (_is_value(t) and hasattr(t.type, "dims")):
-        raise fe.err(node, "k.store writes into a tensor parameter")
+    t = _tensor_arg(fe, node, a["tensor"], "store")
     idx = a["index"] if isinstance(a["index"], tuple) else (a["index"],)
     fe.store(t, list(idx), a["value"], a["mask"], node)
 
 
 def b_static_range(fe, node, args, kwargs):
-    raise fe.err(node, "k.static_range is only valid as the iterable of a for loop")
+    raise fe.err(node, "k.static_range is only valid as the iterable of a for loop",
+                 "write `for i in k.static_range(N):`")
 
 
 HANDLERS: dict[str, Any] = {
@@ -251,3 +284,45 @@ def call(fe, name: str, args, kwargs, node):
     if name == "grid":
         return GridCall(args)
     return HANDLERS[name](fe, node, args, kwargs)
+
+
+# ---------------------------------------------------------------- Python builtins and math.*
+
+def python_builtin(fe, fn, args, kwargs, node):
+    name = fn.__name__
+    if fn is range:
+        raise fe.err(node, "range() is only valid as the iterable of a for loop", "write `for i in range(n):`")
+    if kwargs:
+        raise fe.err(node, f"{name}() takes no keyword arguments in kernels", "pass them positionally")
+    if fn in (min, max) and any(is_value(a) for a in args):
+        if len(args) != 2:
+            raise fe.err(node, f"{name}() on tiles takes exactly two arguments",
+                         f"nest the calls or use k.{'minimum' if fn is min else 'maximum'}")
+        return fe.binary("minimum" if fn is min else "maximum", args[0], args[1], node, name)
+    if fn is abs and len(args) == 1 and is_value(args[0]):
+        return fe.emit1("abs", [fe.operand(args[0], node)], {}, node)
+    if fn is len and len(args) == 1 and is_value(args[0]):
+        t = args[0].type
+        if not isinstance(t, TileType) or not t.shape:
+            raise fe.err(node, "len() needs a tile with at least one axis or a tuple", "for tensors use x.shape[0]")
+        return t.shape[0]
+    if any(is_value(a) for a in args):
+        raise fe.err(node, f"{name}() needs compile-time arguments", "convert tiles with .to(k.i32) / .to(k.f32)")
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the user's compile-time call failed
+        raise fe.err(node, f"{name}() failed: {e}", "check the arguments") from None
+
+
+def is_math_function(fn) -> bool:
+    return callable(fn) and getattr(math, getattr(fn, "__name__", ""), None) is fn
+
+
+def math_call(fe, fn, args, kwargs, node):
+    if any(is_value(a) for a in list(args) + list(kwargs.values())):
+        raise fe.err(node, f"math.{fn.__name__} runs at compile time and needs compile-time arguments",
+                     "use k.exp/k.log/k.sqrt/... on tiles")
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's compile-time call failed
+        raise fe.err(node, f"math.{fn.__name__} failed: {e}", "check the arguments") from None

@@ -134,6 +134,7 @@ class Op:
 class Param:
     name: str
     value: Value          # type is TensorType or a scalar TileType
+    loc: Loc = UNKNOWN    # where the parameter is declared (for call-time argument errors)
 
     @property
     def is_tensor(self) -> bool:

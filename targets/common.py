@@ -6,7 +6,7 @@ import ast
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.errors import K31Error, error
 from k31dsl.dsl.ir import Kernel, TensorType
 
 
@@ -39,49 +39,58 @@ def _eval_dim(expr: str, env: dict[str, int]):
 
 
 def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
-    """Validate a call against the kernel's parameters; returns the arguments in order."""
-    where = f"{kdef.file}:{kdef.first_line}"
+    """Validate a call against the kernel's parameters; returns the arguments in order. Errors
+    point at the parameter's declaration (the kernel's `def` line for the argument count)."""
     params = kernel.params
+    sig = ", ".join(p.name for p in params)
     if len(args) != len(params):
-        names = ", ".join(p.name for p in params)
-        raise K31Error(f"{where}: kernel `{kernel.name}` takes {len(params)} arguments ({names}), got {len(args)}")
+        raise error(f"kernel `{kernel.name}` takes {len(params)} arguments ({sig}), got {len(args)}",
+                    kernel.loc, f"call it as {kernel.name}[target]({sig}); constexprs go by keyword")
     dims: dict[str, int] = {k: v for k, v in kernel.constexprs.items() if isinstance(v, int)}
     pending = []
     for p, a in zip(params, args):
         t = p.value.type
+        where = p.loc if p.loc.line else kernel.loc
+        what = f"argument `{p.name}` of `{kernel.name}`"
         if isinstance(t, TensorType):
             facts = _array_facts(a, allow_numpy)
             if facts is None:
                 kind = "a torch tensor" + (" or numpy array" if allow_numpy else "")
-                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` must be {kind}, got {type(a).__name__}")
+                raise error(f"{what} must be {kind}, got {type(a).__name__}", where,
+                            f"pass a {t.dtype.name} tensor of rank {t.rank}")
             dt, shape = facts
             ok = dt is t.dtype or (t.dtype is D.e8m0 and dt is D.u8)
             if not ok:
-                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` has dtype "
-                               f"{dt.name if dt else '?'}, the kernel expects {t.dtype.name}",
-                               hint=None)
+                raise error(f"{what} has dtype {dt.name if dt else '?'}, the kernel expects {t.dtype.name}",
+                            where, f"convert it first, e.g. x.to({D.torch_dtype(t.dtype)})")
             if len(shape) != t.rank:
-                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` has rank {len(shape)} "
-                               f"(shape {list(shape)}), the kernel expects rank {t.rank} {list(t.dims)}")
+                raise error(f"{what} has rank {len(shape)} (shape {list(shape)}), the kernel expects rank "
+                            f"{t.rank} {list(t.dims)}", where, "reshape or view the tensor to the annotated rank")
             for axis, (expr, size) in enumerate(zip(t.dims, shape)):
                 if expr.isidentifier() and expr not in dims:
                     dims[expr] = size
                 else:
-                    pending.append((p.name, axis, expr, size))
+                    pending.append((p, axis, expr, size))
         else:
             if _array_facts(a, True) is not None and getattr(a, "ndim", 1) != 0:
-                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` is a scalar "
-                               f"{t.dtype.name}, got an array")
-            if t.dtype.is_int and not isinstance(a, (int,)) and not hasattr(a, "__index__"):
-                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` must be an integer, got {a!r}")
-            if t.dtype.is_float and not isinstance(a, (int, float)) and not hasattr(a, "__float__"):
-                raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` must be a number, got {a!r}")
-    for name, axis, expr, size in pending:
+                raise error(f"{what} is a scalar {t.dtype.name}, got an array", where,
+                            "pass a Python number (use .item() on a one-element tensor)")
+            if t.dtype.is_int and (isinstance(a, bool) or not hasattr(a, "__index__")):
+                raise error(f"{what} must be an integer, got {a!r}"[:200], where, "pass a Python int")
+            if t.dtype.is_int:
+                bits = t.dtype.bits
+                lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if t.dtype.signed else (0, (1 << bits) - 1)
+                if not lo <= int(a) <= hi:
+                    raise error(f"{what} = {int(a)} does not fit {t.dtype.name}", where, f"pass a value in {lo} .. {hi}")
+            if (t.dtype.is_float or t.dtype is D.bool_) and (isinstance(a, str) or not hasattr(a, "__float__")):
+                raise error(f"{what} must be a number, got {a!r}"[:200], where, f"pass a Python float for {t.dtype.name}")
+    for p, axis, expr, size in pending:
         want = _eval_dim(expr, dims)
         if want is not None and want != size:
             bound = ", ".join(f"{k}={v}" for k, v in dims.items() if k in expr)
-            raise K31Error(f"{where}: argument `{name}` of `{kernel.name}` has size {size} on axis {axis}, "
-                           f"but its annotation says {expr} = {want} ({bound})")
+            raise error(f"argument `{p.name}` of `{kernel.name}` has size {size} on axis {axis}, "
+                        f"but its annotation says {expr} = {want} ({bound})", p.loc if p.loc.line else kernel.loc,
+                        "dims with the same name must agree across arguments (and with constexprs)")
     return list(args)
 
 
@@ -99,7 +108,11 @@ class CompiledKernel:
     def ir(self, **constexprs) -> Kernel:
         key = tuple(sorted(constexprs.items()))
         if key not in self._ir:
-            self._ir[key] = self.kdef.ir(**constexprs)
+            kernel = self.kdef.ir(**constexprs)
+            if self.target != "numpy":      # compiled targets: power-of-two tiles, dots >= 16
+                from k31dsl.dsl.frontend import check_portable
+                check_portable(kernel)
+            self._ir[key] = kernel
         return self._ir[key]
 
     def _split(self, kwargs: dict[str, Any]):
@@ -115,8 +128,8 @@ class CompiledKernel:
             names = [p.name for p in kernel.params]
             unknown = set(rest) - set(names)
             if unknown:
-                raise K31Error(f"{self.kdef.file}:{self.kdef.first_line}: kernel `{kernel.name}` has no "
-                               f"parameter {', '.join(sorted(unknown))}")
+                raise error(f"kernel `{kernel.name}` has no parameter {', '.join(sorted(unknown))}", kernel.loc,
+                            f"parameters: {', '.join(names)}; constexprs: {', '.join(kernel.constexprs) or 'none'}")
             args = list(args) + [rest[n] for n in names[len(args):] if n in rest]
         bound = check_args(kernel, self.kdef, tuple(args), self.allow_numpy)
         key = tuple(sorted(cx.items()))

@@ -1,0 +1,551 @@
+"""The error catalogue: each bad kernel is written to a real file, imported, and compiled (or
+called); the mistake must come back as a K31Error naming the offending file:line, with a key
+phrase and a hint. A fuzz test then mutates a valid kernel and accepts only K31Error or success."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import random
+import sys
+import textwrap
+import tokenize
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl import K31Error
+
+HEADER = "import k31dsl as k\n\n"
+_counter = itertools.count()
+
+
+def load_module(tmp_path, source: str, stem: str = "bad"):
+    """Write `source` to a fresh file and import it; returns (module, path, marked line)."""
+    text = HEADER + textwrap.dedent(source).lstrip("\n")
+    path = tmp_path / f"{stem}_{next(_counter)}.py"
+    path.write_text(text)
+    name = f"k31_err_{path.stem}_{id(tmp_path)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    marked = [i + 1 for i, line in enumerate(text.splitlines()) if line.rstrip().endswith("# <-")]
+    return mod, str(path), (marked[0] if marked else None)
+
+
+def expect_error(tmp_path, source: str, phrase: str, action=None):
+    mod, path, line = load_module(tmp_path, source)
+    with pytest.raises(K31Error) as info:
+        if action is None:
+            mod.kern.ir()
+        else:
+            action(mod)
+    err = info.value
+    assert err.loc is not None, str(err)
+    assert err.loc.file == path, str(err)
+    assert line is not None and err.loc.line == line, f"expected line {line}:\n{err}"
+    assert phrase.lower() in str(err).lower(), f"missing {phrase!r} in:\n{err}"
+    assert err.hint, f"no hint in:\n{err}"
+    assert f"{path}:{line}:" in str(err)
+    return err
+
+
+CASES = {
+    "while": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                while i < 3:  # <-
+                    pass
+        """, "`while` loops"),
+    "try": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                try:  # <-
+                    x[i] = 1.0
+                except Exception:
+                    pass
+        """, "`try` blocks"),
+    "lambda": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                f = lambda a: a + 1.0  # <-
+        """, "lambdas"),
+    "with": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                with open("f"):  # <-
+                    pass
+        """, "`with` blocks"),
+    "unknown_name": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                x[i] = undefined_thing * 2.0  # <-
+        """, "unknown name `undefined_thing`"),
+    "runtime_span_size": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, x.shape[0])]  # <-
+        """, "k.span size must be a compile-time integer"),
+    "dtype_mismatch": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.bf16, "N"], y: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                a = x[k.span(0, 16)]
+                b = y[k.span(0, 16)]
+                y[k.span(0, 16)] = a + b  # <-
+        """, "dtype mismatch in `add`: bf16 and f32"),
+    "shape_mismatch": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                a = x[k.span(0, 16)]
+                b = x[k.span(0, 32)]
+                c = a * b  # <-
+        """, "shape mismatch"),
+    "dot_inner_dim": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N", "M"]):
+            for i in k.grid(1):
+                a = x[k.span(0, 16), k.span(0, 32)]
+                c = k.dot(a, a)  # <-
+        """, "inner dimensions differ"),
+    "dot_dtype": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N", "M"], y: k.Tensor[k.bf16, "N", "M"]):
+            for i in k.grid(1):
+                a = x[k.span(0, 16), k.span(0, 16)]
+                b = y[k.span(0, 16), k.span(0, 16)]
+                c = k.dot(a, b)  # <-
+        """, "k.dot operand dtypes differ"),
+    "index_count": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N", "M"]):
+            for i in k.grid(x.shape[0]):
+                t = x[i]  # <-
+        """, "has rank 2 but is indexed with 1"),
+    "store_into_tile": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)]
+                t[0] = 1.0  # <-
+        """, "only tensor parameters can be stored to"),
+    "store_into_scalar_param": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], a: k.f32):
+            for i in k.grid(1):
+                a[0] = 1.0  # <-
+        """, "only tensor parameters can be stored to"),
+    "grid_not_outermost": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for j in range(4):
+                for i in k.grid(x.shape[0]):  # <-
+                    x[i] = 1.0
+        """, "outermost"),
+    "grid_nested": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                for j in k.grid(4):  # <-
+                    x[i] = 1.0
+        """, "outermost"),
+    "grid_then_statement": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                x[i] = 1.0
+            n = 3  # <-
+        """, "last statement"),
+    "grid_four_dims": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for a, b, c, d in k.grid(1, 2, 3, 4):  # <-
+                x[a] = 1.0
+        """, "k.grid takes 1 to 3 extents"),
+    "grid_missing": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):  # <-
+            x[0] = 1.0
+        """, "has no `for ... in k.grid"),
+    "recursion_direct": ("""
+        @k.func
+        def f(a):
+            return f(a)  # <-
+
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                x[i] = f(1.0)
+        """, "recursive @k.func call: f -> f"),
+    "recursion_mutual": ("""
+        @k.func
+        def f(a):
+            return g(a)
+
+        @k.func
+        def g(a):
+            return f(a)  # <-
+
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                x[i] = f(1.0)
+        """, "recursive @k.func call: f -> g -> f"),
+    "if_on_runtime_value": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                if i < 3:  # <-
+                    x[i] = 1.0
+        """, "compile time"),
+    "loop_carried_type_change": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                acc = k.zeros((16,), k.f32)
+                for j in range(4):  # <-
+                    acc = acc.to(k.bf16)
+        """, "changes type from f32[16] to bf16[16]"),
+    "loop_local_after_loop": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                for j in range(4):
+                    t = x[k.span(j * 16, 16)]
+                x[k.span(0, 16)] = t  # <-
+        """, "assigned only inside the loop"),
+    "float_literal_int_tile": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.i32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)] * 0.5  # <-
+        """, "float literal 0.5"),
+    "true_div_on_ints": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.i32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)] / 2  # <-
+        """, "`/` on integers"),
+    "break": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                for j in range(4):
+                    break  # <-
+        """, "`break`"),
+    "continue": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                for j in range(4):
+                    continue  # <-
+        """, "`continue`"),
+    "return_in_kernel": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                return x  # <-
+        """, "kernels do not return values"),
+    "missing_attribute": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)].size  # <-
+        """, "tiles have no attribute `size`"),
+    "missing_module_attribute": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = k.tanh(x[k.span(0, 16)])  # <-
+        """, "has no `tanh`"),
+    "tensor_missing_attribute": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.numel):  # <-
+                pass
+        """, "has no attribute `numel`"),
+    "constexpr_without_value": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], BLOCK: k.constexpr):  # <-
+            for i in k.grid(1):
+                pass
+        """, "constexpr `BLOCK` has no value"),
+    "runtime_power": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], p: k.f32):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)] ** p  # <-
+        """, "compile-time exponent"),
+    "store_dtype": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.bf16, "N"]):
+            for i in k.grid(1):
+                x[k.span(0, 16)] = k.zeros((16,), k.f32)  # <-
+        """, "storing a f32 value into a bf16 tensor"),
+    "kernel_calls_kernel": ("""
+        @k.kernel
+        def other(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                pass
+
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                other(x)  # <-
+        """, "cannot be called from another kernel"),
+    "fp8_math": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f8e4m3, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)] * x[k.span(0, 16)]  # <-
+        """, "storage formats"),
+    "bad_annotation": ("""
+        @k.kernel
+        def kern(x: int):  # <-
+            for i in k.grid(1):
+                pass
+        """, "unsupported annotation"),
+    "func_bad_call": ("""
+        @k.func
+        def f(a, b):
+            return a + b
+
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                x[i] = f(1.0)  # <-
+        """, "bad call of @k.func `f`"),
+    "return_in_func_loop": ("""
+        @k.func
+        def f(a):
+            for j in range(3):
+                return a  # <-
+
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                x[i] = f(1.0)
+        """, "`return` inside a loop"),
+    "compile_time_assert": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 48):
+            assert BLOCK % 32 == 0, "BLOCK must be a multiple of 32"  # <-
+            for i in k.grid(1):
+                pass
+        """, "BLOCK must be a multiple of 32"),
+    "where_condition_not_bool": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)]
+                u = k.where(t, t, 0.0)  # <-
+        """, "condition must be bool"),
+    "span_outside_index": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                s = k.span(0, 16)  # <-
+        """, "k.span"),
+    "reduce_axis_out_of_range": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                s = k.sum(x[k.span(0, 16)], axis=1)  # <-
+        """, "axis 1 out of range"),
+    "grid_on_float": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], a: k.f32):
+            for i in k.grid(a):  # <-
+                pass
+        """, "k.grid extents must be integer"),
+    "tile_used_as_index_float": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)]
+                u = x[t]  # <-
+        """, "indices must be integers"),
+    "bool_and_on_tiles": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                t = x[k.span(0, 16)]
+                m = (t > 0.0) and (t < 1.0)  # <-
+        """, "`and`/`or` need compile-time operands"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compile_error(tmp_path, case):
+    source, phrase = CASES[case]
+    expect_error(tmp_path, source, phrase)
+
+
+# ---------------------------------------------------------------- errors at call time
+
+CALLEE = """
+    @k.kernel
+    def kern(x: k.Tensor[k.f32, "N", "D"],  # <-
+             y: k.Tensor[k.f32, "N", "D // 2"], a: k.f32, BD: k.constexpr = 16):
+        for i in k.grid(x.shape[0]):
+            y[i, k.span(0, BD // 2)] = x[i, k.span(0, BD // 2)] * a
+    """
+
+
+def _call_case(tmp_path, args, phrase, line_offset=0, **kw):
+    mod, path, line = load_module(tmp_path, CALLEE)
+    with pytest.raises(K31Error) as info:
+        mod.kern["numpy"](*args, **kw)
+    err = info.value
+    assert err.loc is not None and err.loc.file == path, str(err)
+    assert err.loc.line == line + line_offset, str(err)
+    assert phrase.lower() in str(err).lower(), str(err)
+    assert err.hint, str(err)
+
+
+def test_call_wrong_dtype(tmp_path):
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    _call_case(tmp_path, (x, torch.zeros(4, 8), 1.0), "`x` of `kern` has dtype bf16, the kernel expects f32")
+
+
+def test_call_wrong_rank(tmp_path):
+    _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(32), 1.0), "has rank 1", line_offset=1)
+
+
+def test_call_named_dim_mismatch(tmp_path):
+    _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(5, 8), 1.0), "size 5 on axis 0", line_offset=1)
+
+
+def test_call_dim_expression_mismatch(tmp_path):
+    _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(4, 9), 1.0), "D // 2 = 8", line_offset=1)
+
+
+def test_call_wrong_arg_count(tmp_path):
+    _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(4, 8)), "takes 3 arguments")
+
+
+def test_call_scalar_not_a_number(tmp_path):
+    _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(4, 8), "x"), "must be a number", line_offset=1)
+
+
+def test_call_unknown_constexpr(tmp_path):
+    _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(4, 8), 1.0), "no parameter BX", BX=3)
+
+
+def test_ir_unknown_constexpr(tmp_path):
+    mod, path, line = load_module(tmp_path, CALLEE)
+    with pytest.raises(K31Error, match="no constexpr named BX") as info:
+        mod.kern.ir(BX=32)
+    assert info.value.loc.file == path and info.value.hint
+
+
+def test_failed_call_writes_nothing(tmp_path):
+    """A call rejected for its last argument leaves every output untouched."""
+    mod, _, _ = load_module(tmp_path, CALLEE)
+    y = torch.full((4, 8), 7.0)
+    with pytest.raises(K31Error):
+        mod.kern["numpy"](torch.ones(4, 16), y, "not a number")
+    assert torch.all(y == 7.0)
+
+
+# ---------------------------------------------------------------- fuzz: mutated valid kernels
+
+VALID = '''
+from __future__ import annotations
+import k31dsl as k
+
+@k.func
+def scaled(t, s=2.0):
+    return t * s, k.sum(t)
+
+@k.kernel
+def kern(x: k.Tensor[k.f32, "N", "D"], y: k.Tensor[k.f32, "N", "D"], w: k.Tensor[k.i32, "N"],
+         a: k.f32, BD: k.constexpr = 16):
+    for n in k.grid(x.shape[0]):
+        acc = k.zeros((BD,), k.f32)
+        for j in range(k.cdiv(x.shape[1], BD)):
+            t = x[n, k.span(j * BD, BD, other=0.0)]
+            u, tot = scaled(t, a)
+            acc = k.maximum(acc, u) + tot * 0.5
+            y[n, k.span(j * BD, BD)] = k.where(t > 0.0, k.exp2(u), -t)
+        w[n] = k.sum((acc > 1.0).to(k.i32))
+'''
+
+NAMES = ["x", "y", "w", "t", "n", "j", "acc", "u", "tot", "a", "BD", "k", "scaled", "range",
+         "None", "True", "undefined", "f32", "i32", "bf16", "exp2", "span", "grid", "sum", "dot",
+         "T", "shape", "to", "other", "axis", "cat", "topk"]
+NUMBERS = ["0", "1", "2", "16", "17", "0.5", "3.0", "1e30", "40", "100"]
+OPS = {"+": "-*/%", "-": "+*/", "*": "+-/@", "/": "*//%", "//": "/%*", ">": "<==!=>=",
+       ",": ",", "(": "(", ")": ")", "[": "[", "]": "]", "=": "=", ".": "."}
+
+
+def mutants(n: int, seed: int):
+    """Mostly well-formed variants: a token replaced by one of its kind, or a line dropped,
+    duplicated or swapped with its neighbour (so most mutants get past Python's parser)."""
+    lines = VALID.splitlines(keepends=True)
+    first_body = next(i for i, line in enumerate(lines) if line.startswith("@k.func"))
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(VALID).readline)
+            if t.start[0] - 1 > first_body and t.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER)]
+    body_lines = [i for i in range(first_body + 2, len(lines))
+                  if lines[i].strip() and not lines[i].lstrip().startswith(("def ", "@", "a:"))]
+    rng = random.Random(seed)
+    for _ in range(n):
+        new = list(lines)
+        kind = rng.random()
+        if kind < 0.7:
+            t = rng.choice(toks)
+            row, c0, c1 = t.start[0] - 1, t.start[1], t.end[1]
+            if t.type == tokenize.NUMBER:
+                rep = rng.choice(NUMBERS)
+            elif t.type == tokenize.NAME:
+                rep = rng.choice(NAMES)
+            else:
+                rep = rng.choice(list(OPS.get(t.string, "+")) + ["", "//", "**", "==", "&"])
+            new[row] = new[row][:c0] + rep + new[row][c1:]
+        else:
+            i = rng.choice(body_lines)
+            if kind < 0.8:
+                new[i] = new[i][:len(new[i]) - len(new[i].lstrip())] + "pass\n"
+            elif kind < 0.9:
+                new.insert(i, new[i])
+            elif i + 1 < len(new):
+                new[i], new[i + 1] = new[i + 1], new[i]
+        yield "".join(new)
+
+
+def test_mutated_kernels_fail_only_with_k31error(tmp_path):
+    x = torch.randn(3, 40)
+    ran = compiled_errors = 0
+    for i, src in enumerate(mutants(80, seed=31)):
+        path = tmp_path / f"mutant_{i}.py"
+        path.write_text(src)
+        try:
+            compile(src, str(path), "exec")
+            spec = importlib.util.spec_from_file_location(f"k31_mutant_{i}_{id(tmp_path)}", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            kern = mod.kern
+        except Exception:  # noqa: BLE001 - not valid Python or fails at import: not our concern
+            continue
+        if not isinstance(kern, k.KernelDef):
+            continue
+        try:
+            kern["numpy"](x, torch.zeros(3, 40), torch.zeros(3, dtype=torch.int32), 0.5)
+            ran += 1
+        except K31Error as e:
+            assert "internal compiler error" not in str(e), f"mutant {i}:\n{src}\n{e}"
+            assert e.loc is not None, f"mutant {i}: error without a location:\n{e}"
+            compiled_errors += 1
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"mutant {i} raised {type(e).__name__}: {e}\n{src}")
+    assert compiled_errors >= 10 and ran >= 1, (compiled_errors, ran)
