@@ -370,6 +370,50 @@ def _run_check(spec, target: str, seed: int) -> list[dict]:
                  "tol": float("nan"), "passed": False, "detail": f"{type(e).__name__}: {e}{at}"}]
 
 
+def _quiet_interpreter() -> None:
+    """The Triton interpreter computes masked-off lanes too and NumPy warns about their garbage;
+    those warnings say nothing about the results, which the checks compare."""
+    import warnings
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+
+
+def _with_progress(items: list, label, work, enabled: bool) -> list:
+    """Run work(item) for each item, with a progress bar on a terminal; concatenates the results."""
+    rows: list = []
+    if not enabled:
+        for item in items:
+            rows += work(item)
+        return rows
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=_console(stderr=True), transient=True) as bar:
+        task = bar.add_task("", total=len(items))
+        for item in items:
+            bar.update(task, description=label(item))
+            rows += work(item)
+            bar.advance(task)
+    return rows
+
+
+def _check_rows(ops: dict, names: list[str], target: str, seed: int, progress: bool) -> list[dict]:
+    _quiet_interpreter()
+    return _with_progress(names, lambda n: f"{target}: {n}",
+                          lambda n: _run_check(ops[n], target, seed), progress)
+
+
+def _results_table(title: str, rows: list[dict]):
+    from rich.markup import escape
+    from rich.table import Table
+    table = Table(title=title)
+    for col, just in (("op", "left"), ("case", "left"), ("max error", "right"),
+                      ("tolerance", "right"), ("result", "left")):
+        table.add_column(col, justify=just, overflow="fold")
+    for r in rows:
+        status = "[green]pass[/]" if r["passed"] else f"[bold red]FAIL[/] {escape(r['detail'])}".rstrip()
+        table.add_row(escape(r["op"]), escape(r["case"]), f"{r['max_err']:.3g}", f"{r['tol']:.3g}", status)
+    return table
+
+
 def cmd_check(args) -> int:
     require_target(args.target)
     ops = _all_ops(args.extra)
@@ -378,38 +422,80 @@ def cmd_check(args) -> int:
     if unknown:
         raise K31Error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                        f"the ops are: {', '.join(sorted(ops))}")
-    rows: list[dict] = []
-    show_progress = sys.stderr.isatty() and not args.json
-    if show_progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=_console(stderr=True), transient=True) as bar:
-            task = bar.add_task("checking", total=len(names))
-            for name in names:
-                bar.update(task, description=name)
-                rows += _run_check(ops[name], args.target, args.seed)
-                bar.advance(task)
-    else:
-        for name in names:
-            rows += _run_check(ops[name], args.target, args.seed)
+    rows = _check_rows(ops, names, args.target, args.seed, sys.stderr.isatty() and not args.json)
     failed = [r for r in rows if not r["passed"]]
     if args.json:
         print(json.dumps({"target": args.target, "seed": args.seed, "results": rows,
                           "passed": not failed}, indent=2))
-    else:
-        from rich.table import Table
-        table = Table(title=f"k31dsl check --target {args.target} --seed {args.seed}")
-        for col, just in (("op", "left"), ("case", "left"), ("max error", "right"),
-                          ("tolerance", "right"), ("result", "left")):
-            table.add_column(col, justify=just, overflow="fold")
-        for r in rows:
-            status = "[green]pass[/]" if r["passed"] else f"[bold red]FAIL[/] {r['detail']}".rstrip()
-            table.add_row(r["op"], r["case"], f"{r['max_err']:.3g}", f"{r['tol']:.3g}", status)
-        console = _console()
-        console.print(table)
-        verdict = "[green]all passed[/]" if not failed else f"[bold red]{len(failed)} failed[/]"
-        console.print(f"{len(names)} ops, {len(rows)} cases on {args.target}: {verdict}")
+        return 1 if failed else 0
+    console = _console()
+    console.print(_results_table(f"k31dsl check --target {args.target} --seed {args.seed}", rows))
+    verdict = "[green]all passed[/]" if not failed else f"[bold red]{len(failed)} failed[/]"
+    console.print(f"{len(names)} ops, {len(rows)} cases on {args.target}: {verdict}")
     return 1 if failed else 0
+
+
+# ---------------------------------------------------------------- selftest
+
+def _compile_library(ops: dict, target: str, progress: bool) -> tuple[dict[str, str], list[dict]]:
+    """Every kernel the ops launch, through the pipeline and the emitter: (files, failures)."""
+    from k31dsl.dsl.text import print_kernel
+    from k31dsl.lowering.pipeline import run_pipeline
+    from k31dsl.targets import emit_source
+    kdefs = list({id(kd): kd for spec in ops.values() for kd in spec.kernels}.values())
+    files: dict[str, str] = {}
+
+    def one(kd):
+        try:
+            kernel = run_pipeline(kd.ir(), target)
+            files.update(emit_source(kernel, target))
+            files[f"{kernel.name}.k31"] = print_kernel(kernel)
+            return []
+        except Exception as e:  # noqa: BLE001 - reported per kernel, the run goes on
+            return [{"kernel": kd.name, "error": f"{type(e).__name__}: {e}"}]
+    failures = _with_progress(kdefs, lambda kd: f"{target}: compile {kd.name}", one, progress)
+    return files, failures
+
+
+def cmd_selftest(args) -> int:
+    targets = args.target or [t for t in TARGETS
+                              if importlib.util.find_spec(f"k31dsl.targets.{t}.runtime") is not None]
+    for t in targets:
+        require_target(t)
+    ops = _all_ops(args.extra)
+    progress = sys.stderr.isatty()
+    n_kernels = len({id(kd) for spec in ops.values() for kd in spec.kernels})
+    summary, bad_rows, compile_failures = [], [], []
+    for target in targets:
+        files, failures = _compile_library(ops, target, progress)
+        if args.output:
+            _write_files(files, Path(args.output) / target)
+        rows = _check_rows(ops, sorted(ops), target, args.seed, progress)
+        failed = [r for r in rows if not r["passed"]]
+        summary.append((target, n_kernels - len(failures), n_kernels, len(rows) - len(failed), len(rows)))
+        compile_failures += [(target, f) for f in failures]
+        bad_rows += [dict(r, op=f"{target}: {r['op']}") for r in failed]
+
+    from rich.markup import escape
+    from rich.table import Table
+    console = _console()
+    table = Table(title=f"k31dsl selftest: {len(ops)} ops, seed {args.seed}")
+    for col in ("target", "kernels compiled", "cases passed"):
+        table.add_column(col, justify="left" if col == "target" else "right")
+    for target, ok_k, all_k, ok_c, all_c in summary:
+        good = ok_k == all_k and ok_c == all_c
+        mark = "[green]" if good else "[bold red]"
+        table.add_row(target, f"{mark}{ok_k}/{all_k}[/]", f"{mark}{ok_c}/{all_c}[/]")
+    console.print(table)
+    for target, f in compile_failures:
+        console.print(f"[bold red]compile failed[/] {target}: {f['kernel']}: {escape(f['error'])}")
+    if bad_rows:
+        console.print(_results_table("failed cases", bad_rows))
+    if args.output:
+        console.print(f"generated code in {os.path.join(os.path.normpath(args.output), '')}<target>/")
+    ok = not bad_rows and not compile_failures
+    console.print("[green]selftest passed[/]" if ok else "[bold red]selftest FAILED[/]")
+    return 0 if ok else 1
 
 
 # ---------------------------------------------------------------- version
@@ -443,6 +529,7 @@ examples:
   k31dsl ops                                             list the op library
   k31dsl check --target numpy                            check every op against its oracle
   k31dsl check mxfp8_quantize --target triton --seed 3
+  k31dsl selftest                                        compile + check everything, every target
 
 `k31dsl COMMAND --help` explains each command."""
 
@@ -469,6 +556,16 @@ examples:
   k31dsl check rmsnorm swiglu --target triton     some ops (Triton interpreter without a GPU)
   k31dsl check --target numpy --seed 7 --json     machine-readable results
   k31dsl check --target numpy --extra my_ops.py   also check ops registered by my_ops.py"""
+
+SELFTEST_HELP = """\
+The main job in one command: compile every kernel of the op library for each target that is
+built (numpy, triton — in its interpreter without a GPU — and ascendc once it lands), then check
+every op on each against its fp64 oracle. Exits 1 on any compile error or failed case.
+
+examples:
+  k31dsl selftest
+  k31dsl selftest --target numpy -o out/      keep the generated code in out/numpy/
+  k31dsl selftest --seed 5"""
 
 OPS_HELP = """\
 List the op library: each op's name, module, summary, the kernels it launches and whether
@@ -515,6 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra", metavar="MODULE", action="append", default=[],
                    help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("selftest", help="compile the op library for every target and check it",
+                       description=SELFTEST_HELP, formatter_class=fmt)
+    p.add_argument("--target", "-t", action="append", choices=TARGETS,
+                   help="a target to test (repeatable; default: every target that is built)")
+    p.add_argument("-o", "--output", metavar="DIR", help="also write the generated code to DIR/<target>/")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    p.add_argument("--extra", metavar="MODULE", action="append", default=[],
+                   help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
+    p.set_defaults(func=cmd_selftest)
 
     p = sub.add_parser("version", help="print the version", description="Print k31dsl's version.")
     p.add_argument("--verbose", "-v", action="store_true", help="also dependencies and targets")

@@ -355,6 +355,21 @@ def test_check_library_on_numpy(scratch_registry, capsys):
     assert {r["op"] for r in report["results"]} == set(ops)
 
 
+def test_selftest_compiles_and_checks(tmp_path, scratch_registry, capsys):
+    ops = registry.all_ops()
+    n_kernels = len({id(kd) for spec in ops.values() for kd in spec.kernels})
+    out = tmp_path / "gen"
+    assert main(["selftest", "--target", "numpy", "-o", str(out)]) == 0, capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"{n_kernels}/{n_kernels}" in text and "selftest passed" in text
+    assert len(list((out / "numpy").glob("*.py"))) == n_kernels
+    # one wrong op among the library makes the whole selftest fail
+    wrong = _extra(tmp_path, "slightly_wrong", "t * a * 1.0001")
+    assert main(["selftest", "--target", "numpy", "--extra", str(wrong)]) == 1
+    text = capsys.readouterr().out
+    assert "selftest FAILED" in text and "numpy: slightly_wrong" in text
+
+
 def test_version(capsys):
     from k31dsl import __version__
     assert main(["version"]) == 0
