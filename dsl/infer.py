@@ -55,7 +55,10 @@ def _binary(name):
             raise TypeRuleError(f"`{name}` needs integer or bool operands, got {a.dtype.name}",
                                 "use .bitcast(k.i32) to work on the bits of a float")
         if name in ("floordiv", "mod") and a.dtype.kind == "bool":
-            raise TypeRuleError(f"`{name}` on bool values")
+            raise TypeRuleError(f"`{name}` on bool values", "cast the masks with .to(k.i32) first")
+        if name == "floordiv" and a.dtype.is_float:
+            raise TypeRuleError(f"`//` on {a.dtype.name} values",
+                                "`//` is integer division (truncating); for floats write k.floor(a / b)")
         shape = broadcast_shapes(a.shape, b.shape, f"the operands of `{name}`")
         return [TileType(D.bool_ if name in COMPARE else a.dtype, shape)]
     return rule
@@ -69,7 +72,10 @@ def _unary(name):
             raise TypeRuleError(f"`k.{name}` needs a float operand, got {x.dtype.name}",
                                 "cast first, e.g. x.to(k.f32)")
         if name == "not" and not (x.dtype is D.bool_ or x.dtype.is_int):
-            raise TypeRuleError("`~` needs a bool or integer operand")
+            raise TypeRuleError(f"`~` needs a bool or integer operand, got {x.dtype.name}",
+                                "negate floats with `-x`; invert masks built from comparisons")
+        if name in ("neg", "abs", "relu") and x.dtype is D.bool_:
+            raise TypeRuleError(f"`{name}` on a bool value", "use ~mask, or cast with .to(k.i32)")
         return [x]
     return rule
 
@@ -81,9 +87,10 @@ def _const(ts, attrs):
 def _dim(ts, attrs):
     t = ts[0]
     if not isinstance(t, TensorType):
-        raise TypeRuleError("`.shape` is only defined on tensor parameters")
+        raise TypeRuleError("`.shape` is only defined on tensor parameters", "tiles know their shape statically")
     if not 0 <= attrs["axis"] < t.rank:
-        raise TypeRuleError(f"shape index {attrs['axis']} out of range for a rank-{t.rank} tensor")
+        raise TypeRuleError(f"shape index {attrs['axis']} out of range for a rank-{t.rank} tensor",
+                            f"use 0 .. {t.rank - 1}")
     return [TileType(D.i32, ())]
 
 
@@ -113,10 +120,11 @@ def index_result_shape(tensor: TensorType, idx_types: list, kinds: list[str]) ->
                 shape.append(size)
         elif k == "gather":
             if len(t.shape) != 1:
-                raise TypeRuleError(f"a gather index tile must be 1-D, got shape {list(t.shape)}")
+                raise TypeRuleError(f"a gather index tile must be 1-D, got shape {list(t.shape)}",
+                                "gather one axis at a time, or k.reshape the index tile to 1-D")
             shape.append(t.shape[0])
         else:
-            raise TypeRuleError(f"unknown index kind {kind!r}")
+            raise TypeRuleError(f"unknown index kind {kind!r}", "index kinds are scalar, span:N and gather")
     return tuple(shape)
 
 
@@ -140,7 +148,8 @@ def _check_mask(mask, shape):
     if mask.dtype is not D.bool_:
         raise TypeRuleError(f"mask must be bool, got {mask.dtype.name}", "build it from a comparison")
     if broadcast_shapes(mask.shape, shape, "mask and tile") != tuple(shape):
-        raise TypeRuleError(f"mask of shape {list(mask.shape)} does not fit a {list(shape)} tile")
+        raise TypeRuleError(f"mask of shape {list(mask.shape)} does not fit a {list(shape)} tile",
+                            "build the mask with the tile's shape, using [:, None] / [None, :] to line axes up")
 
 
 def _load(ts, attrs):
@@ -158,7 +167,8 @@ def _store(ts, attrs):
         raise TypeRuleError(f"storing a {value.dtype.name} value into a {tensor.dtype.name} tensor",
                             f"cast it: (...).to(k.{tensor.dtype.name})")
     if broadcast_shapes(value.shape, shape, "stored value and destination") != shape:
-        raise TypeRuleError(f"stored value of shape {list(value.shape)} does not fit the destination {list(shape)}")
+        raise TypeRuleError(f"stored value of shape {list(value.shape)} does not fit the destination {list(shape)}",
+                            "the subscript's spans/index tiles decide the destination shape; make them match")
     _check_mask(mask, shape)
     return []
 
@@ -166,7 +176,8 @@ def _store(ts, attrs):
 def _where(ts, attrs):
     c, a, b = (_tile(t, "operand") for t in ts)
     if c.dtype is not D.bool_:
-        raise TypeRuleError(f"k.where condition must be bool, got {c.dtype.name}")
+        raise TypeRuleError(f"k.where condition must be bool, got {c.dtype.name}",
+                            "build it from a comparison, e.g. k.where(x > 0.0, x, 0.0)")
     if a.dtype is not b.dtype:
         raise TypeRuleError(f"k.where branches differ in dtype: {a.dtype.name} and {b.dtype.name}",
                             "cast one branch with .to(...)")
@@ -191,7 +202,8 @@ def _bitcast(ts, attrs):
     to = attrs["dtype"]
     if x.dtype.bits != to.bits or to is D.bool_ or x.dtype is D.bool_:
         raise TypeRuleError(f"bitcast needs equal widths: {x.dtype.name} is {x.dtype.bits} bits, "
-                            f"{to.name} is {to.bits}")
+                            f"{to.name} is {to.bits}", "bitcast between types of the same width "
+                            "(f32<->i32, bf16<->i16 is not a dtype: use .to() for value conversions)")
     return [TileType(to, x.shape)]
 
 
@@ -199,7 +211,8 @@ def _axis(x: TileType, axis, what: str):
     if axis is None:
         return None
     if not -len(x.shape) <= axis < len(x.shape):
-        raise TypeRuleError(f"{what}: axis {axis} out of range for shape {list(x.shape)}")
+        raise TypeRuleError(f"{what}: axis {axis} out of range for shape {list(x.shape)}",
+                            f"axes of this tile are 0 .. {len(x.shape) - 1} (or negative from the end)")
     return axis % len(x.shape)
 
 
@@ -207,6 +220,8 @@ def _reduce(name):
     def rule(ts, attrs):
         x = _tile(ts[0], "operand")
         _no_storage_math(x, f"k.{name}")
+        if x.dtype is D.bool_:
+            raise TypeRuleError(f"k.{name} of a bool tile", "cast the mask first: k.{name}(m.to(k.i32))")
         ax = _axis(x, attrs.get("axis"), f"k.{name}")
         if ax is None:
             return [TileType(x.dtype, ())]
@@ -218,7 +233,9 @@ def _cumsum(ts, attrs):
     x = _tile(ts[0], "operand")
     _no_storage_math(x, "k.cumsum")
     if x.is_scalar:
-        raise TypeRuleError("k.cumsum needs a tile, got a scalar")
+        raise TypeRuleError("k.cumsum needs a tile, got a scalar", "cumsum runs along an axis of a tile")
+    if x.dtype is D.bool_:
+        raise TypeRuleError("k.cumsum of a bool tile", "cast the mask first: k.cumsum(m.to(k.i32))")
     _axis(x, attrs["axis"], "k.cumsum")
     return [x]
 
@@ -235,19 +252,21 @@ def _dot(ts, attrs):
         raise TypeRuleError(f"k.dot operand dtypes differ: {a.dtype.name} and {b.dtype.name}",
                             "cast both operands to the same dtype (bf16 or f32)")
     if not (a.dtype.is_float or a.dtype.kind == "fp8"):
-        raise TypeRuleError(f"k.dot needs float operands, got {a.dtype.name}")
+        raise TypeRuleError(f"k.dot needs float operands, got {a.dtype.name}", "cast both with .to(k.f32)")
     return [TileType(D.f32, (a.shape[0], b.shape[1]))]
 
 
 def _topk(ts, attrs):
     x = _tile(ts[0], "k.topk operand")
     if x.is_scalar or len(x.shape) > 2:
-        raise TypeRuleError(f"k.topk works on 1-D or 2-D tiles, got shape {list(x.shape)}")
+        raise TypeRuleError(f"k.topk works on 1-D or 2-D tiles, got shape {list(x.shape)}",
+                            "k.reshape to [rows, length] first")
     if not (x.dtype is D.f32 or x.dtype is D.i32):
         raise TypeRuleError(f"k.topk needs f32 or i32 values, got {x.dtype.name}", "cast to k.f32")
     n = attrs["n"]
     if not 1 <= n <= x.shape[-1]:
-        raise TypeRuleError(f"k.topk n={n} must be between 1 and the tile length {x.shape[-1]}")
+        raise TypeRuleError(f"k.topk n={n} must be between 1 and the tile length {x.shape[-1]}",
+                            "pad the tile (masked span with other=float('-inf')) to at least n lanes")
     shape = x.shape[:-1] + (n,)
     return [TileType(x.dtype, shape), TileType(D.i32, shape)]
 
@@ -255,10 +274,10 @@ def _topk(ts, attrs):
 def _take(ts, attrs):
     x, i = _tile(ts[0], "k.take source"), _tile(ts[1], "k.take index")
     if not i.dtype.is_int:
-        raise TypeRuleError("k.take index must be an integer tile")
+        raise TypeRuleError(f"k.take index must be an integer tile, got {i.dtype.name}", "cast with .to(k.i32)")
     if len(x.shape) != len(i.shape) or x.shape[:-1] != i.shape[:-1]:
         raise TypeRuleError(f"k.take: index shape {list(i.shape)} must match the source {list(x.shape)} "
-                            "in all but the last axis")
+                            "in all but the last axis", "k.take picks along the last axis, row by row")
     return [TileType(x.dtype, i.shape)]
 
 
@@ -266,14 +285,16 @@ def _expand(ts, attrs):
     x = _tile(ts[0], "operand")
     ax = attrs["axis"]
     if not 0 <= ax <= len(x.shape):
-        raise TypeRuleError(f"cannot insert an axis at {ax} into shape {list(x.shape)}")
+        raise TypeRuleError(f"cannot insert an axis at {ax} into shape {list(x.shape)}",
+                            f"axes go between 0 and {len(x.shape)}")
     return [TileType(x.dtype, x.shape[:ax] + (1,) + x.shape[ax:])]
 
 
 def _trans(ts, attrs):
     x = _tile(ts[0], "operand")
     if len(x.shape) != 2:
-        raise TypeRuleError(f".T needs a 2-D tile, got shape {list(x.shape)}")
+        raise TypeRuleError(f".T needs a 2-D tile, got shape {list(x.shape)}",
+                            "use k.reshape for other ranks, or [:, None] to make a column")
     return [TileType(x.dtype, (x.shape[1], x.shape[0]))]
 
 
@@ -281,7 +302,8 @@ def _broadcast(ts, attrs):
     x = _tile(ts[0], "operand")
     shape = tuple(attrs["shape"])
     if broadcast_shapes(x.shape, shape, "k.broadcast_to") != shape:
-        raise TypeRuleError(f"cannot broadcast {list(x.shape)} to {list(shape)}")
+        raise TypeRuleError(f"cannot broadcast {list(x.shape)} to {list(shape)}",
+                            "axes of size 1 stretch; add them with [:, None] / [None, :]")
     return [TileType(x.dtype, shape)]
 
 
@@ -292,14 +314,16 @@ def _reshape(ts, attrs):
     for s in shape:
         n *= s
     if n != x.numel:
-        raise TypeRuleError(f"cannot reshape {list(x.shape)} ({x.numel} elements) to {list(shape)}")
+        raise TypeRuleError(f"cannot reshape {list(x.shape)} ({x.numel} elements) to {list(shape)}",
+                            "the new shape must hold the same number of elements")
     return [TileType(x.dtype, shape)]
 
 
 def _cat(ts, attrs):
     a, b = _tile(ts[0], "k.cat operand"), _tile(ts[1], "k.cat operand")
     if len(a.shape) != 1 or a != b:
-        raise TypeRuleError(f"k.cat joins two 1-D tiles of equal length and dtype, got {a} and {b}")
+        raise TypeRuleError(f"k.cat joins two 1-D tiles of equal length and dtype, got {a} and {b}",
+                            "pad the shorter tile (e.g. a masked span) and cast to one dtype")
     return [TileType(a.dtype, (2 * a.shape[0],))]
 
 
@@ -307,7 +331,7 @@ def _for(ts, attrs):
     for what, t in zip(("lower bound", "upper bound", "step"), ts[:3]):
         t = _tile(t, f"loop {what}")
         if not (t.is_scalar and t.dtype.is_int):
-            raise TypeRuleError(f"loop {what} must be an integer scalar, got {t}")
+            raise TypeRuleError(f"loop {what} must be an integer scalar, got {t}", "cast with .to(k.i32)")
     return list(ts[3:])
 
 
@@ -338,5 +362,5 @@ REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
 def infer(name: str, operand_types: list, attrs: dict[str, Any]) -> list:
     rule = RULES.get(name)
     if rule is None:
-        raise TypeRuleError(f"unknown op `{name}`")
+        raise TypeRuleError(f"unknown op `{name}`", "ops are those listed in dsl/ir.py")
     return rule(operand_types, attrs)

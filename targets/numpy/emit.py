@@ -105,6 +105,9 @@ class NumpyEmitter(PyEmitter):
     def render(self) -> str:
         k = self.k
         params = [self.name(p.value) for p in k.params]
+        for p in k.params:      # scalars arrive as Python numbers: give them their declared type
+            if not p.is_tensor:
+                self.line(0, f"{self.n(p.value)} = {self.dt(p.value.type.dtype)}({self.n(p.value)})")
         self.block(k.host, 0)
         host, self.lines = self.lines, []
         grid = [self.n(g) for g in k.grid]
@@ -122,7 +125,7 @@ class NumpyEmitter(PyEmitter):
 def _dtypes_of(k: Kernel):
     from k31dsl.dsl import dtypes as D
     from k31dsl.dsl.ir import all_ops
-    out = {D.f32, D.i32}
+    out = {D.f32, D.i32} | {p.value.type.dtype for p in k.params}
     for op in all_ops(k):
         for key in ("dtype",):
             if key in op.attrs:

@@ -57,11 +57,18 @@ def _lane_indices(arr, kinds, idx):
     return ixs, np.broadcast_to(valid, tuple(shape)), tuple(shape)
 
 
+def _fill(other, dtype):
+    """`other=` converted like a cast to the tensor's dtype (e8m0: ceil log2, fp8: saturating)."""
+    name = D.from_numpy(dtype).name
+    src = np.array(other, np.float32 if isinstance(other, float) else np.int64)
+    return np.asarray(cast(src, name)).astype(dtype)
+
+
 def load(arr, kinds, idx, mask, other):
     ixs, valid, shape = _lane_indices(arr, kinds, idx)
     if mask is not None:
         valid = valid & np.broadcast_to(mask, shape)
-    fill = np.array(_poison(arr.dtype) if other is None else other).astype(arr.dtype)
+    fill = np.array(_poison(arr.dtype)).astype(arr.dtype) if other is None else _fill(other, arr.dtype)
     if arr.size == 0 or not valid.any():
         return np.full(shape, fill, dtype=arr.dtype)[()]
     vals = np.broadcast_to(arr[tuple(ixs)], shape)
@@ -82,7 +89,8 @@ def store(arr, kinds, idx, value, mask):
 # ------------------------------------------------------------------ arithmetic
 
 def idiv(a, b):
-    """Integer division truncating toward zero (C, Triton)."""
+    """Integer division truncating toward zero (C, Triton); x // 0 gives 0 here (undefined on
+    compiled targets)."""
     q = np.floor_divide(a, b)
     fix = (np.remainder(a, b) != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0))
     return (q + fix.astype(q.dtype))[()]
@@ -115,9 +123,9 @@ softplus = _float_op(lambda x: np.logaddexp(np.array(0, x.dtype), x))
 
 
 def relu(x):
+    """maximum(x, 0): NaN stays NaN (like maximum and torch.relu)."""
     x = np.asarray(x)
-    return np.where(x > 0, x, np.zeros((), x.dtype))[()] if x.dtype.kind != "f" or x.dtype not in _LOW_FLOATS \
-        else np.maximum(x, np.zeros((), x.dtype))[()]
+    return np.maximum(x, np.zeros((), x.dtype))[()]
 
 
 def where(c, a, b):
