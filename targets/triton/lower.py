@@ -53,6 +53,24 @@ def literal(value, dt: D.DType) -> str:
     return float_text(float(np.array(value, np.float64).astype(npdt).astype(np.float64)), npdt)
 
 
+def fill_literal(other, dt: D.DType, em) -> str:
+    """A load's `other=` in the tensor's carrier, converted like a cast (the reference's rule:
+    fp8 saturates, e8m0 takes ceil(log2), ints truncate and saturate); folded here through the
+    reference's own cast so that both targets fill identically."""
+    from k31dsl.targets.numpy import rt as reference
+    src = np.array(other, np.float32 if isinstance(other, float) else np.int64)
+    val = np.asarray(reference.cast(src, dt.name))
+    if dt.is_storage_only:
+        return str(int(val.view(np.uint8)))
+    if dt is D.bf16 and em.interp:
+        return str(int(val.view(np.int16)))          # the interpreter loads bf16 as its bits
+    if dt is D.bool_:
+        return "True" if bool(val) else "False"
+    if dt.is_int:
+        return literal(int(val), dt)
+    return float_text(float(val), D.numpy_dtype(dt))
+
+
 def natural(value, dt: D.DType, em) -> bool:
     """Whether Triton reads the bare literal as exactly this dtype (f32, i32, bool)."""
     if dt is D.bool_ or dt is D.i32:
@@ -191,11 +209,11 @@ def unary(em, op):
         return f"~{X}"
     if name == "abs":
         return f"tl.abs({X})"
-    if name == "relu":
-        if dt in LOW:
+    if name == "relu":                        # maximum(x, 0): NaN stays NaN
+        if dt.is_float:
             em.use("fmax")
             return f"_fmax({X}, tl.zeros_like({X}))"
-        return f"tl.where({X} > 0, {X}, tl.zeros_like({X}))"
+        return f"tl.maximum({X}, tl.zeros_like({X}))"
     if dt in LOW:
         return from32(em, _float_unary(em, name, f32(em, x), D.f32), dt)
     return _float_unary(em, name, X, dt)
@@ -251,6 +269,7 @@ def reduce(em, op):
     X = em.t(x)
     if x.type.is_scalar:
         return X
+    axis = None if axis is None else axis % len(x.type.shape)
     ax = "" if axis is None else f", {axis}"
     if dt is D.bool_:
         fn = "tl.sum" if op.name == "sum" else f"tl.{op.name}"
@@ -267,7 +286,7 @@ def reduce(em, op):
 def cumsum(em, op):
     x = op.operands[0]
     dt = x.type.dtype
-    args = f"{op.attrs['axis']}, reverse={op.attrs['reverse']}"
+    args = f"{op.attrs['axis'] % len(x.type.shape)}, reverse={op.attrs['reverse']}"
     if dt in LOW:
         return from32(em, f"tl.cumsum({f32(em, x)}, {args})", dt)
     if dt is D.bool_:
@@ -392,13 +411,7 @@ def load(em, op):
     ptr, mask, _ = _access(em, op, False)
     dt = op.operands[0].type.dtype
     other = op.attrs["other"]
-    extra = ""
-    if other is not None:
-        if dt is D.bf16 and em.interp:
-            bits = int(np.array(other, np.float64).astype(D.numpy_dtype(dt)).view(np.int16))
-            extra = f", other={bits}"
-        else:
-            extra = f", other={literal(other, dt)}"
+    extra = "" if other is None else f", other={fill_literal(other, dt, em)}"
     text = f"tl.load({ptr}, mask={mask}{extra})"
     if dt is D.bf16 and em.interp:
         em.use("round_bf16")

@@ -67,6 +67,7 @@ class TritonKernel(CompiledKernel):
             return super().__call__(*args, **kwargs)
         key = self._shape_key(args, kwargs)
         if key not in self._tuned:
+            _check_devices(self.ir(), self.kdef, args, self.mode)
             self._tuned[key] = self._autotune(args, kwargs)
         return super().__call__(*args, **kwargs, **self._tuned[key])
 

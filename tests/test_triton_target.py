@@ -1,0 +1,575 @@
+"""The Triton target (interpreter) against the numpy reference target, op family by op family:
+bit-exact for integer, fp8 and e8m0 results, within float tolerance elsewhere; fp8/e8m0 casts also
+against the fp64 bit-field oracles. Shapes are ragged against the tiles; inputs are fresh random
+draws each run (the seed is printed on failure)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl import K31Error
+from k31dsl.ops.testing import load_oracle
+
+pytest.importorskip("triton")
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture
+def rng(request):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
+    """Run `kern` on numpy and triton with fresh copies of the same outputs; returns {target: outs}."""
+    got = {}
+    for target in ("numpy", "triton"):
+        outs = {n: t.clone() for n, t in outputs.items()}
+        k.compile(kern, target=target)(*inputs.values(), *outs.values(), *scalars, **cx)
+        got[target] = outs
+    return got
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor):
+    ua, ub = (t.contiguous().view(torch.uint8) if t.element_size() == 1 else t for t in (a, b))
+    if a.dtype.is_floating_point and a.element_size() > 1:
+        na, nb = torch.isnan(a), torch.isnan(b)
+        assert torch.equal(na, nb), "NaN lanes differ"
+        ua, ub = a.masked_fill(na, 0), b.masked_fill(nb, 0)
+    assert torch.equal(ua, ub), f"differs at {torch.nonzero(ua != ub)[:8].tolist()}"
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+def compare(got: dict, exact=(), rtol=1e-5, atol=1e-6):
+    for name in got["numpy"]:
+        a, b = got["numpy"][name], got["triton"][name]
+        if name in exact or not a.dtype.is_floating_point or a.element_size() == 1:
+            same_bits(a, b)
+        else:
+            close(a.float() if a.dtype == torch.bfloat16 else a, b.float() if b.dtype == torch.bfloat16 else b,
+                  rtol, atol)
+
+
+# ---------------------------------------------------------------- float arithmetic and math
+
+@k.kernel
+def float_math(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"],
+               BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        a = x[k.span(i * BLOCK, BLOCK, other=1.0)]
+        b = y[k.span(i * BLOCK, BLOCK, other=2.0)]
+        o[0, k.span(i * BLOCK, BLOCK)] = a + b * 3.0
+        o[1, k.span(i * BLOCK, BLOCK)] = a - b
+        o[2, k.span(i * BLOCK, BLOCK)] = a / b
+        o[3, k.span(i * BLOCK, BLOCK)] = k.floor(a / b)
+        o[4, k.span(i * BLOCK, BLOCK)] = a % b
+        o[5, k.span(i * BLOCK, BLOCK)] = k.maximum(a, b) + k.minimum(a, b) * 0.5
+        o[6, k.span(i * BLOCK, BLOCK)] = k.where(a < b, a, -b)
+        o[7, k.span(i * BLOCK, BLOCK)] = k.exp(a) + k.exp2(b)
+        o[8, k.span(i * BLOCK, BLOCK)] = k.log(k.abs(a)) + k.log2(k.abs(b))
+        o[9, k.span(i * BLOCK, BLOCK)] = k.sqrt(k.abs(a)) + k.rsqrt(k.abs(b))
+        o[10, k.span(i * BLOCK, BLOCK)] = k.sigmoid(a) + k.softplus(b * 10.0)
+        o[11, k.span(i * BLOCK, BLOCK)] = k.relu(a) + k.floor(b) + k.ceil(a)
+        o[12, k.span(i * BLOCK, BLOCK)] = ((a > b) | (a == 0.5)).to(k.f32) + (a != b).to(k.f32)
+
+
+def test_float_math_matches_reference(rng):
+    n = 45                                     # ragged against BLOCK=16
+    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
+    y = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
+    x[:4] = torch.tensor([0.0, -0.0, 0.5, 1e-3])
+    got = run_both(float_math, {"x": x, "y": y}, {"o": torch.full((13, n), NAN)})
+    compare(got, rtol=2e-6, atol=1e-6)
+    # / and sqrt are correctly rounded: exact against float64 rounded once
+    o = got["triton"]["o"].numpy()
+    assert (o[2] == (x.double() / y.double()).float().numpy()).all()
+
+
+@k.kernel
+def special_math(x: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        a = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        o[0, k.span(i * BLOCK, BLOCK)] = k.maximum(a, 1.0)
+        o[1, k.span(i * BLOCK, BLOCK)] = k.minimum(a, 1.0)
+        o[2, k.span(i * BLOCK, BLOCK)] = a / 0.0
+        o[3, k.span(i * BLOCK, BLOCK)] = k.sqrt(a)
+        o[4, k.span(i * BLOCK, BLOCK)] = k.relu(a)
+        o[5, k.span(i * BLOCK, BLOCK)] = k.where(a != a, 7.0, a * INF)
+
+
+def test_nan_inf_propagate_like_numpy():
+    x = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.0, -2.0, 3e38, 1e-45, -NAN], dtype=torch.float32)
+    got = run_both(special_math, {"x": x}, {"o": torch.zeros(6, len(x))})
+    compare(got, exact=("o",))
+
+
+# ---------------------------------------------------------------- integers: C division, wraparound
+
+@k.kernel
+def int_math(a: k.Tensor[k.i32, "N"], b: k.Tensor[k.i32, "N"], s: k.Tensor[k.i32, "N"],
+             o: k.Tensor[k.i32, "F", "N"], o8: k.Tensor[k.i8, "N"], o64: k.Tensor[k.i64, "N"],
+             ou: k.Tensor[k.u32, "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(a.shape[0], BLOCK)):
+        x = a[k.span(i * BLOCK, BLOCK, other=1)]
+        y = b[k.span(i * BLOCK, BLOCK, other=1)]
+        sh = s[k.span(i * BLOCK, BLOCK, other=0)]
+        o[0, k.span(i * BLOCK, BLOCK)] = x // y
+        o[1, k.span(i * BLOCK, BLOCK)] = x % y
+        o[2, k.span(i * BLOCK, BLOCK)] = (x & y) + (x | y) * 3 - (x ^ y)
+        o[3, k.span(i * BLOCK, BLOCK)] = (x << sh) + (x >> sh)
+        o[4, k.span(i * BLOCK, BLOCK)] = k.maximum(x, y) - k.minimum(x, y) + k.abs(-x) + ~y
+        o[5, k.span(i * BLOCK, BLOCK)] = x * y + 7 // 2 - (-7) // 2 + (x.shape[0] - 100) // 7
+        o[6, k.span(i * BLOCK, BLOCK)] = k.where((x < y) & (x != 0), 1, 0) + k.relu(x)
+        o8[k.span(i * BLOCK, BLOCK)] = x.to(k.i8) * y.to(k.i8) + 100
+        o64[k.span(i * BLOCK, BLOCK)] = x.to(k.i64) * y.to(k.i64) // 3
+        ou[k.span(i * BLOCK, BLOCK)] = (x.to(k.u32) >> 3) + y.to(k.u32) * 5
+
+
+def test_integer_ops_are_bit_exact(rng):
+    n = 37
+    a = torch.from_numpy(rng.integers(-1000, 1000, n).astype(np.int32))
+    b = torch.from_numpy(rng.choice([-7, -3, -1, 1, 2, 5, 13], n).astype(np.int32))
+    s = torch.from_numpy(rng.integers(0, 31, n).astype(np.int32))
+    outs = {"o": torch.zeros(7, n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.int8),
+            "o64": torch.zeros(n, dtype=torch.int64), "ou": torch.zeros(n, dtype=torch.uint32)}
+    got = run_both(int_math, {"a": a, "b": b, "s": s}, outs)
+    compare(got)
+    o = got["triton"]["o"].numpy()
+    an, bn = a.numpy().astype(np.int64), b.numpy().astype(np.int64)
+    q = np.trunc(an / bn).astype(np.int64)
+    assert (o[0] == q).all() and (o[1] == an - q * bn).all()         # C semantics
+
+
+# ---------------------------------------------------------------- casts between computing types
+
+@k.kernel
+def casts(x: k.Tensor[k.f32, "N"], xb: k.Tensor[k.bf16, "N"], oi: k.Tensor[k.i32, "N"],
+          o8: k.Tensor[k.i8, "N"], ou8: k.Tensor[k.u8, "N"], o64: k.Tensor[k.i64, "N"],
+          ou32: k.Tensor[k.u32, "N"], ob: k.Tensor[k.bf16, "F", "N"], oh: k.Tensor[k.f16, "N"],
+          od: k.Tensor[k.f64, "N"], of: k.Tensor[k.f32, "F", "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        vb = xb[k.span(i * BLOCK, BLOCK, other=0.0)]
+        oi[k.span(i * BLOCK, BLOCK)] = v.to(k.i32)
+        o8[k.span(i * BLOCK, BLOCK)] = v.to(k.i8)
+        ou8[k.span(i * BLOCK, BLOCK)] = v.to(k.u8)
+        o64[k.span(i * BLOCK, BLOCK)] = k.minimum(k.maximum(v, -1e18), 1e18).to(k.i64)
+        ou32[k.span(i * BLOCK, BLOCK)] = v.to(k.u32)
+        ob[0, k.span(i * BLOCK, BLOCK)] = v.to(k.bf16)
+        ob[1, k.span(i * BLOCK, BLOCK)] = vb * vb + vb
+        ob[2, k.span(i * BLOCK, BLOCK)] = vb / (vb + 3.0) - k.exp(vb)
+        ob[3, k.span(i * BLOCK, BLOCK)] = k.sum(vb[None, :], axis=0) + k.maximum(vb, 0.5)
+        oh[k.span(i * BLOCK, BLOCK)] = v.to(k.f16) * v.to(k.f16)
+        od[k.span(i * BLOCK, BLOCK)] = v.to(k.f64) / 3.0
+        of[0, k.span(i * BLOCK, BLOCK)] = vb.to(k.f32)
+        of[1, k.span(i * BLOCK, BLOCK)] = v.to(k.i32).to(k.f32) + v.bitcast(k.i32).to(k.f32)
+        of[2, k.span(i * BLOCK, BLOCK)] = (v > 0.0).to(k.f32) + v.to(k.bool).to(k.f32)
+        of[3, k.span(i * BLOCK, BLOCK)] = v.to(k.f16).to(k.bf16).to(k.f32)
+
+
+def test_casts_match_reference(rng):
+    specials = [NAN, INF, -INF, -0.0, 0.5, -0.5, -1.5, 2.5, 127.6, 128.0, -129.0, 255.9, 256.0, -1.0,
+                2.0 ** 31, -(2.0 ** 31), 3e9, -3e9, 1e20, -1e20, 2.0 ** 63, 65519.0, 65520.0, 1e-40]
+    n = 60
+    x = np.concatenate([specials, rng.standard_normal(n - len(specials)) * 300]).astype(np.float32)
+    x = torch.from_numpy(x)
+    xb = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+    outs = {"oi": torch.zeros(n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.int8),
+            "ou8": torch.zeros(n, dtype=torch.uint8), "o64": torch.zeros(n, dtype=torch.int64),
+            "ou32": torch.zeros(n, dtype=torch.uint32), "ob": torch.zeros(4, n, dtype=torch.bfloat16),
+            "oh": torch.zeros(n, dtype=torch.float16), "od": torch.zeros(n, dtype=torch.float64),
+            "of": torch.zeros(4, n)}
+    got = run_both(casts, {"x": x, "xb": xb}, outs)
+    compare(got, exact=("ob", "oh", "od", "of"))
+
+
+# ---------------------------------------------------------------- fp8 and e8m0 conversions
+
+@k.kernel
+def fp8_encode(x: k.Tensor[k.f32, "N"], q4: k.Tensor[k.f8e4m3, "N"], q5: k.Tensor[k.f8e5m2, "N"],
+               qb: k.Tensor[k.f8e4m3, "N"], BLOCK: k.constexpr = 256):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        q4[k.span(i * BLOCK, BLOCK)] = v.to(k.f8e4m3)
+        q5[k.span(i * BLOCK, BLOCK)] = v.to(k.f8e5m2)
+        qb[k.span(i * BLOCK, BLOCK)] = v.to(k.bf16).to(k.f8e4m3)
+
+
+def _fp8_inputs(rng, n_random: int) -> np.ndarray:
+    """Every fp8 boundary class: saturation edges and ties, subnormal ties, specials, plus random
+    bit patterns (all exponents, NaN payloads)."""
+    q = [448.0, 449.0, 464.0, 464.01, 480.0, 57344.0, 61440.0, 61439.0, 1e6, 3e38, INF, NAN,
+         1.0625, 1.1875, 1.0624, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -10, 2.0 ** -6 - 2.0 ** -10,
+         7 * 2.0 ** -9, 2.0 ** -16, 2.0 ** -17, 3 * 2.0 ** -17, 2.0 ** -14 - 2.0 ** -17, 1e-40, 0.0]
+    bits = rng.integers(0, 2 ** 32, n_random, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        mags = np.concatenate([q, rng.uniform(-500, 500, 200), bits.astype(np.float64)])
+    return np.concatenate([mags, -mags]).astype(np.float32)
+
+
+def test_fp8_casts_bit_exact_over_special_values(rng):
+    x = _fp8_inputs(rng, 900)
+    n = len(x)
+    outs = {"q4": torch.zeros(n, dtype=torch.float8_e4m3fn), "q5": torch.zeros(n, dtype=torch.float8_e5m2),
+            "qb": torch.zeros(n, dtype=torch.float8_e4m3fn)}
+    got = run_both(fp8_encode, {"x": torch.from_numpy(x)}, outs)
+    compare(got)
+    # and against the bit-field oracle, independent of ml_dtypes and of both targets
+    fp = load_oracle("fp")
+    want = fp.e4m3_encode(fp.round_to(x.astype(np.float64), fp.E4M3))
+    assert (got["triton"]["q4"].view(torch.uint8).numpy() == want).all()
+    e5m2 = fp.Format(2, -14, 57344.0, True)
+    r = fp.round_to(x.astype(np.float64), e5m2)
+    want5 = np.where(np.isnan(r), 0x7F, r.astype(ml_dtypes.float8_e5m2).view(np.uint8))
+    assert (got["triton"]["q5"].view(torch.uint8).numpy() == want5).all()
+
+
+@k.kernel
+def fp8_decode(c4: k.Tensor[k.f8e4m3, "N"], c5: k.Tensor[k.f8e5m2, "N"], s: k.Tensor[k.e8m0, "N"],
+               o: k.Tensor[k.f32, "F", "N"], ob: k.Tensor[k.bf16, "N"], bits: k.Tensor[k.u8, "B", "N"],
+               BLOCK: k.constexpr = 64):
+    for i in k.grid(k.cdiv(c4.shape[0], BLOCK)):
+        a = c4[k.span(i * BLOCK, BLOCK)]
+        b = c5[k.span(i * BLOCK, BLOCK)]
+        e = s[k.span(i * BLOCK, BLOCK)]
+        o[0, k.span(i * BLOCK, BLOCK)] = a.to(k.f32)
+        o[1, k.span(i * BLOCK, BLOCK)] = b.to(k.f32)
+        o[2, k.span(i * BLOCK, BLOCK)] = e.to(k.f32)
+        o[3, k.span(i * BLOCK, BLOCK)] = e.to(k.f32).to(k.e8m0).to(k.f32)
+        ob[k.span(i * BLOCK, BLOCK)] = a.to(k.bf16)
+        bits[0, k.span(i * BLOCK, BLOCK)] = a.bitcast(k.u8)
+        bits[1, k.span(i * BLOCK, BLOCK)] = (b.bitcast(k.i8) + 1).bitcast(k.u8)
+        bits[2, k.span(i * BLOCK, BLOCK)] = (e.bitcast(k.u8) + 1).bitcast(k.e8m0).bitcast(k.u8)
+
+
+def test_fp8_and_e8m0_decode_every_code():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    ins = {"c4": codes.view(torch.float8_e4m3fn), "c5": codes.view(torch.float8_e5m2),
+           "s": codes.view(torch.float8_e8m0fnu)}
+    outs = {"o": torch.zeros(4, 256), "ob": torch.zeros(256, dtype=torch.bfloat16),
+            "bits": torch.zeros(3, 256, dtype=torch.uint8)}
+    got = run_both(fp8_decode, ins, outs)
+    compare(got, exact=("o", "ob"))
+    o = got["triton"]["o"].numpy()
+    fp = load_oracle("fp")
+    np.testing.assert_array_equal(o[0], fp.e4m3_decode(np.arange(256)).astype(np.float32))
+    np.testing.assert_array_equal(o[2], fp.e8m0_decode(np.arange(256)).astype(np.float32))
+    assert o[2].view(np.uint32)[0] == 0x00400000                           # 2^-127, subnormal
+    np.testing.assert_array_equal(o[3][:255], o[2][:255])                 # exact round trip
+    assert np.isnan(o[3][255])
+
+
+@k.kernel
+def e8m0_encode(x: k.Tensor[k.f32, "N"], s: k.Tensor[k.e8m0, "N"], BLOCK: k.constexpr = 128):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        s[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=1.0)].to(k.e8m0)
+
+
+def test_e8m0_encode_edges(rng):
+    edges = [0.0, -0.0, -1.0, NAN, INF, -INF, 2.0 ** -127, 2.0 ** -127 * 1.5, 2.0 ** -128, 1e-45,
+             2.0 ** -126, 2.0 ** -126 * 1.0000001, 1.0, 1.0000001, 0.75, 2.0 ** 127, 2.0 ** 127 * 1.5,
+             3.4e38, 2.0 ** -149, 5.9e-39]
+    bits = rng.integers(0, 2 ** 32, 300, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([np.asarray(edges, np.float32), bits])
+    got = run_both(e8m0_encode, {"x": torch.from_numpy(x)}, {"s": torch.zeros(len(x), dtype=torch.float8_e8m0fnu)})
+    compare(got)
+    b = got["triton"]["s"].view(torch.uint8).numpy().astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        x64 = x.astype(np.float64)
+    pos = np.isfinite(x64) & (x64 > 0)
+    want = np.clip(np.ceil(np.log2(np.where(pos, x64, 1.0))), -127, 127) + 127   # exact in fp64
+    assert (b[pos] == want[pos]).all()
+    assert (b[~np.isfinite(x64)] == 255).all() and (b[np.isfinite(x64) & (x64 <= 0)] == 0).all()
+
+
+# ---------------------------------------------------------------- reductions and scans
+
+@k.kernel
+def reductions(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R"],
+               oc: k.Tensor[k.f32, "F2", "CP"], oi: k.Tensor[k.i32, "F", "R"], os: k.Tensor[k.f32, "G"],
+               o8: k.Tensor[k.i8, "R"], BR: k.constexpr = 8, BC: k.constexpr = 32):
+    for i in k.grid(k.cdiv(x.shape[0], BR)):
+        t = x[k.span(i * BR, BR, other=0.0), k.span(0, BC, other=0.0)]
+        ti = xi[k.span(i * BR, BR, other=0), k.span(0, BC, other=0)]
+        o[0, k.span(i * BR, BR)] = k.sum(t, axis=1)
+        o[1, k.span(i * BR, BR)] = k.max(t, axis=1)
+        o[2, k.span(i * BR, BR)] = k.min(t, axis=1)
+        oc[0, k.span(0, BC)] = k.sum(t, axis=0)
+        oc[1, k.span(0, BC)] = k.max(t, axis=0)
+        oi[0, k.span(i * BR, BR)] = k.sum(ti, axis=1)
+        oi[1, k.span(i * BR, BR)] = k.max(ti, axis=1)
+        oi[2, k.span(i * BR, BR)] = k.min(ti, axis=1)
+        os[0] = k.sum(t)
+        os[1] = k.max(t)
+        o8[k.span(i * BR, BR)] = k.sum(ti.to(k.i8), axis=1)
+
+
+def test_reductions_propagate_nan_and_wrap_integers(rng):
+    r, c = 8, 27                                # one row block (the column outputs are per block)
+    x = rng.standard_normal((r, c)).astype(np.float32)
+    x[2, 5] = NAN
+    x[4, :] = -INF
+    xi = rng.integers(-200, 200, (r, c)).astype(np.int32)
+    outs = {"o": torch.zeros(3, r), "oc": torch.zeros(2, 32), "oi": torch.zeros(3, r, dtype=torch.int32),
+            "os": torch.zeros(2), "o8": torch.zeros(r, dtype=torch.int8)}
+    got = run_both(reductions, {"x": torch.from_numpy(x), "xi": torch.from_numpy(xi)}, outs)
+    compare(got, rtol=1e-5)
+    o = got["triton"]["o"].numpy()
+    assert np.isnan(o[1, 2]) and np.isnan(o[2, 2]) and o[2, 4] == -INF
+    assert np.isnan(got["triton"]["os"][1].item())
+
+
+@k.kernel
+def scans(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R", "C"],
+          oi: k.Tensor[k.i32, "F", "R", "C"], BR: k.constexpr = 16, BC: k.constexpr = 16):
+    for i, j in k.grid(k.cdiv(x.shape[0], BR), k.cdiv(x.shape[1], BC)):
+        t = x[k.span(i * BR, BR, other=0.0), k.span(j * BC, BC, other=0.0)]
+        ti = xi[k.span(i * BR, BR, other=0), k.span(j * BC, BC, other=0)]
+        o[0, k.span(i * BR, BR), k.span(j * BC, BC)] = k.cumsum(t, axis=0)
+        o[1, k.span(i * BR, BR), k.span(j * BC, BC)] = k.cumsum(t, axis=1, reverse=True)
+        oi[0, k.span(i * BR, BR), k.span(j * BC, BC)] = k.cumsum(ti, axis=1)
+        oi[1, k.span(i * BR, BR), k.span(j * BC, BC)] = k.cumsum(ti, axis=0, reverse=True)
+
+
+def test_cumsum_forward_and_reverse(rng):
+    r, c = 21, 19
+    x = rng.standard_normal((r, c)).astype(np.float32)
+    xi = rng.integers(-50, 50, (r, c)).astype(np.int32)
+    outs = {"o": torch.zeros(2, r, c), "oi": torch.zeros(2, r, c, dtype=torch.int32)}
+    got = run_both(scans, {"x": torch.from_numpy(x), "xi": torch.from_numpy(xi)}, outs)
+    compare(got, rtol=1e-5, atol=1e-5)
+    oi = got["triton"]["oi"].numpy()
+    block = xi[:16, :16].astype(np.int64)
+    assert (oi[1, :16, :16] == np.cumsum(block[::-1], axis=0)[::-1]).all()
+
+
+# ---------------------------------------------------------------- dot
+
+@k.kernel
+def matmul(a: k.Tensor[k.f32, "M", "K"], b: k.Tensor[k.f32, "K", "N"], c: k.Tensor[k.f32, "M", "N"],
+           cb: k.Tensor[k.f32, "M", "N"], BM: k.constexpr = 16, BN: k.constexpr = 16,
+           BK: k.constexpr = 16):
+    for i, j in k.grid(k.cdiv(a.shape[0], BM), k.cdiv(b.shape[1], BN)):
+        acc = k.zeros((BM, BN), k.f32)
+        accb = k.zeros((BM, BN), k.f32)
+        for kk in range(k.cdiv(a.shape[1], BK)):
+            ta = a[k.span(i * BM, BM, other=0.0), k.span(kk * BK, BK, other=0.0)]
+            tb = b[k.span(kk * BK, BK, other=0.0), k.span(j * BN, BN, other=0.0)]
+            acc += k.dot(ta, tb)
+            accb += k.dot(ta.to(k.bf16), tb.T.to(k.bf16).T, precision="tf32")
+        c[k.span(i * BM, BM), k.span(j * BN, BN)] = acc
+        cb[k.span(i * BM, BM), k.span(j * BN, BN)] = accb
+
+
+def test_dot_with_odd_sizes_masked_to_tiles(rng):
+    m, kk, n = 20, 37, 18
+    a = rng.standard_normal((m, kk)).astype(np.float32)
+    b = rng.standard_normal((kk, n)).astype(np.float32)
+    outs = {"c": torch.full((m, n), NAN), "cb": torch.full((m, n), NAN)}
+    got = run_both(matmul, {"a": torch.from_numpy(a), "b": torch.from_numpy(b)}, outs)
+    compare(got, rtol=1e-5, atol=1e-4)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got["triton"]["c"].numpy(), ref, rtol=1e-5, atol=1e-4)
+    ab = torch.from_numpy(a).bfloat16().double().numpy() @ torch.from_numpy(b).bfloat16().double().numpy()
+    np.testing.assert_allclose(got["triton"]["cb"].numpy(), ab, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------- topk, take, cat, shapes
+
+@k.kernel
+def topk_kernel(x: k.Tensor[k.f32, "R", "N"], xi: k.Tensor[k.i32, "R", "N"], v4: k.Tensor[k.f32, "R", "F"],
+                p4: k.Tensor[k.i32, "R", "F"], v1: k.Tensor[k.f32, "R", "G"], p1: k.Tensor[k.i32, "R", "G"],
+                vall: k.Tensor[k.i32, "R", "LP"], pall: k.Tensor[k.i32, "R", "LP"],
+                v1d: k.Tensor[k.f32, "H"], p1d: k.Tensor[k.i32, "H"], BR: k.constexpr = 4,
+                L: k.constexpr = 32):
+    for i in k.grid(k.cdiv(x.shape[0], BR)):
+        t = x[k.span(i * BR, BR, other=0.0), k.span(0, L, other=-INF)]
+        ti = xi[k.span(i * BR, BR, other=0), k.span(0, L, other=-(2 ** 31))]
+        a, b = k.topk(t, 4)
+        v4[k.span(i * BR, BR), k.span(0, 4)] = a
+        p4[k.span(i * BR, BR), k.span(0, 4)] = b
+        c, d = k.topk(t, 1)
+        v1[k.span(i * BR, BR), k.span(0, 1)] = c
+        p1[k.span(i * BR, BR), k.span(0, 1)] = d
+        e, f = k.topk(ti, L)
+        vall[k.span(i * BR, BR), k.span(0, L)] = e
+        pall[k.span(i * BR, BR), k.span(0, L)] = f
+        g, h = k.topk(x[0, k.span(0, L, other=-INF)], 8)
+        v1d[k.span(0, 8)] = g
+        p1d[k.span(0, 8)] = h
+
+
+def test_topk_descending_ties_to_lower_index(rng):
+    r, n = 6, 29
+    x = rng.integers(-3, 4, (r, n)).astype(np.float32)            # many ties
+    x[0, 3], x[0, 7] = NAN, -0.0
+    x[1, :5] = 0.0
+    x[1, 5:8] = -0.0
+    xi = rng.integers(-2, 3, (r, n)).astype(np.int32)
+    outs = {"v4": torch.zeros(r, 4), "p4": torch.zeros(r, 4, dtype=torch.int32), "v1": torch.zeros(r, 1),
+            "p1": torch.zeros(r, 1, dtype=torch.int32), "vall": torch.zeros(r, 32, dtype=torch.int32),
+            "pall": torch.zeros(r, 32, dtype=torch.int32), "v1d": torch.zeros(8),
+            "p1d": torch.zeros(8, dtype=torch.int32)}
+    got = run_both(topk_kernel, {"x": torch.from_numpy(x), "xi": torch.from_numpy(xi)}, outs)
+    compare(got, exact=tuple(outs))
+    p4 = got["triton"]["p4"].numpy()
+    for row in range(r):                         # NaN ranks last, then descending, ties by index
+        v = list(x[row]) + [-INF] * (32 - n)
+        want = sorted(range(32), key=lambda j: (bool(np.isnan(v[j])), 0.0 if np.isnan(v[j]) else -v[j], j))
+        assert list(p4[row]) == want[:4]
+    assert (got["triton"]["pall"].numpy()[:, :n].max() < 32)
+
+
+@k.kernel
+def take_cat_shapes(x: k.Tensor[k.f32, "R", "L"], idx: k.Tensor[k.i32, "R", "M"], ot: k.Tensor[k.f32, "R", "M"],
+                    oc: k.Tensor[k.f32, "C"], otr: k.Tensor[k.f32, "L", "R"], ob: k.Tensor[k.f32, "R", "L"],
+                    orr: k.Tensor[k.f32, "C"], BR: k.constexpr = 4, L: k.constexpr = 16,
+                    M: k.constexpr = 8):
+    for _ in k.grid(1):
+        t = x[k.span(0, BR, other=0.0), k.span(0, L, other=0.0)]
+        ix = idx[k.span(0, BR, other=0), k.span(0, M, other=0)]
+        ot[k.span(0, BR), k.span(0, M)] = k.take(t, ix)
+        row0 = x[0, k.span(0, L, other=0.0)]
+        row1 = x[1, k.span(0, L, other=0.0)]
+        oc[k.span(0, 2 * L)] = k.cat(row0, row1 * 2.0)
+        otr[k.span(0, L), k.span(0, BR)] = t.T
+        ob[k.span(0, BR), k.span(0, L)] = k.broadcast_to(row0[None, :], (BR, L)) + k.sum(t, axis=1)[:, None]
+        orr[k.span(0, BR * L)] = k.reshape(t, (BR * L,))
+
+
+def test_take_cat_trans_broadcast_reshape(rng):
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    idx = rng.integers(-5, 21, (4, 8)).astype(np.int32)           # out-of-range entries clamp
+    outs = {"ot": torch.zeros(4, 8), "oc": torch.zeros(64), "otr": torch.zeros(16, 4), "ob": torch.zeros(4, 16),
+            "orr": torch.zeros(64)}
+    got = run_both(take_cat_shapes, {"x": torch.from_numpy(x), "idx": torch.from_numpy(idx)}, outs)
+    compare(got, exact=("ot", "oc", "otr", "orr"))
+    g = got["triton"]
+    np.testing.assert_array_equal(g["ot"].numpy(), np.take_along_axis(x, np.clip(idx, 0, 15), axis=1))
+    np.testing.assert_array_equal(g["oc"].numpy()[:32], np.concatenate([x[0], x[1] * 2]))
+
+
+# ---------------------------------------------------------------- memory: gathers, masks, scalars
+
+@k.kernel
+def gather_rows(kv: k.Tensor[k.f32, "N", "D"], ids: k.Tensor[k.i32, "T", "K"], flag: k.Tensor[k.i32, "T"],
+                o: k.Tensor[k.f32, "T", "K", "D"], dst: k.Tensor[k.f32, "N", "D"], cnt: k.Tensor[k.i32, "T"],
+                BK: k.constexpr = 8, BD: k.constexpr = 16):
+    for t in k.grid(ids.shape[0]):
+        r = ids[t, k.span(0, BK, other=-1)]
+        rows = kv[r, k.span(0, BD, other=-1.0)]              # out-of-range rows read `other`
+        o[t, k.span(0, BK), k.span(0, BD)] = rows
+        on = flag[t] > 0
+        keep = k.load(kv, (r, k.span(0, BD)), mask=(r % 2 == 0)[:, None] & on, other=5.0)
+        k.store(dst, (r, k.span(0, BD)), keep * 2.0, mask=(r % 2 == 0)[:, None])
+        cnt[t] = k.sum(k.where((r >= 0) & (r < kv.shape[0]), 1, 0))
+
+
+def test_gathers_with_out_of_range_indices_and_masks(rng):
+    n, d, t, kk = 10, 13, 5, 6
+    kv = torch.from_numpy(rng.standard_normal((n, d)).astype(np.float32))
+    ids = torch.from_numpy(rng.integers(-3, n + 3, (t, kk)).astype(np.int32))
+    flag = torch.from_numpy(rng.integers(0, 2, t).astype(np.int32))
+    ids[0, :] = torch.arange(0, 2 * kk, 2)[:kk]                   # distinct even rows: stores race-free
+    for row in range(1, t):
+        ids[row] = torch.where(ids[row] % 2 == 0, torch.tensor(-1, dtype=torch.int32), ids[row])
+    outs = {"o": torch.full((t, kk, d), NAN), "dst": torch.zeros(n, d), "cnt": torch.zeros(t, dtype=torch.int32)}
+    got = run_both(gather_rows, {"kv": kv, "ids": ids, "flag": flag}, outs)
+    compare(got, exact=("o", "dst"))
+    o = got["triton"]["o"].numpy()
+    i = ids.numpy()
+    ok = (i >= 0) & (i < n)
+    np.testing.assert_array_equal(o[ok], kv.numpy()[i[ok]])
+    assert (o[~ok] == -1.0).all()
+
+
+# ---------------------------------------------------------------- loops with carried state
+
+@k.kernel
+def running_stats(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.f32, "R", "F"], BC: k.constexpr = 16):
+    for r in k.grid(x.shape[0]):
+        m = k.full((BC,), -INF, k.f32)
+        s = k.zeros((BC,), k.f32)
+        count = 0
+        last = 0.0
+        for c in range(k.cdiv(x.shape[1], BC)):
+            t = x[r, k.span(c * BC, BC, other=-INF)]
+            m_new = k.maximum(m, t)
+            alpha = k.where(m_new == -INF, 0.0, k.exp(m - m_new))
+            s = s * alpha + k.where(t == -INF, 0.0, k.exp(t - m_new))
+            m = m_new
+            count += 1
+            last = k.max(t)
+        o[r, 0] = k.max(m)
+        o[r, 1] = k.sum(s * k.exp(m - k.max(m)))
+        o[r, 2] = count.to(k.f32)
+        o[r, 3] = last
+
+
+def test_loop_carried_tiles_and_scalars(rng):
+    r, c = 3, 53
+    x = rng.standard_normal((r, c)).astype(np.float32) * 4
+    got = run_both(running_stats, {"x": torch.from_numpy(x)}, {"o": torch.zeros(r, 4)})
+    compare(got, rtol=1e-5)
+    o = got["triton"]["o"].numpy()
+    np.testing.assert_allclose(o[:, 1], np.exp(x - x.max(1, keepdims=True)).sum(1), rtol=1e-5)
+    assert (o[:, 2] == 4).all()
+
+
+# ---------------------------------------------------------------- configs, generated code, errors
+
+@k.kernel(configs=[{"BLOCK": 32, "num_warps": 2}, {"BLOCK": 64, "num_warps": 4}])
+def scale(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], a: k.f32, BLOCK: k.constexpr):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        y[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=0.0)] * a
+
+
+def test_configs_use_the_first_without_a_gpu_and_code_reads_cleanly(rng):
+    x = torch.from_numpy(rng.standard_normal(70).astype(np.float32))
+    y = torch.zeros(70)
+    comp = k.compile(scale, target="triton")
+    comp(x, y, 1.5)
+    np.testing.assert_array_equal(y.numpy(), (x * 1.5).numpy())
+    src = comp.source()
+    assert "constexprs: BLOCK=32" in src and "# mode: interpret" in src and "ir-hash:" in src
+    assert "# src: test_triton_target.py:" in src and "@triton.jit" in src
+    for banned in ("libdevice", "inline_asm", "make_block_ptr"):
+        assert banned not in src
+    gpu = k.compile(scale, target="triton", mode="gpu").source(BLOCK=64)
+    assert "num_warps=4" in gpu and "enable_fp_fusion=False" in gpu and "BLOCK=64" in gpu
+    y2 = torch.zeros(70)
+    comp(x, y2, 2.0, BLOCK=64)
+    np.testing.assert_array_equal(y2.numpy(), (x * 2.0).numpy())
+
+
+@k.kernel
+def bad_tile(x: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 24):
+    for i in k.grid(1):
+        x[k.span(0, BLOCK)] = x[k.span(0, BLOCK)] * 2.0
+
+
+@k.kernel
+def small_dot(a: k.Tensor[k.f32, "M", "K"], c: k.Tensor[k.f32, "M", "M"]):
+    for i in k.grid(1):
+        t = a[k.span(0, 8), k.span(0, 16)]
+        c[k.span(0, 8), k.span(0, 8)] = k.dot(t, t.T)
+
+
+def test_user_errors_name_the_source_line():
+    with pytest.raises(K31Error, match=r"test_triton_target.py:\d+.*power.of.two"):
+        k.compile(bad_tile, target="triton")(torch.zeros(24))
+    with pytest.raises(K31Error, match=r"test_triton_target.py:\d+.*(at least 16|>= 16)"):
+        k.compile(small_dot, target="triton")(torch.zeros(8, 16), torch.zeros(8, 8))
+    with pytest.raises(K31Error, match="must be a torch tensor"):
+        k.compile(scale, target="triton")(np.zeros(4, np.float32), torch.zeros(4), 1.0)
+    with pytest.raises(K31Error, match="needs cuda tensors"):
+        k.compile(scale, target="triton", mode="gpu")(torch.zeros(4), torch.zeros(4), 1.0)
