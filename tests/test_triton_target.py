@@ -14,8 +14,11 @@ from k31dsl import K31Error
 from k31dsl.ops.testing import load_oracle
 
 pytest.importorskip("triton")
+from k31dsl.targets.triton.emit import detect_mode  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
+MODE = detect_mode()                          # "interpret" here; "gpu" with TRITON_INTERPRET=0 on a GPU
+DEVICE = "cuda" if MODE == "gpu" else "cpu"
 
 
 @pytest.fixture
@@ -30,9 +33,11 @@ def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
     """Run `kern` on numpy and triton with fresh copies of the same outputs; returns {target: outs}."""
     got = {}
     for target in ("numpy", "triton"):
-        outs = {n: t.clone() for n, t in outputs.items()}
-        k.compile(kern, target=target)(*inputs.values(), *outs.values(), *scalars, **cx)
-        got[target] = outs
+        dev = DEVICE if target == "triton" else "cpu"
+        ins = [t.to(dev) for t in inputs.values()]
+        outs = {n: t.clone().to(dev) for n, t in outputs.items()}
+        k.compile(kern, target=target)(*ins, *outs.values(), *scalars, **cx)
+        got[target] = {n: t.cpu() for n, t in outs.items()}
     return got
 
 
@@ -534,21 +539,21 @@ def scale(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], a: k.f32, BLOCK: k.c
 
 
 def test_configs_use_the_first_without_a_gpu_and_code_reads_cleanly(rng):
-    x = torch.from_numpy(rng.standard_normal(70).astype(np.float32))
-    y = torch.zeros(70)
+    x = torch.from_numpy(rng.standard_normal(70).astype(np.float32)).to(DEVICE)
+    y = torch.zeros(70, device=DEVICE)
     comp = k.compile(scale, target="triton")
     comp(x, y, 1.5)
-    np.testing.assert_array_equal(y.numpy(), (x * 1.5).numpy())
+    np.testing.assert_array_equal(y.cpu().numpy(), (x * 1.5).cpu().numpy())
     src = comp.source()
-    assert "constexprs: BLOCK=32" in src and "# mode: interpret" in src and "ir-hash:" in src
+    assert "constexprs: BLOCK=32" in src and f"# mode: {MODE}" in src and "ir-hash:" in src
     assert "# src: test_triton_target.py:" in src and "@triton.jit" in src
     for banned in ("libdevice", "inline_asm", "make_block_ptr"):
         assert banned not in src
     gpu = k.compile(scale, target="triton", mode="gpu").source(BLOCK=64)
     assert "num_warps=4" in gpu and "enable_fp_fusion=False" in gpu and "BLOCK=64" in gpu
-    y2 = torch.zeros(70)
+    y2 = torch.zeros(70, device=DEVICE)
     comp(x, y2, 2.0, BLOCK=64)
-    np.testing.assert_array_equal(y2.numpy(), (x * 2.0).numpy())
+    np.testing.assert_array_equal(y2.cpu().numpy(), (x * 2.0).cpu().numpy())
 
 
 @k.kernel
@@ -573,3 +578,7 @@ def test_user_errors_name_the_source_line():
         k.compile(scale, target="triton")(np.zeros(4, np.float32), torch.zeros(4), 1.0)
     with pytest.raises(K31Error, match="needs cuda tensors"):
         k.compile(scale, target="triton", mode="gpu")(torch.zeros(4), torch.zeros(4), 1.0)
+    if MODE == "interpret":
+        with pytest.raises(K31Error, match="needs cpu tensors"):
+            k.compile(scale, target="triton", mode="interpret")(torch.zeros(4, device="meta"),
+                                                               torch.zeros(4), 1.0)

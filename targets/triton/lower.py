@@ -30,14 +30,14 @@ def float_text(x: float, npdt=np.float64) -> str:
     if math.isnan(x):
         return 'float("nan")'
     if math.isinf(x):
-        return 'float("inf")' if x > 0 else '(-float("inf"))'
+        return 'float("inf")' if x > 0 else '-float("inf")'
     text = repr(x)
     v = npdt(x)
     fmt = np.format_float_positional if x == 0 or 1e-5 <= abs(x) < 1e16 else np.format_float_scientific
     short = fmt(v, unique=True, trim="0")
     if float(np.array(float(short)).astype(npdt)) == x:
         text = short
-    return f"({text})" if text.startswith("-") else text
+    return text
 
 
 def literal(value, dt: D.DType) -> str:
@@ -45,8 +45,7 @@ def literal(value, dt: D.DType) -> str:
     if dt is D.bool_:
         return "True" if value else "False"
     if dt.is_int:
-        v = int(value)
-        return f"({v})" if v < 0 else str(v)
+        return str(int(value))
     npdt = D.numpy_dtype(dt)
     if dt.is_storage_only:
         return str(int(np.array(value, np.float64).astype(npdt).view(np.uint8)))
@@ -365,7 +364,9 @@ def cat(em, op):
 # ---------------------------------------------------------------- memory
 
 def _access(em, op, has_value: bool):
-    """(pointer expr, mask expr, value operand) of a load/store; index lines go out as pre-lines."""
+    """(pointer expr, mask expr, value operand) of a load/store. Each tile axis gets an index
+    line laid out on its result axis; offsets are int64 (gathers into large tensors); lanes are
+    in bounds when every index is in [0, size). Tile accesses name their offsets and mask."""
     kinds = op.attrs["index"]
     tensor = op.operands[0]
     t = em.n(tensor)
@@ -383,19 +384,23 @@ def _access(em, op, has_value: bool):
             scalar_masks += [] if em.nonneg(v) else [f"({ix} >= 0)"]
             scalar_masks.append(f"({ix} < {bound})")
             if v.uid in em.consts:
-                offs.append(f"{ix} * {stride}")
+                offs += [] if ix == "0" else [f"{ix} * {stride}"]
             else:
                 offs.append(f"{em.to(v, 'tl.int64')} * {stride}")
             continue
-        lanes = f"{em.n(v)} + tl.arange(0, {size})" if k == "span" else em.t(v)
+        if k == "span":
+            start = em.n(v)
+            lanes = f"tl.arange(0, {size})" if start == "0" else f"{start} + tl.arange(0, {size})"
+        else:
+            lanes = em.t(v)
         if rank > 1:
             sub = ["None"] * rank
             sub[r] = ":"
-            lanes = f"({lanes})[{', '.join(sub)}]"
+            bare = lanes.isidentifier() or lanes == f"tl.arange(0, {size})"
+            lanes = f"{lanes if bare else f'({lanes})'}[{', '.join(sub)}]"
         name = em.fresh(f"{t}_i{axis}")
         em.pre(f"{name} = {lanes}")
-        ok_low = em.nonneg(v)
-        masks += [] if ok_low else [f"({name} >= 0)"]
+        masks += [] if em.nonneg(v) else [f"({name} >= 0)"]
         masks.append(f"({name} < {bound})")
         offs.append(f"{name}.to(tl.int64) * {stride}")
         r += 1
@@ -404,7 +409,13 @@ def _access(em, op, has_value: bool):
     mask = " & ".join(scalar_masks + masks)
     if em.interp and masks and scalar_masks:
         mask = f"({mask}) != 0"               # the interpreter's scalar & tile gives int32 data
-    return f"{t} + " + " + ".join(offs), mask, value
+    off = " + ".join(offs) or "0"
+    if rank:
+        off_name, mask_name = em.fresh(f"{t}_off"), em.fresh(f"{t}_ok")
+        em.pre(f"{off_name} = {off}")
+        em.pre(f"{mask_name} = {mask}")
+        off, mask = off_name, mask_name
+    return f"{t} + {off}", mask, value
 
 
 def load(em, op):
