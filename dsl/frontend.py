@@ -12,7 +12,9 @@ The numpy reference runs any tile shape.
 from __future__ import annotations
 
 import ast
+import collections
 import inspect
+import linecache
 import textwrap
 import weakref
 from typing import Any
@@ -61,25 +63,43 @@ class _Return(Exception):
 
 
 class _Source:
-    """A function's parsed AST with the offsets that map it back to the user's file, and the
-    names it can see (closure variables over module globals)."""
+    """A function's AST with the offsets that map it back to the user's file, and the names it
+    can see (closure variables over module globals, both live)."""
 
     def __init__(self, fn):
         self.file = inspect.getsourcefile(fn) or "<unknown>"
-        lines, self.first_line = inspect.getsourcelines(fn)
-        raw = "".join(lines)
-        dedented = textwrap.dedent(raw)
-        self.col_offset = len(raw.splitlines()[0]) - len(dedented.splitlines()[0])
-        tree = ast.parse(dedented)
-        self.fdef = tree.body[0]
+        lines, first = inspect.getsourcelines(fn)
+        self.fdef, self.first_line, self.col_offset = self._from_file(fn, first), 1, 0
+        if self.fdef is None:       # the file no longer parses (edited since import): the block
+            raw = "".join(lines)
+            dedented = textwrap.dedent(raw)
+            self.first_line = first
+            self.col_offset = len(raw.splitlines()[0]) - len(dedented.splitlines()[0])
+            self.fdef = ast.parse(dedented).body[0]
         if not isinstance(self.fdef, ast.FunctionDef):
             raise error(f"`{fn.__name__}` must be defined with a plain `def`", self.loc(self.fdef),
                         "write `def name(...):` under the decorator (not a lambda or async def)")
-        self.scope = dict(fn.__globals__)
         try:
-            self.scope.update(inspect.getclosurevars(fn).nonlocals)
+            nonlocals = inspect.getclosurevars(fn).nonlocals
         except (TypeError, ValueError):
-            pass
+            nonlocals = {}
+        self.scope = collections.ChainMap(nonlocals, fn.__globals__)
+
+    def _from_file(self, fn, first: int):
+        """The def node found in the parsed file: exact lines and columns, any indentation."""
+        try:
+            tree = ast.parse("".join(linecache.getlines(self.file)))
+        except (SyntaxError, ValueError):
+            return None
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == fn.__name__:
+                start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                if start == first:
+                    return node
+        for node in ast.walk(tree):         # a lambda assigned to a name, e.g. f = k.kernel(lambda ...)
+            if isinstance(node, ast.Lambda) and node.lineno == first:
+                return node
+        return None
 
     def loc(self, node) -> Loc:
         return Loc(self.file, self.first_line + getattr(node, "lineno", 1) - 1,
@@ -453,8 +473,9 @@ class Frontend(ExprMixin):
                     is_tile(a) and a.type.is_scalar and a.type.dtype.is_int):
                 raise self.err(it, f"range() bounds must be integer scalars, got {self.describe(a)}",
                                "use sizes, program ids or loop indices (cast floats with .to(k.i32))")
-        if isinstance(args[2], int) and args[2] <= 0:
-            raise self.err(it, "range() step must be positive in kernels", "loop upward and index backwards")
+        if not isinstance(args[2], int) or args[2] <= 0:
+            raise self.err(it, "range() step must be a positive compile-time integer",
+                           "loop upward with a literal or constexpr step and index backwards if needed")
         if not isinstance(st.target, ast.Name):
             raise self.err(st.target, "a range loop target must be a single name", "write `for j in range(n):`")
         lo, hi, step = (self.as_value(a, it, D.i32) for a in args)

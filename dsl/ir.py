@@ -39,6 +39,34 @@ The result's axes are the non-scalar entries in order. A lane is in bounds when 
 [0, size of its axis); out-of-bounds lanes of a load read `other` (attr, or None = undefined; the
 numpy target fills NaN/poison so that reliance on undefined lanes shows), out-of-bounds lanes of a
 store are skipped. An optional bool `mask` operand (broadcast to the tile) further restricts lanes.
+`other` is converted to the tensor's dtype like a `cast` (fp8 saturates, e8m0 is ceil(log2)).
+Several lanes of one store writing the same element (duplicate gather indices): the last lane in
+row-major order wins on numpy; other targets may pick any of them.
+
+SEMANTICS (targets/numpy/rt.py is the executable reference; every target matches it):
+  integers      two's complement, wrap on overflow; floordiv truncates toward zero and mod takes
+                the dividend's sign (C); x // 0 is undefined. `//` is integer-only (type rule).
+  floats        IEEE; bf16/f16 math other than + - * is computed in f32 and rounded once.
+                maximum/minimum/max/min/relu propagate NaN. mod on floats is C fmod.
+  cast          float -> int truncates toward zero and saturates; NaN and +-inf give 0.
+                int -> int wraps. x -> bool is x != 0. float -> fp8 rounds to nearest even and
+                saturates to +-max_finite (inf too); NaN -> 0x7F. float -> e8m0 is the exact
+                ceil(log2 x) clamped to [-127, 127] (byte = that + 127); x <= 0 -> 0x00; NaN and
+                +-inf -> 0xFF. e8m0 -> float is 2^(byte - 127), 0xFF -> NaN.
+  dot           f32 accumulation of the products (operands converted to f32 exactly).
+  sum/cumsum    in f32 for 16-bit floats (result rounded back), in the dtype otherwise.
+  topk          the n largest along the last axis, descending; equal values keep the lower
+                position first; NaN ranks below every number.
+  take          positions outside [0, L) are clamped to the nearest end.
+  cat           a then b along the only axis.
+
+ADDITIONS (beyond the first version of this contract; targets must handle them):
+  Param.loc     where the parameter is declared (call-time argument errors point there).
+
+The frontend's own rules (no IR change, documented here for op authors): an integer *scalar* meeting
+a float operand in arithmetic, comparisons, k.where or a store converts to that float type (an
+int literal does the same with any tile); integer tiles never convert. Compiled targets also need
+power-of-two tile dims and k.dot dims >= 16 (`frontend.check_portable`).
 """
 from __future__ import annotations
 

@@ -549,3 +549,52 @@ def test_mutated_kernels_fail_only_with_k31error(tmp_path):
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"mutant {i} raised {type(e).__name__}: {e}\n{src}")
     assert compiled_errors >= 10 and ran >= 1, (compiled_errors, ran)
+
+
+# ---------------------------------------------------------------- portability (compiled targets)
+
+PORTABILITY = {
+    "non_power_of_two_tile": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                y[k.span(0, 20)] = x[k.span(0, 20)] * 2.0  # <-
+        """, "20 is not a power of two"),
+    "small_dot": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N", "M"], y: k.Tensor[k.f32, "N", "M"]):
+            for i in k.grid(1):
+                a = x[k.span(0, 8), k.span(0, 16)]
+                y[k.span(0, 8), k.span(0, 8)] = k.dot(a, a.T)  # <-
+        """, "every dim >= 16"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PORTABILITY))
+def test_compiled_targets_reject_unportable_tiles(tmp_path, case):
+    """The numpy reference runs any tile shape; compiled targets report the op's line."""
+    source, phrase = PORTABILITY[case]
+    x, y = torch.randn(16, 16), torch.zeros(16, 16)
+    if case == "non_power_of_two_tile":
+        x, y = torch.randn(24), torch.zeros(24)
+    mod, path, line = load_module(tmp_path, source)
+    mod.kern["numpy"](x, y)
+    assert y.abs().sum() > 0
+    from k31dsl.dsl.frontend import check_portable
+    with pytest.raises(K31Error) as info:
+        check_portable(mod.kern.ir())
+    err = info.value
+    assert err.loc.file == path and err.loc.line == line and phrase in str(err) and err.hint
+    if _triton_available():
+        y2 = y.clone().zero_()
+        with pytest.raises(K31Error, match=phrase):
+            mod.kern["triton"](x, y2)
+        assert not y2.any()
+
+
+def _triton_available() -> bool:
+    try:
+        import k31dsl.targets.triton.runtime  # noqa: F401
+    except ModuleNotFoundError:
+        return False
+    return True
