@@ -74,11 +74,15 @@ def import_path(path: Path):
 
 
 def _module_kernel_defs(module) -> list:
-    """The KernelDefs a module holds: top-level names, and one level into dicts/lists/tuples (the
-    op library builds kernels per dtype in factories and keeps them in tables)."""
+    """The KernelDefs a module holds: top-level names, one level into dicts/lists/tuples, and the
+    kernels of the ops it registers (the op library builds kernel variants in factories)."""
     from k31dsl.dsl.lang import KernelDef
+    from k31dsl.ops.registry import REGISTRY
     found: dict[int, KernelDef] = {}
-    for value in vars(module).values():
+    candidates = list(vars(module).values())
+    candidates += [spec.kernels for spec in REGISTRY.values()
+                   if getattr(spec.fn, "__module__", None) == module.__name__]
+    for value in candidates:
         items = value.values() if isinstance(value, dict) else (
             value if isinstance(value, (list, tuple)) else [value])
         for item in items:
