@@ -134,8 +134,9 @@ def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None 
 def _check_rmsnorm(target: str, seed: int = 0) -> list[CaseResult]:
     import numpy as np
     import torch
-    from k31dsl.ops.testing import dtype_name, load_oracle, max_rel_err, to_f64
+    from k31dsl.ops.testing import device_for, dtype_name, load_oracle, max_rel_err, to_f64
     ref = load_oracle("norm")
+    dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     cases = [((7, 200), torch.bfloat16, torch.bfloat16, None, 1e-6),
              ((2, 3, 96), torch.float32, torch.float32, None, 1e-5),
@@ -149,7 +150,7 @@ def _check_rmsnorm(target: str, seed: int = 0) -> list[CaseResult]:
         if shape[-1] > 4:
             x.view(-1, shape[-1])[0, :3] = torch.tensor([0.0, 1e-3, -250.0]).to(x_dt)
         w = (1 + 0.5 * torch.randn(shape[-1], generator=g)).to(w_dt)
-        y = rmsnorm(x, w, eps, out_dtype=y_dt, target=target)
+        y = rmsnorm(x.to(dev), w.to(dev), eps, out_dtype=y_dt, target=target)
         want = ref.rmsnorm(to_f64(x), to_f64(w), eps)
         err = max_rel_err(to_f64(y), want, floor=1e-3 * float(np.abs(want).max()))
         t = tol[y.dtype]

@@ -12,6 +12,7 @@ NaN / Inf rule (both formats): a group holding NaN or +-Inf gets a NaN scale (E8
 an fp32 NaN) and every code of the group is 0x7F (E4M3 NaN), so it dequantizes to NaN.
 """
 
+import functools
 import math
 
 import k31dsl as k
@@ -35,10 +36,14 @@ QUANT_CONFIGS = [{"BM": 8, "BN": 128, "num_warps": 4}, {"BM": 4, "BN": 1024, "nu
 
 # ---------------------------------------------------------------- MXFP8 kernels
 
-def _make_mx_quant(x_dt):
+# Each variant (input dtype, scale mode, tile, pow2) is its own KernelDef whose variant constexprs
+# are *defaults*, so that calls pass no constexpr and the Triton runtime still autotunes BM/BN.
+
+@functools.lru_cache(maxsize=None)
+def mx_quant_kernel(x_dt, scale_mode: str = "ceil"):
     def kernel(x: k.Tensor[x_dt, "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
                s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"],
-               FLOOR: k.constexpr = False, BM: k.constexpr = 8, BN: k.constexpr = 128):
+               FLOOR: k.constexpr = scale_mode == "floor", BM: k.constexpr = 8, BN: k.constexpr = 128):
         G = BN // 32
         for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], BN)):
             xt = x[k.span(pm * BM, BM), k.span(pn * BN, BN, other=0.0)].to(k.f32)
@@ -55,10 +60,11 @@ def _make_mx_quant(x_dt):
             inv = ((127 - e) << 23).bitcast(k.f32)                       # 2^-e from bits, exact
             y = k.where(bad[:, :, None], float("nan"), xg * inv[:, :, None])
             q[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(y, (BM, BN)).to(k.f8e4m3)
-    return _variant(kernel, f"mxfp8_quantize_{x_dt.name}", QUANT_CONFIGS)
+    return _variant(kernel, f"mxfp8_quantize_{x_dt.name}_{scale_mode}", QUANT_CONFIGS)
 
 
-def _make_mx_dequant(y_dt):
+@functools.lru_cache(maxsize=None)
+def mx_dequant_kernel(y_dt):
     def kernel(q: k.Tensor[k.f8e4m3, "M", "D"], s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"],
                y: k.Tensor[y_dt, "M", "D"], BM: k.constexpr = 8, BN: k.constexpr = 128):
         G = BN // 32
@@ -71,10 +77,11 @@ def _make_mx_dequant(y_dt):
 
 # ---------------------------------------------------------------- per-tile FP8 kernels
 
-def _make_tile_quant(x_dt):
+@functools.lru_cache(maxsize=None)
+def tile_quant_kernel(x_dt, tile: int = 128, pow2: bool = False):
     def kernel(x: k.Tensor[x_dt, "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
                s: k.Tensor[k.f32, "M", "cdiv(D, TILE)"], eps: k.f32,
-               TILE: k.constexpr = 128, POW2: k.constexpr = False, BM: k.constexpr = 8, BN: k.constexpr = 128):
+               TILE: k.constexpr = tile, POW2: k.constexpr = pow2, BM: k.constexpr = 8, BN: k.constexpr = 128):
         G = max(1, BN // TILE)
         W = G * TILE
         for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], W)):
@@ -93,25 +100,20 @@ def _make_tile_quant(x_dt):
             s[k.span(pm * BM, BM), k.span(pn * G, G)] = sc
             y = k.where(bad[:, :, None], float("nan"), y)
             q[k.span(pm * BM, BM), k.span(pn * W, W)] = k.reshape(y, (BM, W)).to(k.f8e4m3)
-    return _variant(kernel, f"fp8_tile_quantize_{x_dt.name}", QUANT_CONFIGS)
+    return _variant(kernel, f"fp8_tile_quantize_{x_dt.name}_t{tile}{'_pow2' if pow2 else ''}", QUANT_CONFIGS)
 
 
-def _make_tile_dequant(y_dt):
+@functools.lru_cache(maxsize=None)
+def tile_dequant_kernel(y_dt, tile: int = 128):
     def kernel(q: k.Tensor[k.f8e4m3, "M", "D"], s: k.Tensor[k.f32, "M", "cdiv(D, TILE)"],
-               y: k.Tensor[y_dt, "M", "D"], TILE: k.constexpr = 128, BM: k.constexpr = 8, BN: k.constexpr = 128):
+               y: k.Tensor[y_dt, "M", "D"], TILE: k.constexpr = tile, BM: k.constexpr = 8, BN: k.constexpr = 128):
         G = max(1, BN // TILE)
         W = G * TILE
         for pm, pn in k.grid(k.cdiv(q.shape[0], BM), k.cdiv(q.shape[1], W)):
             c = k.reshape(q[k.span(pm * BM, BM), k.span(pn * W, W)].to(k.f32), (BM, G, TILE))
             sc = s[k.span(pm * BM, BM), k.span(pn * G, G)]
             y[k.span(pm * BM, BM), k.span(pn * W, W)] = k.reshape(c * sc[:, :, None], (BM, W)).to(y.dtype)
-    return _variant(kernel, f"fp8_tile_dequantize_{y_dt.name}", QUANT_CONFIGS)
-
-
-MX_QUANT = {dt: _make_mx_quant(dt) for dt in FLOAT_INPUTS}
-MX_DEQUANT = {dt: _make_mx_dequant(dt) for dt in FLOAT_INPUTS}
-TILE_QUANT = {dt: _make_tile_quant(dt) for dt in FLOAT_INPUTS}
-TILE_DEQUANT = {dt: _make_tile_dequant(dt) for dt in FLOAT_INPUTS}
+    return _variant(kernel, f"fp8_tile_dequantize_{y_dt.name}_t{tile}", QUANT_CONFIGS)
 
 
 # ---------------------------------------------------------------- public functions
@@ -148,8 +150,7 @@ def mxfp8_quantize(x, scale_mode: str = "ceil", *, target: str | None = None):
     scales = torch.empty(tuple(x.shape[:-1]) + (_groups(d, MX_GROUP),), dtype=torch.float8_e8m0fnu,
                          device=x.device)
     if x.numel():
-        MX_QUANT[x_dt][target](rows(x), codes.view(-1, d), scales.view(-1, scales.shape[-1]),
-                               FLOOR=scale_mode == "floor")
+        mx_quant_kernel(x_dt, scale_mode)[target](rows(x), codes.view(-1, d), scales.view(-1, scales.shape[-1]))
     return codes, scales
 
 
@@ -162,7 +163,7 @@ def mxfp8_dequantize(codes, scales, dtype=None, *, target: str | None = None):
     y = torch.empty(codes.shape, dtype=D.torch_dtype(y_dt), device=codes.device)
     if codes.numel():
         d = codes.shape[-1]
-        MX_DEQUANT[y_dt][target](rows(codes), rows(scales), y.view(-1, d))
+        mx_dequant_kernel(y_dt)[target](rows(codes), rows(scales), y.view(-1, d))
     return y
 
 
@@ -190,8 +191,8 @@ def fp8_tile_quantize(x, tile: int = 128, pow2_scale: bool = False, eps: float =
     codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(tuple(x.shape[:-1]) + (_groups(d, tile),), dtype=torch.float32, device=x.device)
     if x.numel():
-        TILE_QUANT[x_dt][target](rows(x), codes.view(-1, d), scales.view(-1, scales.shape[-1]), float(eps),
-                                 TILE=tile, POW2=bool(pow2_scale))
+        tile_quant_kernel(x_dt, tile, bool(pow2_scale))[target](rows(x), codes.view(-1, d),
+                                                                scales.view(-1, scales.shape[-1]), float(eps))
     return codes, scales
 
 
@@ -205,7 +206,7 @@ def fp8_tile_dequantize(codes, scales, dtype=None, tile: int = 128, *, target: s
     y = torch.empty(codes.shape, dtype=D.torch_dtype(y_dt), device=codes.device)
     if codes.numel():
         d = codes.shape[-1]
-        TILE_DEQUANT[y_dt][target](rows(codes), rows(scales), y.view(-1, d), TILE=tile)
+        tile_dequant_kernel(y_dt, tile)[target](rows(codes), rows(scales), y.view(-1, d))
     return y
 
 
@@ -247,12 +248,13 @@ def _roundtrip_ratio(x, xhat, scale, group: int) -> tuple[float, str]:
 def _check_mx_quant(target: str, seed: int = 0) -> list[CaseResult]:
     import numpy as np
     import torch
-    from k31dsl.ops.testing import bytes_of, load_oracle, mismatches, quant_input, to_f64
+    from k31dsl.ops.testing import bytes_of, device_for, load_oracle, mismatches, quant_input, to_f64
     ref = load_oracle("quant")
+    dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     out = []
     for shape, dt, mode in QUANT_CASES:
-        x = quant_input(shape, _torch_dtype(dt), g, MX_GROUP)
+        x = quant_input(shape, _torch_dtype(dt), g, MX_GROUP).to(dev)
         codes, scales = mxfp8_quantize(x, scale_mode=mode, target=target)
         want_c, want_s = ref.mxfp8_quantize(to_f64(x), mode)
         name = f"x={list(shape)} {dt}, scale_mode={mode}"
@@ -272,8 +274,9 @@ def _check_mx_quant(target: str, seed: int = 0) -> list[CaseResult]:
 def _check_mx_dequant(target: str, seed: int = 0) -> list[CaseResult]:
     import numpy as np
     import torch
-    from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
+    from k31dsl.ops.testing import device_for, load_oracle, max_rel_err, to_f64
     ref = load_oracle("quant")
+    dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     out = []
     for shape, dt in (((5, 300), "bf16"), ((2, 3, 64), "f32"), ((6, 33), "f16"), ((1, 1), "bf16")):
@@ -283,7 +286,7 @@ def _check_mx_dequant(target: str, seed: int = 0) -> list[CaseResult]:
         flat = sbytes.view(-1)
         for i, b in enumerate((0, 254, 255, 1, 127)[:flat.numel()]):
             flat[-1 - i] = b                     # scale extremes and the NaN byte
-        y = mxfp8_dequantize(codes.view(torch.float8_e4m3fn), sbytes.view(torch.float8_e8m0fnu),
+        y = mxfp8_dequantize(codes.view(torch.float8_e4m3fn).to(dev), sbytes.view(torch.float8_e8m0fnu).to(dev),
                              dtype=_torch_dtype(dt), target=target)
         want = ref.mxfp8_dequantize(codes.numpy(), sbytes.numpy(), dt)
         err = max_rel_err(to_f64(y), want)
@@ -296,19 +299,21 @@ def _check_mx_dequant(target: str, seed: int = 0) -> list[CaseResult]:
 def _check_tile_quant(target: str, seed: int = 0) -> list[CaseResult]:
     import numpy as np
     import torch
-    from k31dsl.ops.testing import bytes_of, f32_mismatches, load_oracle, mismatches, quant_input, to_f64
+    from k31dsl.ops.testing import (bytes_of, device_for, f32_mismatches, load_oracle, mismatches, quant_input,
+                                    to_f64)
     ref = load_oracle("quant")
+    dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     cases = [((7, 300), "bf16", 128, False), ((7, 300), "bf16", 128, True), ((3, 2, 256), "f32", 128, False),
              ((4, 1), "f16", 128, True), ((2, 1, 200), "f16", 64, False), ((9, 160), "f32", 32, True),
              ((17, 500), "bf16", 128, False)]
     out = []
     for shape, dt, tile, pow2 in cases:
-        x = quant_input(shape, _torch_dtype(dt), g, tile)
+        x = quant_input(shape, _torch_dtype(dt), g, tile).to(dev)
         codes, scales = fp8_tile_quantize(x, tile=tile, pow2_scale=pow2, target=target)
         want_c, want_s = ref.fp8_tile_quantize(to_f64(x), tile, pow2, 1e-4)
         name = f"x={list(shape)} {dt}, tile={tile}, pow2_scale={pow2}"
-        n_c, n_s = mismatches(bytes_of(codes), want_c), f32_mismatches(scales.numpy(), want_s)
+        n_c, n_s = mismatches(bytes_of(codes), want_c), f32_mismatches(scales.cpu().numpy(), want_s)
         out.append(CaseResult(f"{name}: codes", n_c, 0, n_c == 0, "E4M3 bytes vs oracle"))
         out.append(CaseResult(f"{name}: scales", n_s, 0, n_s == 0, "fp32 bits vs oracle (NaN == NaN)"))
         xhat = to_f64(fp8_tile_dequantize(codes, scales, torch.float32, tile=tile, target=target))
@@ -320,8 +325,9 @@ def _check_tile_quant(target: str, seed: int = 0) -> list[CaseResult]:
 def _check_tile_dequant(target: str, seed: int = 0) -> list[CaseResult]:
     import numpy as np
     import torch
-    from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
+    from k31dsl.ops.testing import device_for, load_oracle, max_rel_err, to_f64
     ref = load_oracle("quant")
+    dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     out = []
     for shape, dt, tile in (((5, 300), "bf16", 128), ((2, 3, 64), "f32", 32), ((6, 130), "f16", 64)):
@@ -329,7 +335,7 @@ def _check_tile_dequant(target: str, seed: int = 0) -> list[CaseResult]:
         sshape = shape[:-1] + (-(-shape[-1] // tile),)
         scales = torch.rand(sshape, generator=g) * torch.exp2(torch.randint(-20, 10, sshape, generator=g).float())
         scales.view(-1)[0] = float("nan")
-        y = fp8_tile_dequantize(codes.view(torch.float8_e4m3fn), scales, dtype=_torch_dtype(dt), tile=tile,
+        y = fp8_tile_dequantize(codes.view(torch.float8_e4m3fn).to(dev), scales.to(dev), dtype=_torch_dtype(dt), tile=tile,
                                 target=target)
         want = ref.fp8_tile_dequantize(codes.numpy(), scales.double().numpy(), tile, dt)
         err = max_rel_err(to_f64(y), want)
@@ -339,17 +345,18 @@ def _check_tile_dequant(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-_ALL_QUANT = (list(MX_QUANT.values()) + list(MX_DEQUANT.values()) + list(TILE_QUANT.values())
-              + list(TILE_DEQUANT.values()))
-register(OpSpec("mxfp8_quantize", "quant", mxfp8_quantize, list(MX_QUANT.values()),
+register(OpSpec("mxfp8_quantize", "quant", mxfp8_quantize,
+                [mx_quant_kernel(dt, m) for dt in FLOAT_INPUTS for m in SCALE_MODES],
                 "MXFP8 quantize: groups of 32, E4M3 codes, E8M0 scale (RCEIL default, OCP floor option)",
                 _check_mx_quant, exact=True, tags=["quant", "fp8"]))
-register(OpSpec("mxfp8_dequantize", "quant", mxfp8_dequantize, list(MX_DEQUANT.values()),
+register(OpSpec("mxfp8_dequantize", "quant", mxfp8_dequantize, [mx_dequant_kernel(dt) for dt in FLOAT_INPUTS],
                 "MXFP8 dequantize: code * 2^(byte - 127) per group of 32", _check_mx_dequant, exact=True,
                 tags=["quant", "fp8"]))
-register(OpSpec("fp8_tile_quantize", "quant", fp8_tile_quantize, list(TILE_QUANT.values()),
+register(OpSpec("fp8_tile_quantize", "quant", fp8_tile_quantize,
+                [tile_quant_kernel(dt, 128, p) for dt in FLOAT_INPUTS for p in (False, True)],
                 "per-tile FP8 quantize (DeepSeek): fp32 scale max(amax, eps)/448, optional power of two",
                 _check_tile_quant, exact=True, tags=["quant", "fp8"]))
-register(OpSpec("fp8_tile_dequantize", "quant", fp8_tile_dequantize, list(TILE_DEQUANT.values()),
+register(OpSpec("fp8_tile_dequantize", "quant", fp8_tile_dequantize,
+                [tile_dequant_kernel(dt, 128) for dt in FLOAT_INPUTS],
                 "per-tile FP8 dequantize: fp32(code) * scale", _check_tile_dequant, exact=True,
                 tags=["quant", "fp8"]))

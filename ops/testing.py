@@ -18,18 +18,32 @@ def oracle_dir() -> Path:
 
 
 def load_oracle(name: str):
-    """The oracle module tests/oracles/<name>.py (imported as k31_oracles.<name>)."""
+    """The oracle module tests/oracles/<name>.py: from the source checkout (imported as
+    k31_oracles.<name>), else from an installed k31dsl (k31dsl.tests.oracles.<name>)."""
     if ORACLE_PACKAGE not in sys.modules:
         root = oracle_dir()
         init = root / "__init__.py"
         if not init.exists():
-            raise K31Error(f"the fp64 oracles are not available (looked in {root})",
-                           hint="`k31dsl check` runs from a source checkout of k31dsl")
+            try:
+                return importlib.import_module(f"k31dsl.tests.oracles.{name}")
+            except ImportError:
+                raise K31Error(f"the fp64 oracles are not available (looked in {root} and k31dsl.tests.oracles)",
+                               hint="`k31dsl check` needs a source checkout or an install that ships "
+                                    "k31dsl.tests.oracles") from None
         spec = importlib.util.spec_from_file_location(ORACLE_PACKAGE, init, submodule_search_locations=[str(root)])
         pkg = importlib.util.module_from_spec(spec)
         sys.modules[ORACLE_PACKAGE] = pkg
         spec.loader.exec_module(pkg)
     return importlib.import_module(f"{ORACLE_PACKAGE}.{name}")
+
+
+def device_for(target: str) -> str:
+    """Where a check's inputs live: CUDA for the Triton target on a GPU, else the CPU."""
+    if target == "triton":
+        from k31dsl.targets.triton.emit import detect_mode
+        if detect_mode() == "gpu":
+            return "cuda"
+    return "cpu"
 
 
 def to_f64(t):
