@@ -417,8 +417,8 @@ def test_topk_descending_ties_to_lower_index(rng):
     r, n = 6, 29
     x = rng.integers(-3, 4, (r, n)).astype(np.float32)            # many ties
     x[0, 3], x[0, 7] = NAN, -0.0
-    x[1, :5] = 0.0
-    x[1, 5:8] = -0.0
+    x[1] = -np.abs(x[1]) - 1.0
+    x[1, [2, 6]], x[1, [4, 9]] = -0.0, 0.0                        # -0 ties +0: index order
     xi = rng.integers(-2, 3, (r, n)).astype(np.int32)
     outs = {"v4": torch.zeros(r, 4), "p4": torch.zeros(r, 4, dtype=torch.int32), "v1": torch.zeros(r, 1),
             "p1": torch.zeros(r, 1, dtype=torch.int32), "vall": torch.zeros(r, 32, dtype=torch.int32),
