@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from . import dtypes as D
-from .frontend_exprs import GridCall, Span, is_const, is_tensor, is_tile, is_value
+from .frontend_exprs import GridCall, Span, int_range, is_const, is_tensor, is_tile, is_value
 from .ir import TileType
 
 
@@ -71,6 +71,80 @@ def _int_operand(fe, node, x, what):
     raise fe.err(node, f"{what} must be an integer scalar, got {fe.describe(x)}",
                  "use sizes, program ids, loop indices or integer literals")
 
+
+# ---------------------------------------------------------------- tensor loads and stores
+
+def access_index(fe, tensor, idx: list, node):
+    if len(idx) != tensor.type.rank:
+        raise fe.err(node, f"`{tensor.hint}` has rank {tensor.type.rank} but is indexed with "
+                       f"{len(idx)} indices", "give one index per axis: an integer, a "
+                       "k.span(start, SIZE) or a 1-D index tile")
+    kinds, operands, other = [], [], None
+    for i in idx:
+        if isinstance(i, Span):
+            kinds.append(f"span:{i.size}")
+            operands.append(fe.as_value(i.start, node, D.i32))
+            if i.other is not None:
+                other = i.other
+        elif is_tile(i) and not i.type.is_scalar:
+            kinds.append("gather")
+            operands.append(i)
+        elif is_tile(i) or (isinstance(i, int) and not isinstance(i, bool)):
+            kinds.append("scalar")
+            operands.append(fe.as_value(i, node, D.i32))
+        else:
+            raise fe.err(node, f"a tensor index must be an integer, k.span(...) or an index tile, "
+                           f"got {fe.describe(i)}",
+                           "slices need a compile-time size: k.span(start, BLOCK)")
+    return kinds, operands, other
+
+def fill_value(fe, tensor, other, node):
+    """`other=` as the attribute value for a load from `tensor` (checked against its dtype)."""
+    if other is None:
+        return None
+    if not is_const(other):
+        raise fe.err(node, f"`other=` must be a compile-time number, got {fe.describe(other)}",
+                       "write a literal such as 0.0 or float('-inf'); select runtime values "
+                       "afterwards with k.where")
+    dt = tensor.type.dtype
+    if dt is D.bool_:
+        return bool(other)
+    if dt.is_int:
+        if isinstance(other, float) and not other.is_integer():
+            raise fe.err(node, f"`other={other}` cannot fill the {dt.name} tensor `{tensor.hint}`",
+                           "use an integer fill value such as 0 or -1")
+        lo, hi = int_range(dt)
+        if not lo <= int(other) <= hi:
+            raise fe.err(node, f"`other={other}` does not fit {dt.name}", f"use a value in {lo} .. {hi}")
+        return int(other)
+    return float(other)
+
+def tensor_load(fe, tensor, idx, mask, other, node):
+    kinds, operands, span_other = access_index(fe, tensor, idx, node)
+    other = fill_value(fe, tensor, other if other is not None else span_other, node)
+    if mask is not None:
+        operands.append(fe.operand(mask, node, "the mask"))
+    return fe.emit1("load", [tensor] + operands,
+                      {"index": kinds, "other": other, "mask": mask is not None}, node)
+
+def tensor_store(fe, tensor, idx, value, mask, node):
+    kinds, operands, span_other = access_index(fe, tensor, idx, node)
+    if span_other is not None:
+        raise fe.err(node, "`other=` has no meaning in a store", "drop other= from the k.span")
+    if is_tensor(value):
+        raise fe.err(node, f"cannot store the tensor parameter `{value.hint}` directly",
+                       fe.tensor_hint(value))
+    if not (is_tile(value) or is_const(value)):
+        raise fe.err(node, f"cannot store {fe.describe(value)}", "store a tile or a number")
+    if is_tile(value) and value.type.is_scalar and value.type.dtype.is_int and tensor.type.dtype.is_float:
+        value = fe.emit1("cast", [value], {"dtype": tensor.type.dtype}, node)
+    operands.append(fe.as_value(value, node, tensor.type.dtype))
+    if mask is not None:
+        operands.append(fe.operand(mask, node, "the mask"))
+    fe.emit("store", [tensor] + operands, {"index": kinds, "mask": mask is not None}, node)
+
+
+# ---------------------------------------------------------------- k.* builtins
 
 def b_span(fe, node, args, kwargs):
     a = _sig(fe, node, "span", args, kwargs, "start, size, other=None")

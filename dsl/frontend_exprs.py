@@ -105,7 +105,7 @@ INT_LIMIT = 1 << 64          # compile-time integers stay machine-sized
 SEQ_LIMIT = 4096             # longest compile-time tuple/str a kernel may build
 
 
-def _int_range(dt: D.DType) -> tuple[int, int]:
+def int_range(dt: D.DType) -> tuple[int, int]:
     if dt.signed:
         return -(1 << (dt.bits - 1)), (1 << (dt.bits - 1)) - 1
     return 0, (1 << dt.bits) - 1
@@ -169,7 +169,7 @@ class ExprMixin:
             value = int(value)
         if dtype is D.bool_:
             return bool(value)
-        lo, hi = _int_range(dtype)
+        lo, hi = int_range(dtype)
         if not lo <= int(value) <= hi:
             raise self.err(node, f"the integer {value} does not fit {dtype.name} (range {lo} .. {hi})",
                            "use a value in range, e.g. write a mask 0x80000000 as -0x80000000 for i32, "
@@ -565,75 +565,14 @@ class ExprMixin:
                            f"use 0 .. {rank - 1}")
         return self.emit1("dim", [tensor], {"axis": i % rank}, node)
 
-    # ------------------------------------------------------------ memory access
-    def access_index(self, tensor: Value, idx: list, node):
-        if len(idx) != tensor.type.rank:
-            raise self.err(node, f"`{tensor.hint}` has rank {tensor.type.rank} but is indexed with "
-                           f"{len(idx)} indices", "give one index per axis: an integer, a "
-                           "k.span(start, SIZE) or a 1-D index tile")
-        kinds, operands, other = [], [], None
-        for i in idx:
-            if isinstance(i, Span):
-                kinds.append(f"span:{i.size}")
-                operands.append(self.as_value(i.start, node, D.i32))
-                if i.other is not None:
-                    other = i.other
-            elif is_tile(i) and not i.type.is_scalar:
-                kinds.append("gather")
-                operands.append(i)
-            elif is_tile(i) or (isinstance(i, int) and not isinstance(i, bool)):
-                kinds.append("scalar")
-                operands.append(self.as_value(i, node, D.i32))
-            else:
-                raise self.err(node, f"a tensor index must be an integer, k.span(...) or an index tile, "
-                               f"got {self.describe(i)}",
-                               "slices need a compile-time size: k.span(start, BLOCK)")
-        return kinds, operands, other
-
-    def fill_value(self, tensor: Value, other, node):
-        """`other=` as the attribute value for a load from `tensor` (checked against its dtype)."""
-        if other is None:
-            return None
-        if not is_const(other):
-            raise self.err(node, f"`other=` must be a compile-time number, got {self.describe(other)}",
-                           "write a literal such as 0.0 or float('-inf'); select runtime values "
-                           "afterwards with k.where")
-        dt = tensor.type.dtype
-        if dt is D.bool_:
-            return bool(other)
-        if dt.is_int:
-            if isinstance(other, float) and not other.is_integer():
-                raise self.err(node, f"`other={other}` cannot fill the {dt.name} tensor `{tensor.hint}`",
-                               "use an integer fill value such as 0 or -1")
-            lo, hi = _int_range(dt)
-            if not lo <= int(other) <= hi:
-                raise self.err(node, f"`other={other}` does not fit {dt.name}", f"use a value in {lo} .. {hi}")
-            return int(other)
-        return float(other)
-
+    # ------------------------------------------------------------ memory access (builtins_impl)
     def load(self, tensor, idx, mask, other, node):
-        kinds, operands, span_other = self.access_index(tensor, idx, node)
-        other = self.fill_value(tensor, other if other is not None else span_other, node)
-        if mask is not None:
-            operands.append(self.operand(mask, node, "the mask"))
-        return self.emit1("load", [tensor] + operands,
-                          {"index": kinds, "other": other, "mask": mask is not None}, node)
+        from .builtins_impl import tensor_load
+        return tensor_load(self, tensor, idx, mask, other, node)
 
     def store(self, tensor, idx, value, mask, node):
-        kinds, operands, span_other = self.access_index(tensor, idx, node)
-        if span_other is not None:
-            raise self.err(node, "`other=` has no meaning in a store", "drop other= from the k.span")
-        if is_tensor(value):
-            raise self.err(node, f"cannot store the tensor parameter `{value.hint}` directly",
-                           self.tensor_hint(value))
-        if not (is_tile(value) or is_const(value)):
-            raise self.err(node, f"cannot store {self.describe(value)}", "store a tile or a number")
-        if is_tile(value) and value.type.is_scalar and value.type.dtype.is_int and tensor.type.dtype.is_float:
-            value = self.emit1("cast", [value], {"dtype": tensor.type.dtype}, node)
-        operands.append(self.as_value(value, node, tensor.type.dtype))
-        if mask is not None:
-            operands.append(self.operand(mask, node, "the mask"))
-        self.emit("store", [tensor] + operands, {"index": kinds, "mask": mask is not None}, node)
+        from .builtins_impl import tensor_store
+        tensor_store(self, tensor, idx, value, mask, node)
 
     # ------------------------------------------------------------ calls
     def expr_Call(self, node):
