@@ -481,6 +481,42 @@ def kern(x: k.Tensor[k.f32, "N", "D"], y: k.Tensor[k.f32, "N", "D"], w: k.Tensor
         w[n] = k.sum((acc > 1.0).to(k.i32))
 '''
 
+VALID_ATTENTION = '''
+from __future__ import annotations
+import k31dsl as k
+
+NEG = float("-inf")
+
+@k.func
+def softmax_step(s, m, l, acc, v):
+    m_new = k.maximum(m, k.max(s, axis=1))
+    p = k.exp(s - m_new[:, None])
+    alpha = k.exp(m - m_new)
+    return m_new, l * alpha + k.sum(p, axis=1), acc * alpha[:, None] + k.dot(p, v)
+
+@k.kernel
+def kern(q: k.Tensor[k.f32, "M", "D"], kv: k.Tensor[k.f32, "N", "D"], o: k.Tensor[k.f32, "M", "D"],
+         top: k.Tensor[k.i32, "M", "K"], scale: k.f32, BM: k.constexpr = 16, BN: k.constexpr = 16,
+         BD: k.constexpr = 32, K: k.constexpr = 16):
+    for i in k.grid(k.cdiv(q.shape[0], BM)):
+        M, D = q.shape
+        qi = q[k.span(i * BM, BM, other=0.0), k.span(0, BD, other=0.0)]
+        m = k.full((BM,), -1e30, k.f32)
+        l = k.zeros((BM,), k.f32)
+        acc = k.zeros((BM, BD), k.f32)
+        best = k.full((BM, K), NEG, k.f32)
+        for j in range(k.cdiv(kv.shape[0], BN)):
+            cols = j * BN + k.arange(BN)
+            kj = kv[k.span(j * BN, BN, other=0.0), k.span(0, BD, other=0.0)]
+            s = k.where(cols[None, :] < kv.shape[0], k.dot(qi, kj.T) * scale, NEG)
+            m, l, acc = softmax_step(s, m, l, acc, kj)
+            for h in k.static_range(2):
+                acc = acc + 0.0 * h
+        o[k.span(i * BM, BM), k.span(0, BD)] = acc / l[:, None]
+        vals, pos = k.topk(k.sum(qi * qi, axis=1)[None, :], 1)
+        top[k.span(i * BM, BM), k.span(0, K)] = k.broadcast_to(pos, (BM, K)) + (i * 0)
+'''
+
 NAMES = ["x", "y", "w", "t", "n", "j", "acc", "u", "tot", "a", "BD", "k", "scaled", "range",
          "None", "True", "undefined", "f32", "i32", "bf16", "exp2", "span", "grid", "sum", "dot",
          "T", "shape", "to", "other", "axis", "cat", "topk"]
@@ -489,12 +525,12 @@ OPS = {"+": "-*/%", "-": "+*/", "*": "+-/@", "/": "*//%", "//": "/%*", ">": "<==
        ",": ",", "(": "(", ")": ")", "[": "[", "]": "]", "=": "=", ".": "."}
 
 
-def mutants(n: int, seed: int):
+def mutants(n: int, seed: int, valid: str = VALID):
     """Mostly well-formed variants: a token replaced by one of its kind, or a line dropped,
     duplicated or swapped with its neighbour (so most mutants get past Python's parser)."""
-    lines = VALID.splitlines(keepends=True)
-    first_body = next(i for i, line in enumerate(lines) if line.startswith("@k.func"))
-    toks = [t for t in tokenize.generate_tokens(io.StringIO(VALID).readline)
+    lines = valid.splitlines(keepends=True)
+    first_body = next(i for i, line in enumerate(lines) if line.startswith("@k."))
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(valid).readline)
             if t.start[0] - 1 > first_body and t.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER)]
     body_lines = [i for i in range(first_body + 2, len(lines))
                   if lines[i].strip() and not lines[i].lstrip().startswith(("def ", "@", "a:"))]
@@ -523,15 +559,23 @@ def mutants(n: int, seed: int):
         yield "".join(new)
 
 
-def test_mutated_kernels_fail_only_with_k31error(tmp_path):
-    x = torch.randn(3, 40)
+FUZZ_BASES = {
+    "rowwise": (VALID, lambda: (torch.randn(3, 40), torch.zeros(3, 40), torch.zeros(3, dtype=torch.int32), 0.5)),
+    "attention": (VALID_ATTENTION, lambda: (torch.randn(20, 24), torch.randn(37, 24), torch.zeros(20, 24),
+                                            torch.zeros(20, 16, dtype=torch.int32), 0.3)),
+}
+
+
+@pytest.mark.parametrize("base", sorted(FUZZ_BASES))
+def test_mutated_kernels_fail_only_with_k31error(tmp_path, base):
+    valid, make_args = FUZZ_BASES[base]
     ran = compiled_errors = 0
-    for i, src in enumerate(mutants(80, seed=31)):
-        path = tmp_path / f"mutant_{i}.py"
+    for i, src in enumerate(mutants(50, seed=31, valid=valid)):
+        path = tmp_path / f"mutant_{base}_{i}.py"
         path.write_text(src)
         try:
             compile(src, str(path), "exec")
-            spec = importlib.util.spec_from_file_location(f"k31_mutant_{i}_{id(tmp_path)}", path)
+            spec = importlib.util.spec_from_file_location(f"k31_mutant_{base}_{i}_{id(tmp_path)}", path)
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             kern = mod.kern
@@ -540,11 +584,12 @@ def test_mutated_kernels_fail_only_with_k31error(tmp_path):
         if not isinstance(kern, k.KernelDef):
             continue
         try:
-            kern["numpy"](x, torch.zeros(3, 40), torch.zeros(3, dtype=torch.int32), 0.5)
+            kern["numpy"](*make_args())
             ran += 1
         except K31Error as e:
             assert "internal compiler error" not in str(e), f"mutant {i}:\n{src}\n{e}"
-            assert e.loc is not None, f"mutant {i}: error without a location:\n{e}"
+            assert e.loc is not None and e.loc.line > 0, f"mutant {i}: error without a location:\n{e}"
+            assert e.hint, f"mutant {i}: error without a hint:\n{e}"
             compiled_errors += 1
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"mutant {i} raised {type(e).__name__}: {e}\n{src}")
