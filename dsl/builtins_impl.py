@@ -57,6 +57,13 @@ def _shape(fe, node, s, what="shape"):
     return out
 
 
+def _axis(fe, node, x, ax: int) -> int:
+    """A negative axis counted from the end, as the non-negative axis the IR carries (an axis out
+    of range is left for the type rule to report)."""
+    rank = len(x.type.shape)
+    return ax + rank if -rank <= ax < 0 else ax
+
+
 def _dtype(fe, node, d):
     if not isinstance(d, D.DType):
         raise fe.err(node, f"expected a dtype such as k.f32, got {fe.describe(d)}", "pass k.f32, k.bf16, k.i32, ...")
@@ -239,17 +246,19 @@ def b_where(fe, node, args, kwargs):
 def b_reduce(name):
     def h(fe, node, args, kwargs):
         a = _sig(fe, node, name, args, kwargs, "x, axis=None")
+        x = fe.operand(a["x"], node, f"the argument of k.{name}")
         ax = a["axis"]
         if ax is not None:
-            ax = _static_int(fe, node, ax, f"k.{name} axis")
-        return fe.emit1(name, [fe.operand(a["x"], node, f"the argument of k.{name}")], {"axis": ax}, node)
+            ax = _axis(fe, node, x, _static_int(fe, node, ax, f"k.{name} axis"))
+        return fe.emit1(name, [x], {"axis": ax}, node)
     return h
 
 
 def b_cumsum(fe, node, args, kwargs):
     a = _sig(fe, node, "cumsum", args, kwargs, "x, axis=0, reverse=False")
-    return fe.emit1("cumsum", [fe.operand(a["x"], node, "the argument of k.cumsum")],
-                    {"axis": _static_int(fe, node, a["axis"], "k.cumsum axis"),
+    x = fe.operand(a["x"], node, "the argument of k.cumsum")
+    return fe.emit1("cumsum", [x],
+                    {"axis": _axis(fe, node, x, _static_int(fe, node, a["axis"], "k.cumsum axis")),
                      "reverse": _static_bool(fe, node, a["reverse"], "k.cumsum reverse")}, node)
 
 

@@ -307,3 +307,29 @@ def test_ir_text_carries_source_lines():
     line = line_of(shapes_and_axes, "marker: transpose")
     col = linecache.getline(__file__, line).index("(ta + tb).T")
     assert any("= trans(" in t and t.rstrip().endswith(f"@{line}:{col}") for t in text.splitlines()), text
+
+
+@k.kernel
+def sugar(x: k.Tensor[k.f32, "M", "N"], y: k.Tensor[k.f32, "M", "N"], BM: k.constexpr = 16, BN: k.constexpr = 16):
+    for i in k.grid(1):
+        t = x[k.span(0, BM, other=0.0), k.span(0, BN, other=0.0)]
+        assert t.ndim == 2 and x.ndim == 2 and t.shape == (BM, BN) and len(t) == BM
+        rows, cols = t.shape
+        last = k.sum(t, axis=-1)                       # stored as axis 1
+        run = k.cumsum(t, axis=-1)
+        real = k.arange(BM)[:, None] < x.shape[0]
+        colmax = k.max(k.where(real, t, float("-inf")), axis=0)
+        y[k.span(0, rows), k.span(0, cols)] = run - last[..., None] + colmax[None, ...]
+
+
+def test_negative_axes_ellipsis_ndim():
+    ir = sugar.ir()
+    axes = {op.name: op.attrs["axis"] for op in all_ops(ir) if op.name in ("sum", "cumsum", "max")}
+    assert axes == {"sum": 1, "cumsum": 1, "max": 0}
+    assert [op.attrs["axis"] for op in all_ops(ir) if op.name == "expand"] == [1, 1, 0]
+    x = rand(9, 14)
+    y = torch.zeros(9, 14)
+    sugar["numpy"](torch.from_numpy(x), y)
+    x64 = x.astype(np.float64)
+    want = np.cumsum(x64, axis=1) - x64.sum(axis=1, keepdims=True) + x64.max(axis=0, keepdims=True)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)

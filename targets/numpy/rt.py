@@ -217,7 +217,7 @@ def to_e8m0(x):
 
 def from_e8m0(b):
     byte = np.asarray(b).view(np.uint8).astype(np.int32)
-    out = np.ldexp(F32(1), byte - 127).astype(F32)
+    out = np.ldexp(F32(1), np.minimum(byte, 254) - 127).astype(F32)
     return np.where(byte == 255, F32(np.nan), out).astype(F32)[()]
 
 
