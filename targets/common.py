@@ -3,6 +3,7 @@ kernel's annotations (dtype, rank, named dims), and the error a wrong call produ
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
@@ -25,17 +26,27 @@ def _array_facts(x, allow_numpy: bool):
     return None
 
 
-def _eval_dim(expr: str, env: dict[str, int]):
-    """Evaluate a dim annotation such as "D // 128" once its names are known; None if not yet."""
+@functools.lru_cache(maxsize=1024)
+def _dim_code(expr: str):
+    """(names, code) of a dim annotation, code None when it is not plain integer arithmetic;
+    cached because every call of a kernel checks its arguments' dims."""
     tree = ast.parse(expr, mode="eval")
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    if not names <= env.keys():
-        return None
+    names = frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
     allowed = (ast.Expression, ast.BinOp, ast.Name, ast.Constant, ast.Load, ast.Add, ast.Sub,
                ast.Mult, ast.FloorDiv, ast.Mod, ast.UnaryOp, ast.USub, ast.Call)
     if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return names, None
+    return names, compile(tree, "<dim>", "eval")
+
+
+def _eval_dim(expr: str, env: dict[str, int]):
+    """Evaluate a dim annotation such as "D // 128" once its names are known; None if not yet."""
+    if expr in env:
+        return env[expr]
+    names, code = _dim_code(expr)
+    if code is None or not names <= env.keys():
         return None
-    return eval(compile(tree, "<dim>", "eval"), {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, dict(env))
+    return eval(code, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, dict(env))
 
 
 def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:

@@ -388,6 +388,28 @@ def test_dot_with_odd_sizes_masked_to_tiles(rng):
     np.testing.assert_allclose(got["triton"]["cb"].numpy(), ab, rtol=1e-5, atol=1e-4)
 
 
+@k.kernel
+def fp8_matmul(a: k.Tensor[k.f8e4m3, "M", "K"], b: k.Tensor[k.f8e5m2, "K", "N"], c: k.Tensor[k.f32, "M", "N"],
+               BM: k.constexpr = 16, BN: k.constexpr = 16, BK: k.constexpr = 32):
+    for i, j in k.grid(k.cdiv(a.shape[0], BM), k.cdiv(b.shape[1], BN)):
+        acc = k.zeros((BM, BN), k.f32)
+        for kk in range(k.cdiv(a.shape[1], BK)):
+            ta = a[k.span(i * BM, BM, other=0.0), k.span(kk * BK, BK, other=0.0)]
+            tb = b[k.span(kk * BK, BK, other=0.0), k.span(j * BN, BN, other=0.0)]
+            acc += k.dot(ta, tb.to(k.f32).to(k.f8e4m3))
+        c[k.span(i * BM, BM), k.span(j * BN, BN)] = acc
+
+
+def test_fp8_dot(rng):
+    m, kk, n = 20, 45, 18
+    a = torch.from_numpy(rng.standard_normal((m, kk)).astype(np.float32) * 8).to(torch.float8_e4m3fn)
+    b = torch.from_numpy(rng.standard_normal((kk, n)).astype(np.float32)).to(torch.float8_e5m2)
+    got = run_both(fp8_matmul, {"a": a, "b": b}, {"c": torch.full((m, n), NAN)})
+    compare(got, rtol=1e-5, atol=1e-4)
+    ref = a.double().numpy() @ b.to(torch.float8_e4m3fn).double().numpy()
+    np.testing.assert_allclose(got["triton"]["c"].numpy(), ref, rtol=1e-5, atol=1e-4)
+
+
 # ---------------------------------------------------------------- topk, take, cat, shapes
 
 @k.kernel
@@ -448,7 +470,7 @@ def take_cat_shapes(x: k.Tensor[k.f32, "R", "L"], idx: k.Tensor[k.i32, "R", "M"]
         oc[k.span(0, 2 * L)] = k.cat(row0, row1 * 2.0)
         otr[k.span(0, L), k.span(0, BR)] = t.T
         ob[k.span(0, BR), k.span(0, L)] = k.broadcast_to(row0[None, :], (BR, L)) + k.sum(t, axis=1)[:, None]
-        orr[k.span(0, BR * L)] = k.reshape(t, (BR * L,))
+        orr[k.span(0, BR * L)] = k.reshape(t + k.arange(L).to(k.f32)[None, :], (BR * L,))
 
 
 def test_take_cat_trans_broadcast_reshape(rng):
@@ -501,12 +523,14 @@ def test_gathers_with_out_of_range_indices_and_masks(rng):
 
 @k.kernel
 def running_stats(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.f32, "R", "F"], BC: k.constexpr = 16):
-    for r in k.grid(x.shape[0]):
+    chunks = k.cdiv(x.shape[1], BC)                    # computed on the host, read in the body
+    rows = x.shape[0]
+    for r in k.grid(rows):
         m = k.full((BC,), -INF, k.f32)
         s = k.zeros((BC,), k.f32)
         count = 0
         last = 0.0
-        for c in range(k.cdiv(x.shape[1], BC)):
+        for c in range(chunks):
             t = x[r, k.span(c * BC, BC, other=-INF)]
             m_new = k.maximum(m, t)
             alpha = k.where(m_new == -INF, 0.0, k.exp(m - m_new))
@@ -517,7 +541,7 @@ def running_stats(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.f32, "R", "F"], BC
         o[r, 0] = k.max(m)
         o[r, 1] = k.sum(s * k.exp(m - k.max(m)))
         o[r, 2] = count.to(k.f32)
-        o[r, 3] = last
+        o[r, 3] = last + (r <= rows - 2).to(k.f32) * 100.0
 
 
 def test_loop_carried_tiles_and_scalars(rng):
@@ -574,6 +598,9 @@ def test_user_errors_name_the_source_line():
         k.compile(bad_tile, target="triton")(torch.zeros(24))
     with pytest.raises(K31Error, match=r"test_triton_target.py:\d+.*(at least 16|>= 16)"):
         k.compile(small_dot, target="triton")(torch.zeros(8, 16), torch.zeros(8, 8))
+    with pytest.raises(K31Error, match=r"test_triton_target.py:\d+.*fp8 needs K of at least 32"):
+        k.compile(fp8_matmul, target="triton")(*(torch.zeros(16, 16, dtype=dt) for dt in (
+            torch.float8_e4m3fn, torch.float8_e5m2)), torch.zeros(16, 16), BK=16)
     with pytest.raises(K31Error, match="must be a torch tensor"):
         k.compile(scale, target="triton")(np.zeros(4, np.float32), torch.zeros(4), 1.0)
     with pytest.raises(K31Error, match="needs cuda tensors"):
@@ -589,7 +616,7 @@ def test_user_errors_name_the_source_line():
 POINTER = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "f64": "*fp64", "i8": "*i8", "i32": "*i32",
            "i64": "*i64", "u8": "*u8", "u32": "*u32", "bool": "*i1", "f8e4m3": "*u8", "f8e5m2": "*u8",
            "e8m0": "*u8"}
-HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "casts", "matmul", "topk_kernel", "take_cat_shapes",
+HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "casts", "matmul", "fp8_matmul", "topk_kernel", "take_cat_shapes",
                   "reductions", "running_stats", "gather_rows", "int_math"]
 
 
@@ -624,6 +651,8 @@ def compile_gpu_module(kern, folder):
     for name in fn.arg_names:
         if name in kernel.constexprs:
             signature[name], constants[name] = "constexpr", kernel.constexprs[name]
+        elif name not in signature:
+            signature[name] = "i32"                                        # host values
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32))
     return bool(compiled.asm["cubin"])

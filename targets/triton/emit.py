@@ -161,6 +161,9 @@ class TritonEmitter(PyEmitter):
                     raise error(f"Triton's tl.dot needs M, N and K of at least 16, got "
                                 f"[{m},{kk}] @ [{kk},{n}]", op.loc,
                                 "pad the tiles to 16 (mask the extra rows/columns with other=0.0)")
+                if op.operands[0].type.dtype.kind == "fp8" and kk < 32:
+                    raise error(f"Triton's tl.dot on fp8 needs K of at least 32, got [{m},{kk}] @ [{kk},{n}]",
+                                op.loc, "use a K tile of 32 (mask the extra columns with other=0.0)")
 
     # ------------------------------------------------------------ emission driver
     def op(self, op: Op, depth: int):
@@ -308,24 +311,25 @@ class TritonEmitter(PyEmitter):
 
     def host_values_in_body(self) -> list[str]:
         """Host values the body reads travel as (unspecialised) scalar kernel arguments."""
-        host = {r.uid for op in self.k.host.ops for r in op.results}
-        out = []
+        host = {r.uid: op for op in self.k.host.ops for r in op.results}
+        out, seen = [], set()
         for op in walk(self.k.body):
             for x in op.operands:
-                if x.uid in host and x.uid not in self.names:
-                    op_def = self.defs[x.uid]
-                    if op_def.name == "const":
-                        self.names[x.uid] = op_def.attrs["value"].__repr__()
-                        self.consts[x.uid] = self.names[x.uid]
-                        self.maybe_cx.add(x.uid)
-                        continue
-                    name = self.host_names[x.uid]
-                    if not name.isidentifier():      # a dim: name it for the kernel
-                        name = self.fresh(f"{x.hint or 'n'}")
-                        self.lines.append(f"{name} = {self.host_names[x.uid]}")
-                        self.host_names[x.uid] = name
-                    self.names[x.uid] = name
-                    out.append(name)
+                if x.uid not in host or x.uid in seen:
+                    continue
+                seen.add(x.uid)
+                if host[x.uid].name == "const":
+                    text = lower.literal(host[x.uid].attrs["value"], x.type.dtype)
+                    self.names[x.uid] = self.consts[x.uid] = text
+                    self.maybe_cx.add(x.uid)
+                    continue
+                name = self.host_names[x.uid]
+                if not name.isidentifier():          # a dim: name it for the kernel
+                    name = self.fresh(x.hint or "n")
+                    self.lines.append(f"{name} = {self.host_names[x.uid]}")
+                    self.host_names[x.uid] = name
+                self.names[x.uid] = name
+                out.append(name)
         return out
 
 

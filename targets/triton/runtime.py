@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
 from k31dsl.dsl.ir import Kernel
-from k31dsl.targets.common import CompiledKernel
+from k31dsl.targets.common import CompiledKernel, check_args
 from k31dsl.targets.loader import load_module
 from k31dsl.targets.triton.emit import LAUNCH_KEYS, detect_mode, emit
 
@@ -56,10 +56,6 @@ class TritonKernel(CompiledKernel):
     def _build(self, kernel: Kernel):
         return build(kernel, self.kdef, **{**self.options, "mode": self.mode})
 
-    def _split(self, kwargs):
-        cx, rest = super()._split(kwargs)
-        return cx, {k: v for k, v in rest.items() if k not in LAUNCH_KEYS}
-
     def __call__(self, *args, **kwargs):
         cx, _ = self._split(kwargs)
         configs = self.kdef.configs
@@ -67,7 +63,9 @@ class TritonKernel(CompiledKernel):
             return super().__call__(*args, **kwargs)
         key = self._shape_key(args, kwargs)
         if key not in self._tuned:
-            _check_devices(self.ir(), self.kdef, args, self.mode)
+            kernel = self.ir()
+            if not kwargs:                    # wrong calls fail as they would untuned
+                _check_devices(kernel, self.kdef, check_args(kernel, self.kdef, args, False), self.mode)
             self._tuned[key] = self._autotune(args, kwargs)
         return super().__call__(*args, **kwargs, **self._tuned[key])
 
