@@ -395,6 +395,10 @@ class Frontend(ExprMixin):
     def aug_assign(self, st: ast.AugAssign):
         t = st.target
         if isinstance(t, ast.Subscript):
+            if not is_tensor(self.expr(t.value)):
+                name = t.value.id if isinstance(t.value, ast.Name) else "this expression"
+                raise self.err(t, f"cannot store into `{name}`: only tensor parameters can be stored to",
+                               "tiles and scalars are values; write `t = t + v` or build a new tile with k.where")
             cur = self.expr(ast.Subscript(t.value, t.slice, ast.Load(), lineno=st.lineno, col_offset=st.col_offset))
         elif isinstance(t, ast.Name):
             cur = self.expr(ast.Name(t.id, ast.Load(), lineno=t.lineno, col_offset=t.col_offset))
@@ -461,7 +465,7 @@ class Frontend(ExprMixin):
                                "use range() for bounds known only at launch")
             if len(args) == 3 and args[2] == 0:
                 raise self.err(it, "k.static_range step must not be zero", "use a positive step")
-            return self.unrolled(st, list(range(*args)))
+            return self.unrolled(st, range(*args))
         if fn is not range:
             raise self.err(it, "kernels loop only over range(...), k.static_range(...), k.grid(...) "
                            "or a compile-time tuple", "write `for i in range(n):`")
@@ -481,7 +485,7 @@ class Frontend(ExprMixin):
         lo, hi, step = (self.as_value(a, it, D.i32) for a in args)
         self.runtime_loop(st, lo, hi, step)
 
-    def unrolled(self, st: ast.For, values: list):
+    def unrolled(self, st: ast.For, values):
         if len(values) > MAX_UNROLL:
             raise self.err(st.iter, f"unrolling {len(values)} iterations at compile time is too many "
                            f"(limit {MAX_UNROLL})", "use range() for long loops")
