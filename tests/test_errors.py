@@ -11,7 +11,6 @@ import textwrap
 import tokenize
 import io
 
-import numpy as np
 import pytest
 import torch
 
