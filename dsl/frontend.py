@@ -66,7 +66,7 @@ class _Source:
     """A function's AST with the offsets that map it back to the user's file, and the names it
     can see (closure variables over module globals, both live)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, owner=None):
         self.file = inspect.getsourcefile(fn) or "<unknown>"
         lines, first = inspect.getsourcelines(fn)
         self.fdef, self.first_line, self.col_offset = self._from_file(fn, first), 1, 0
@@ -83,7 +83,7 @@ class _Source:
             nonlocals = inspect.getclosurevars(fn).nonlocals
         except (TypeError, ValueError):
             nonlocals = {}
-        self.scope = collections.ChainMap(nonlocals, fn.__globals__)
+        self.scope = collections.ChainMap(nonlocals, getattr(owner, "def_locals", {}), fn.__globals__)
 
     def _from_file(self, fn, first: int):
         """The def node found in the parsed file: exact lines and columns, any indentation."""
@@ -109,10 +109,11 @@ class _Source:
 _SOURCE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def source_of(fn) -> _Source:
+def source_of(fn, owner=None) -> _Source:
+    """The parsed source of fn; `owner` is its KernelDef/FuncDef (for names seen at definition)."""
     if fn not in _SOURCE_CACHE:
         try:
-            _SOURCE_CACHE[fn] = _Source(fn)
+            _SOURCE_CACHE[fn] = _Source(fn, owner)
         except (OSError, TypeError, SyntaxError, IndexError) as e:
             raise K31Error(f"cannot read the source of `{getattr(fn, '__name__', fn)}` ({e})",
                            hint="kernels and @k.func helpers must be defined in a Python file") from None
@@ -142,7 +143,7 @@ def _is_pow2(n: int) -> bool:
 class Frontend(ExprMixin):
     def __init__(self, kdef: lang.KernelDef, constexprs: dict[str, Any]):
         self.kdef = kdef
-        self.src = self.cur_src = source_of(kdef.fn)
+        self.src = self.cur_src = source_of(kdef.fn, kdef)
         self.last_loc = self.src.loc(self.src.fdef)
         self.constexprs_in = dict(constexprs)
         self.block: Block | None = None
@@ -548,7 +549,7 @@ class Frontend(ExprMixin):
         if f.name in self.func_stack:
             chain = " -> ".join(self.func_stack[self.func_stack.index(f.name):] + [f.name])
             raise self.err(node, f"recursive @k.func call: {chain}", "k.func helpers are inlined and cannot recurse")
-        src = source_of(f.fn)
+        src = source_of(f.fn, f)
         sig = inspect.signature(f.fn)
         try:
             bound = sig.bind(*args, **kwargs)

@@ -54,12 +54,28 @@ class _Constexpr:
 constexpr = _Constexpr()
 
 
+def defining_locals(fn: Callable) -> dict:
+    """The local names of the function whose body defines `fn` (a kernel factory), captured when
+    the decorator runs. Names used only in string annotations (`from __future__ import
+    annotations`) are no closure cells, so this is where `k.Tensor[dt, ...]` finds `dt`."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if fn.__code__ in frame.f_code.co_consts and frame.f_code.co_name != "<module>":
+                return dict(frame.f_locals)
+            frame = frame.f_back
+    finally:
+        del frame
+    return {}
+
+
 class FuncDef:
     """A `@k.func` device helper; the frontend inlines it at each call."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.name = fn.__name__
+        self.def_locals = defining_locals(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *a, **kw):
@@ -72,6 +88,7 @@ class KernelDef:
     def __init__(self, fn: Callable, configs: list[dict] | None = None):
         self.fn = fn
         self.name = fn.__name__
+        self.def_locals = defining_locals(fn)
         self.configs = [dict(c) for c in (configs or [])]
         functools.update_wrapper(self, fn)
         try:

@@ -94,39 +94,47 @@ def test_chunked_scan_with_carried_state(target):
 
 # ---------------------------------------------------------------- (b) causal tile matmul
 
-@k.kernel
-def causal_matmul(q: k.Tensor[k.f32, "M", "D"], kk: k.Tensor[k.f32, "N", "D"],
-                  v: k.Tensor[k.f32, "N", "E"], o: k.Tensor[k.f32, "M", "E"],
-                  BM: k.constexpr = 32, BN: k.constexpr = 16, BD: k.constexpr = 32,
-                  BE: k.constexpr = 32):
-    """o[m] = sum_{n <= m} (q[m] . k[n]) v[n]: key blocks stop at the diagonal, the diagonal
-    blocks are masked with a row >= column comparison."""
-    for i in k.grid(k.cdiv(q.shape[0], BM)):
-        rows = i * BM + k.arange(BM)
-        qi = q[k.span(i * BM, BM, other=0.0), k.span(0, BD, other=0.0)]
-        acc = k.zeros((BM, BE), k.f32)
-        last = k.minimum((i + 1) * BM, kk.shape[0])
-        for j in range(k.cdiv(last, BN)):
-            cols = j * BN + k.arange(BN)
-            kj = kk[k.span(j * BN, BN, other=0.0), k.span(0, BD, other=0.0)]
-            vj = v[k.span(j * BN, BN, other=0.0), k.span(0, BE, other=0.0)]
-            s = k.where(rows[:, None] >= cols[None, :], k.dot(qi, kj.T), 0.0)
-            acc += k.dot(s, vj)
-        o[k.span(i * BM, BM), k.span(0, BE)] = acc
+def make_causal_matmul(dt):
+    """One kernel per input dtype (the dtype is a closure variable of the annotations)."""
+    @k.kernel
+    def causal_matmul(q: k.Tensor[dt, "M", "D"], kk: k.Tensor[dt, "N", "D"],
+                      v: k.Tensor[dt, "N", "E"], o: k.Tensor[k.f32, "M", "E"],
+                      BM: k.constexpr = 32, BN: k.constexpr = 16, BD: k.constexpr = 32,
+                      BE: k.constexpr = 32):
+        """o[m] = sum_{n <= m} (q[m] . k[n]) v[n]: key blocks stop at the diagonal, the diagonal
+        blocks are masked with a row >= column comparison."""
+        for i in k.grid(k.cdiv(q.shape[0], BM)):
+            rows = i * BM + k.arange(BM)
+            qi = q[k.span(i * BM, BM, other=0.0), k.span(0, BD, other=0.0)]
+            acc = k.zeros((BM, BE), k.f32)
+            last = k.minimum((i + 1) * BM, kk.shape[0])
+            for j in range(k.cdiv(last, BN)):
+                cols = j * BN + k.arange(BN)
+                kj = kk[k.span(j * BN, BN, other=0.0), k.span(0, BD, other=0.0)]
+                vj = v[k.span(j * BN, BN, other=0.0), k.span(0, BE, other=0.0)]
+                s = k.where(rows[:, None] >= cols[None, :], k.dot(qi, kj.T), 0.0)
+                acc += k.dot(s.to(vj.dtype), vj)
+            o[k.span(i * BM, BM), k.span(0, BE)] = acc
+    return causal_matmul
 
 
+CAUSAL = {"f32": (make_causal_matmul(k.f32), torch.float32, 1e-4),
+          "bf16": (make_causal_matmul(k.bf16), torch.bfloat16, 2e-2)}
+
+
+@pytest.mark.parametrize("dtype", sorted(CAUSAL))
 @pytest.mark.parametrize("target", TARGETS)
-def test_causal_masked_tile_matmul(target):
+def test_causal_masked_tile_matmul(target, dtype):
+    kern, tdt, tol = CAUSAL[dtype]
     rng = np.random.default_rng()
     M, N, D, E = 45, 41, 24, 20
-    q = rng.standard_normal((M, D)).astype(np.float32)
-    kk = rng.standard_normal((N, D)).astype(np.float32)
-    v = rng.standard_normal((N, E)).astype(np.float32)
+    q, kk, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(tdt)
+                for s in ((M, D), (N, D), (N, E)))
     o = torch.full((M, E), float("nan"))
-    causal_matmul[target](*map(torch.from_numpy, (q, kk, v)), o)
-    s = q.astype(np.float64) @ kk.astype(np.float64).T
+    kern[target](q, kk, v, o)
+    s = q.double().numpy() @ kk.double().numpy().T
     s *= np.arange(M)[:, None] >= np.arange(N)[None, :]
-    close(o.numpy(), s @ v.astype(np.float64))
+    close(o.numpy(), s @ v.double().numpy(), rtol=tol)
 
 
 # ---------------------------------------------------------------- (c) cumsum feeding exp2
