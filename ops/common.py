@@ -16,11 +16,14 @@ FLOAT_INPUTS = (k.bf16, k.f16, k.f32)
 def resolve_target(target: str | None) -> str:
     """`None` -> "triton" when CUDA is available, else "numpy"."""
     from k31dsl.targets import TARGETS, default_target
+    if target in TARGETS:
+        return target
     if target is None:
         return default_target()
-    if target not in TARGETS:
-        raise K31Error(f"unknown target {target!r}", hint=f"choose one of {', '.join(TARGETS)}")
-    return target
+    raise K31Error(f"unknown target {target!r}", hint=f"choose one of {', '.join(TARGETS)}")
+
+
+_DTYPE_OF: dict = {}     # torch dtype -> DSL dtype, filled on first use (ops run per call: keep it cheap)
 
 
 def require_tensor(op: str, name: str, t, dtypes=FLOAT_INPUTS, min_rank: int = 1):
@@ -28,7 +31,9 @@ def require_tensor(op: str, name: str, t, dtypes=FLOAT_INPUTS, min_rank: int = 1
     import torch
     if not isinstance(t, torch.Tensor):
         raise K31Error(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
-    dt = D.from_torch(t.dtype)
+    dt = _DTYPE_OF.get(t.dtype)
+    if dt is None:
+        dt = _DTYPE_OF.setdefault(t.dtype, D.from_torch(t.dtype))
     if dt not in dtypes:
         want = ", ".join(str(D.torch_dtype(d)).replace("torch.", "") for d in dtypes)
         raise K31Error(f"{op}: `{name}` has dtype {str(t.dtype).replace('torch.', '')}, expected one of {want}",
@@ -49,8 +54,9 @@ def require_dtype_arg(op: str, name: str, dtype, allowed=FLOAT_INPUTS):
 
 def rows(t):
     """A contiguous [M, D] view of `t` (leading dims flattened; copies only if non-contiguous)."""
-    t = t.contiguous()
-    return t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t if t.dim() == 2 else t.view(-1, t.shape[-1])
 
 
 def next_pow2(n: int) -> int:
@@ -117,7 +123,7 @@ def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None 
     y = torch.empty(x.shape, dtype=D.torch_dtype(y_dt), device=x.device)
     if x.numel() == 0:
         return y
-    x2, y2 = rows(x), y.view(-1, x.shape[-1])
+    x2, y2 = rows(x), rows(y)
     kern = RMSNORM_KERNELS[(x_dt, w_dt, y_dt)][target]
     d = x.shape[-1]
     if d <= 2048:

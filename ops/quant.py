@@ -150,7 +150,7 @@ def mxfp8_quantize(x, scale_mode: str = "ceil", *, target: str | None = None):
     scales = torch.empty(tuple(x.shape[:-1]) + (_groups(d, MX_GROUP),), dtype=torch.float8_e8m0fnu,
                          device=x.device)
     if x.numel():
-        mx_quant_kernel(x_dt, scale_mode)[target](rows(x), codes.view(-1, d), scales.view(-1, scales.shape[-1]))
+        mx_quant_kernel(x_dt, scale_mode)[target](rows(x), rows(codes), rows(scales))
     return codes, scales
 
 
@@ -162,8 +162,7 @@ def mxfp8_dequantize(codes, scales, dtype=None, *, target: str | None = None):
     y_dt = require_dtype_arg("mxfp8_dequantize", "dtype", torch.bfloat16 if dtype is None else dtype)
     y = torch.empty(codes.shape, dtype=D.torch_dtype(y_dt), device=codes.device)
     if codes.numel():
-        d = codes.shape[-1]
-        mx_dequant_kernel(y_dt)[target](rows(codes), rows(scales), y.view(-1, d))
+        mx_dequant_kernel(y_dt)[target](rows(codes), rows(scales), rows(y))
     return y
 
 
@@ -191,8 +190,7 @@ def fp8_tile_quantize(x, tile: int = 128, pow2_scale: bool = False, eps: float =
     codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(tuple(x.shape[:-1]) + (_groups(d, tile),), dtype=torch.float32, device=x.device)
     if x.numel():
-        tile_quant_kernel(x_dt, tile, bool(pow2_scale))[target](rows(x), codes.view(-1, d),
-                                                                scales.view(-1, scales.shape[-1]), float(eps))
+        tile_quant_kernel(x_dt, tile, bool(pow2_scale))[target](rows(x), rows(codes), rows(scales), float(eps))
     return codes, scales
 
 
@@ -205,8 +203,7 @@ def fp8_tile_dequantize(codes, scales, dtype=None, tile: int = 128, *, target: s
     y_dt = require_dtype_arg("fp8_tile_dequantize", "dtype", torch.bfloat16 if dtype is None else dtype)
     y = torch.empty(codes.shape, dtype=D.torch_dtype(y_dt), device=codes.device)
     if codes.numel():
-        d = codes.shape[-1]
-        tile_dequant_kernel(y_dt, tile)[target](rows(codes), rows(scales), y.view(-1, d))
+        tile_dequant_kernel(y_dt, tile)[target](rows(codes), rows(scales), rows(y))
     return y
 
 
