@@ -238,11 +238,12 @@ class ExprMixin:
         raise self.err(node, f"unknown name `{name}`", hint)
 
     def global_object(self, obj, node, name: str):
-        if isinstance(obj, (bool, int, float, str, D.DType, lang.FuncDef, Span)) or obj is None:
+        if isinstance(obj, (bool, int, float, str, D.DType, lang.FuncDef)) or obj is None:
             return obj
         if isinstance(obj, (tuple, list)):
             return tuple(self.global_object(o, node, f"{name}[...]") for o in obj)
-        if isinstance(obj, types.ModuleType) or lang.builtin_name(obj) or obj in PY_BUILTINS.values():
+        if isinstance(obj, types.ModuleType) or lang.builtin_name(obj) or any(
+                obj is b for b in PY_BUILTINS.values()):
             return obj
         if callable(obj) and getattr(math, getattr(obj, "__name__", ""), None) is obj:
             return obj

@@ -424,4 +424,13 @@ CASES = {
             for i in k.grid(1):
                 pass
         """, "sets BLOCK, which is not a constexpr"),
+    "numpy_array_global": ("""
+        import numpy as np
+        TABLE = np.arange(4)
+
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                x[0] = TABLE  # <-
+        """, "`TABLE` is a ndarray"),
 }
