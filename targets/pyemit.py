@@ -8,7 +8,7 @@ import linecache
 import os
 import re
 
-from k31dsl.dsl.ir import Block, Kernel, Op, Value
+from k31dsl.dsl.ir import Block, Kernel, Op, Value, all_ops
 from k31dsl.dsl.text import ir_hash
 from k31dsl.version import __version__
 
@@ -25,6 +25,7 @@ class PyEmitter:
         self.last_src: tuple[str, int] | None = None
         self.depth = 0               # indentation of the op being emitted (for pre-lines)
         self.ir_hash = ir_hash(kernel)
+        self.hints = {x.hint for op in all_ops(kernel) for x in op.results if x.hint}
 
     # ------------------------------------------------------------ naming
     def name(self, v: Value) -> str:
@@ -34,7 +35,8 @@ class PyEmitter:
         if keyword.iskeyword(base) or base in self.reserved():
             base = base + "_"
         cand, n = base, 0
-        while cand in self.used:
+        # unnamed values leave the user's variable names to the values they name
+        while cand in self.used or (not v.hint and cand in self.hints):
             n += 1
             cand = f"{base}_{n}"
         self.used.add(cand)

@@ -142,7 +142,7 @@ def from32(em, expr: str, dt: D.DType) -> str:
     if dt is D.e8m0:
         em.use("e8m0_encode")
         return f"_e8m0_encode({expr})"
-    return f"({expr}).to({em.carrier(dt)})"
+    return f"{expr if expr.isidentifier() else f'({expr})'}.to({em.carrier(dt)})"
 
 
 # ---------------------------------------------------------------- arithmetic
