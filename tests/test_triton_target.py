@@ -160,21 +160,22 @@ def test_integer_ops_are_bit_exact(rng):
 def casts(x: k.Tensor[k.f32, "N"], xb: k.Tensor[k.bf16, "N"], oi: k.Tensor[k.i32, "N"],
           o8: k.Tensor[k.i8, "N"], ou8: k.Tensor[k.u8, "N"], o64: k.Tensor[k.i64, "N"],
           ou32: k.Tensor[k.u32, "N"], ob: k.Tensor[k.bf16, "F", "N"], oh: k.Tensor[k.f16, "N"],
-          od: k.Tensor[k.f64, "N"], of: k.Tensor[k.f32, "F", "N"], BLOCK: k.constexpr = 16):
+          od: k.Tensor[k.f64, "N"], of: k.Tensor[k.f32, "F", "N"], s64: k.f64, n64: k.i64, sb: k.bf16,
+          BLOCK: k.constexpr = 16):
     for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
         v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
         vb = xb[k.span(i * BLOCK, BLOCK, other=0.0)]
         oi[k.span(i * BLOCK, BLOCK)] = v.to(k.i32)
         o8[k.span(i * BLOCK, BLOCK)] = v.to(k.i8)
         ou8[k.span(i * BLOCK, BLOCK)] = v.to(k.u8)
-        o64[k.span(i * BLOCK, BLOCK)] = k.minimum(k.maximum(v, -1e18), 1e18).to(k.i64)
+        o64[k.span(i * BLOCK, BLOCK)] = k.minimum(k.maximum(v, -1e18), 1e18).to(k.i64) + n64
         ou32[k.span(i * BLOCK, BLOCK)] = v.to(k.u32)
         ob[0, k.span(i * BLOCK, BLOCK)] = v.to(k.bf16)
         ob[1, k.span(i * BLOCK, BLOCK)] = vb * vb + vb
-        ob[2, k.span(i * BLOCK, BLOCK)] = vb / (vb + 3.0) - k.exp(vb)
+        ob[2, k.span(i * BLOCK, BLOCK)] = vb / (vb + 3.0) - k.exp(vb) * sb
         ob[3, k.span(i * BLOCK, BLOCK)] = k.sum(vb[None, :], axis=0) + k.maximum(vb, 0.5)
         oh[k.span(i * BLOCK, BLOCK)] = v.to(k.f16) * v.to(k.f16)
-        od[k.span(i * BLOCK, BLOCK)] = v.to(k.f64) / 3.0
+        od[k.span(i * BLOCK, BLOCK)] = v.to(k.f64) / 3.0 * s64
         of[0, k.span(i * BLOCK, BLOCK)] = vb.to(k.f32)
         of[1, k.span(i * BLOCK, BLOCK)] = v.to(k.i32).to(k.f32) + v.bitcast(k.i32).to(k.f32)
         of[2, k.span(i * BLOCK, BLOCK)] = (v > 0.0).to(k.f32) + v.to(k.bool).to(k.f32)
@@ -193,7 +194,7 @@ def test_casts_match_reference(rng):
             "ou32": torch.zeros(n, dtype=torch.uint32), "ob": torch.zeros(4, n, dtype=torch.bfloat16),
             "oh": torch.zeros(n, dtype=torch.float16), "od": torch.zeros(n, dtype=torch.float64),
             "of": torch.zeros(4, n)}
-    got = run_both(casts, {"x": x, "xb": xb}, outs)
+    got = run_both(casts, {"x": x, "xb": xb}, outs, 1.0 + 2.0 ** -40, 2 ** 40 + 3, 0.3)
     compare(got, exact=("ob", "oh", "od", "of"))
 
 
@@ -647,7 +648,7 @@ def compile_gpu_module(kern, folder):
             signature[f"{p.name}_stride_{t.rank - 1}"] = "constexpr"       # Triton specialises 1
             constants[f"{p.name}_stride_{t.rank - 1}"] = 1
         else:
-            signature[p.name] = {"f32": "fp32", "i32": "i32"}[t.dtype.name]
+            signature[p.name] = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64", "bf16": "fp32"}[t.dtype.name]
     for name in fn.arg_names:
         if name in kernel.constexprs:
             signature[name], constants[name] = "constexpr", kernel.constexprs[name]

@@ -266,17 +266,19 @@ class TritonEmitter(PyEmitter):
         return f"{conv}({p.name})"
 
     def prologue(self):
-        """Scalar parameters arrive as i32/i64 or f32; give them their IR dtype."""
+        """Scalar parameters arrive as i32/i64, f32 or (interpreter) Python numbers; give them
+        their IR dtype. tl.full keeps an f64 argument's precision in the interpreter too."""
         for p in self.k.params:
             if p.is_tensor:
                 continue
             dt = p.value.type.dtype
-            name = self.name(p.value)
+            self.maybe_cx.add(p.value.uid)
             if dt is D.bf16 and self.interp:
                 self.use("round_bf16")
-                self.line(0, f"{name} = _round_bf16({p.name}.to(tl.float32))")
-            elif dt not in (D.f32, D.i32, D.bool_, D.f64):
-                self.line(0, f"{name} = {p.name}.to({self.carrier(dt)})")
+                self.line(0, f"{p.name} = _round_bf16(tl.full([], {p.name}, tl.float32))")
+            elif dt not in (D.f32, D.i32, D.bool_):
+                self.line(0, f"{p.name} = tl.full([], {p.name}, {self.carrier(dt)})")
+                self.maybe_cx.discard(p.value.uid)
 
     # ------------------------------------------------------------ host block (Python ints)
     host_helpers = False
