@@ -247,3 +247,29 @@ def test_undefined_lanes_show_as_nan_through_the_dsl():
     y = torch.zeros(9)
     copy_no_other["numpy"](x, y)
     assert torch.equal(y[:5], x + 1) and torch.isnan(y[5:]).all()
+
+
+@k.kernel
+def scale_bytes(s: k.Tensor[k.e8m0, "N"], y: k.Tensor[k.f32, "N"], BN: k.constexpr = 8):
+    for i in k.grid(1):
+        y[k.span(0, BN)] = s[k.span(0, BN)].to(k.f32)
+
+
+def test_e8m0_arguments_as_bytes_or_e8m0():
+    raw = torch.tensor([127, 128, 120, 255, 0], dtype=torch.uint8)
+    want = [1.0, 2.0, 2.0 ** -7, float("nan"), 2.0 ** -127]
+    for s in (raw, raw.view(torch.float8_e8m0fnu), raw.numpy()):
+        y = torch.zeros(5)
+        scale_bytes["numpy"](s, y)
+        np.testing.assert_array_equal(y.numpy(), np.array(want, np.float32))
+
+
+def test_read_only_output_is_refused_before_running():
+    x = torch.randn(5, requires_grad=True)            # inputs needing grad are read through detach
+    out = np.broadcast_to(np.zeros(1, np.float32), (9,))
+    with pytest.raises(k.K31Error, match="read-only") as info:
+        copy_no_other["numpy"](x, out)
+    assert info.value.hint and info.value.loc.line > 0
+    y = np.zeros(9, np.float32)
+    copy_no_other["numpy"](x, y)
+    np.testing.assert_array_equal(y[:5], x.detach().numpy() + 1)
