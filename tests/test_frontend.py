@@ -333,3 +333,23 @@ def test_negative_axes_ellipsis_ndim():
     x64 = x.astype(np.float64)
     want = np.cumsum(x64, axis=1) - x64.sum(axis=1, keepdims=True) + x64.max(axis=0, keepdims=True)
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@k.kernel
+def explicit_masks(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], lim: k.f32, BN: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BN)):
+        offs = i * BN + k.arange(BN)
+        t = k.load(x, (offs,), mask=offs % 2 == 0, other=-1.0)           # odd lanes read -1
+        k.store(y, k.span(i * BN, BN), k.minimum(t, lim), mask=t > -1.0)  # odd lanes keep y
+        y[i * BN] += 100.0                                                # load-modify-store
+
+
+def test_explicit_load_store_masks_and_augmented_store():
+    x = np.random.default_rng().uniform(-0.9, 0.9, 37).astype(np.float32)     # real lanes > -1
+    y = np.full(37, 5.0, np.float32)
+    explicit_masks["numpy"](torch.from_numpy(x), torch.from_numpy(y), 0.25)
+    want = np.full(37, 5.0)
+    even = np.arange(37) % 2 == 0
+    want[even] = np.minimum(x[even].astype(np.float64), 0.25)
+    want[::16] += 100.0
+    np.testing.assert_allclose(y, want, rtol=1e-6)
