@@ -49,8 +49,9 @@ SEMANTICS (targets/numpy/rt.py is the executable reference; every target matches
   floats        IEEE; bf16/f16 math other than + - * is computed in f32 and rounded once.
                 maximum/minimum/max/min/relu propagate NaN. mod on floats is C fmod.
   cast          float -> int truncates toward zero and saturates; NaN and +-inf give 0.
-                int -> int wraps; int -> bf16/f16 rounds through f32. x -> bool is x != 0. float -> fp8 rounds to nearest even and
-                saturates to +-max_finite (inf too); NaN -> 0x7F. float -> e8m0 is the exact
+                int -> int wraps; int -> bf16/f16 rounds through f32. x -> bool is x != 0.
+                float -> fp8 rounds to nearest even and saturates to +-max_finite (inf too);
+                NaN -> 0x7F. float -> e8m0 is the exact
                 ceil(log2 x) clamped to [-127, 127] (byte = that + 127); x <= 0 -> 0x00; NaN and
                 +-inf -> 0xFF. e8m0 -> float is 2^(byte - 127), 0xFF -> NaN.
   dot           f32 accumulation of the products (operands converted to f32 exactly).
@@ -62,6 +63,7 @@ SEMANTICS (targets/numpy/rt.py is the executable reference; every target matches
 
 ADDITIONS (beyond the first version of this contract; targets must handle them):
   Param.loc     where the parameter is declared (call-time argument errors point there).
+  reduce/cumsum `axis` attrs are non-negative (the frontend normalises `axis=-1`).
 
 The frontend's own rules (no IR change, documented here for op authors): an integer *scalar* meeting
 a float operand in arithmetic, comparisons, k.where or a store converts to that float type (an
