@@ -264,7 +264,7 @@ class Frontend(ExprMixin):
                 self.constexprs[name] = val
                 self.env[name] = val
                 continue
-            if name in defaults:
+            if name in defaults and isinstance(ann, (lang.TensorAnnot, D.DType)):
                 raise self.err(defaults[name], f"only constexpr parameters may have defaults (`{name}`)",
                                "remove the default, or annotate the parameter k.constexpr")
             if isinstance(ann, lang.TensorAnnot):
