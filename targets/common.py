@@ -7,7 +7,7 @@ import functools
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error, error
+from k31dsl.dsl.errors import error
 from k31dsl.dsl.ir import Kernel, TensorType
 
 
