@@ -16,23 +16,27 @@ import harness  # noqa: E402
 
 
 def torch_fp8_tile(x, tile: int = 128, eps: float = 1e-4):
+    """Same math as k31dsl's fp8_tile_quantize: s = max(amax, eps) / 448 (a true division: torch
+    turns `t / 448.0` into a multiply by fp32(1/448) on CUDA), codes = e4m3(x * fp32(1/s))."""
     import torch
     m, n = x.shape
     xt = x.float().view(m, n // tile, tile)
-    s = xt.abs().amax(-1, keepdim=True).clamp_min(eps) / 448.0
-    q = (xt / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    amax = xt.abs().amax(-1, keepdim=True).clamp_min(eps)
+    s = amax / torch.full_like(amax, 448.0)
+    q = (xt * torch.reciprocal(s)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     return q.view(m, n), s.squeeze(-1)
 
 
 def torch_mxfp8(x):
-    """RCEIL scale: 2^ceil(log2(amax/448)) from the float32 bits; scaled by the exact inverse power."""
+    """Same math as k31dsl's mxfp8_quantize (RCEIL): e = ceil(log2(amax / 448)) read off the bits of
+    amax (one more than the biased exponent - 135 when the mantissa exceeds 1.75), codes =
+    e4m3(x * 2^-e) with 2^-e built from bits."""
     import torch
     m, n = x.shape
     xt = x.float().view(m, n // 32, 32)
-    amax = xt.abs().amax(-1, keepdim=True)
-    b = (amax / 448.0).view(torch.int32)
-    e = ((b >> 23) & 0xFF) - 127 + ((b & 0x7FFFFF) != 0).to(torch.int32)
-    e = e.clamp(-127, 127)
+    bits = (xt.view(torch.int32) & 0x7FFFFFFF).amax(-1, keepdim=True)
+    e = (bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    e = e.clamp_min(-127)
     inv = ((127 - e) << 23).view(torch.float32)
     q = (xt * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     return q.view(m, n), (e + 127).to(torch.uint8).squeeze(-1)

@@ -621,7 +621,7 @@ HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "casts", "matmul", "fp8_matmul", "
                   "reductions", "running_stats", "gather_rows", "int_math"]
 
 
-def compile_gpu_module(kern, folder):
+def compile_gpu_module(kern, folder, index_type: str = "int32"):
     """Emit `kern` in gpu mode and compile it with Triton's real compiler to an sm_90 cubin
     (needs a process where TRITON_INTERPRET is unset; no GPU needed)."""
     import importlib.util
@@ -633,7 +633,7 @@ def compile_gpu_module(kern, folder):
     from k31dsl.targets.triton.emit import emit
     kernel = kern.ir()
     path = folder / f"{kernel.name}_gpu.py"
-    path.write_text(emit(kernel, mode="gpu"))
+    path.write_text(emit(kernel, mode="gpu", satfinite=True))   # as on an H200
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -649,6 +649,8 @@ def compile_gpu_module(kern, folder):
             constants[f"{p.name}_stride_{t.rank - 1}"] = 1
         else:
             signature[p.name] = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64", "bf16": "fp32"}[t.dtype.name]
+    if "K31_IDX" in fn.arg_names:                                          # launcher-chosen offsets
+        signature["K31_IDX"], constants["K31_IDX"] = "constexpr", getattr(triton.language, index_type)
     for name in fn.arg_names:
         if name in kernel.constexprs:
             signature[name], constants[name] = "constexpr", kernel.constexprs[name]
@@ -671,7 +673,8 @@ def test_gpu_mode_code_compiles_for_hopper(tmp_path):
         f"spec = importlib.util.spec_from_file_location('tt_gpu', {__file__!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         f"for name in {HOPPER_CHECKED!r}:\n"
-        f"    ok = m.compile_gpu_module(getattr(m, name), pathlib.Path({str(tmp_path)!r}))\n"
+        f"    ok = all(m.compile_gpu_module(getattr(m, name), pathlib.Path({str(tmp_path)!r}), it)\n"
+        "             for it in ('int32', 'int64'))\n"
         "    print(name, 'ok' if ok else 'empty')\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"

@@ -53,6 +53,15 @@ def detect_mode() -> str:
     return "interpret"
 
 
+def _sm90() -> bool:
+    """Hopper and newer convert f32 -> fp8 with cvt.rn.satfinite (saturating, NaN -> 0x7F)."""
+    try:
+        import torch
+        return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+    except Exception:  # noqa: BLE001 - no device: the saturating helper is used
+        return False
+
+
 def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
@@ -65,6 +74,8 @@ class TritonEmitter(PyEmitter):
         self.mode = self.options.get("mode") or detect_mode()
         self.interp = self.mode == "interpret"
         self.soft_fp8 = bool(self.options.get("soft_fp8", self.interp))
+        self.satfinite = not self.soft_fp8 and bool(self.options.get("satfinite", _sm90()))
+        self.idx = "tl.int64" if self.interp else "K31_IDX"
         self.helpers: set[str] = set()
         self.consts: dict[int, str] = {}     # uid -> literal of an inlined constant
         self.maybe_cx: set[int] = set()      # values Triton may see as constexpr (no .to())
@@ -217,16 +228,21 @@ class TritonEmitter(PyEmitter):
             kernel_params.append(host_args)
             launch_args.append(host_args)
         cx = [(n, v) for n, v in sorted(k.constexprs.items()) if isinstance(v, (int, float, bool))]
-        if cx:
-            kernel_params.append([f"{n}: tl.constexpr" for n, _ in cx])
-            launch_args.append([f"{n}={v!r}" for n, v in cx])
+        cx_params = [f"{n}: tl.constexpr" for n, _ in cx]
+        cx_args = [f"{n}={v!r}" for n, v in cx]
+        if not self.interp and tensor_params:
+            cx_params.append("K31_IDX: tl.constexpr")
+            cx_args.append(f"K31_IDX=_index_type({', '.join(p.name for p in tensor_params)})")
+        if cx_params:
+            kernel_params.append(cx_params)
+            launch_args.append(cx_args)
         launch_opts = []
         if not self.interp:
             opts = self.launch_options()
             launch_opts = [f"{n}={v!r}" for n, v in opts.items()]
             launch_args.append([f"{n}={n}" for n in opts])
         header = self.header() + [f"# mode: {self.mode}" + ("" if self.interp else
-                                                           f"   soft-fp8: {self.soft_fp8}")]
+                                                           f"   soft-fp8: {self.soft_fp8}   satfinite-fp8: {self.satfinite}")]
         return _ENV.get_template("module.py.jinja").render(
             header=header, name=k.name, params=[p.name for p in k.params], host=host, views=views,
             grid=[self.host_expr(g) for g in k.grid], body=body or ["pass"],

@@ -137,6 +137,9 @@ def from32(em, expr: str, dt: D.DType) -> str:
             e, m, bias = D.FP8_FORMAT[dt.name]
             max_bits = int(np.array(bound, np.float32).view(np.uint32))
             return f"_fp8_encode({expr}, {m}, {bias}, {hex(max_bits)})"
+        if em.satfinite:     # sm90+: cvt.rn.satfinite saturates and maps NaN to 0x7F itself
+            return f"{expr if expr.isidentifier() else f'({expr})'}.to({FP8_HW[dt.name]}, " \
+                   f"fp_downcast_rounding=\"rtne\").to(tl.uint8, bitcast=True)"
         em.use("fp8_encode_hw")
         return f"_fp8_encode_hw({expr}, {FP8_HW[dt.name]}, {bound!r})"
     if dt is D.e8m0:
@@ -365,7 +368,8 @@ def cat(em, op):
 
 def _access(em, op, has_value: bool):
     """(pointer expr, mask expr, value operand) of a load/store. Each tile axis gets an index
-    line laid out on its result axis; offsets are int64 (gathers into large tensors); lanes are
+    line laid out on its result axis; offsets are `em.idx` (int64 in the interpreter; on GPUs the
+    launcher picks int32 unless a tensor spans 2^30 elements or more); lanes are
     in bounds when every index is in [0, size). Tile accesses name their offsets and mask."""
     kinds = op.attrs["index"]
     tensor = op.operands[0]
@@ -386,7 +390,7 @@ def _access(em, op, has_value: bool):
             if v.uid in em.consts:
                 offs += [] if ix == "0" else [f"{ix} * {stride}"]
             else:
-                offs.append(f"{em.to(v, 'tl.int64')} * {stride}")
+                offs.append(f"{em.to(v, em.idx)} * {stride}")
             continue
         if k == "span":
             start = em.n(v)
@@ -402,7 +406,7 @@ def _access(em, op, has_value: bool):
         em.pre(f"{name} = {lanes}")
         masks += [] if em.nonneg(v) else [f"({name} >= 0)"]
         masks.append(f"({name} < {bound})")
-        offs.append(f"{name}.to(tl.int64) * {stride}")
+        offs.append(f"{name}.to({em.idx}) * {stride}")
         r += 1
     if user_mask is not None:
         (scalar_masks if user_mask.type.is_scalar else masks).append(em.n(user_mask))

@@ -8,7 +8,8 @@ mxfp8 (groups of 32 along the last dim, E4M3 codes, E8M0 scale byte = exponent +
   gets byte 0xFF and every code 0x7F (NaN), so the whole group dequantizes to NaN.
   codes = RNE_e4m3(x * 2^-e), saturating at +-448; the sign of zero is kept.
 fp8_tile (DeepSeek per-128 tile): s = fp32(max(amax, fp32(eps)) / 448); pow2: s = 2^ceil(log2 s)
-  (clamped to [2^-127, 2^127]); codes = RNE_e4m3(fp32(x / s)) saturating. A tile holding NaN or
+  (clamped to [2^-127, 2^127]); r = fp32(1 / s) once per tile (DeepGEMM's recipe: a multiply per
+  element, not a divide); codes = RNE_e4m3(fp32(x * r)) saturating. A tile holding NaN or
   +-Inf gets s = NaN and every code 0x7F.
 Dequantization: value(code) * scale, rounded once to fp32 and then to the output dtype.
 """
@@ -84,7 +85,8 @@ def fp8_tile_quantize(x, tile: int = 128, pow2: bool = False, eps: float = 1e-4)
     bad = ~np.isfinite(xg).all(axis=-1)
     amax = np.where(bad, 0.0, np.abs(np.where(np.isfinite(xg), xg, 0.0)).max(axis=-1))
     s = fp8_tile_scale(amax, eps, pow2)
-    q = round_to(round_to(np.where(bad[..., None], 0.0, xg) / s[..., None], F32), E4M3)
+    r = round_to(1.0 / s, F32)
+    q = round_to(round_to(np.where(bad[..., None], 0.0, xg) * r[..., None], F32), E4M3)
     codes = np.where(bad[..., None], 0x7F, e4m3_encode(q)).astype(np.uint8)
     return codes.reshape(codes.shape[:-2] + (-1,))[..., :d], np.where(bad, np.nan, s)
 
