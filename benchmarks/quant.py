@@ -42,8 +42,17 @@ def torch_mxfp8(x):
     return q.view(m, n), (e + 127).to(torch.uint8).squeeze(-1)
 
 
+def _tuned(op: str):
+    """The config the Triton runtime's autotuner picked for the bf16 variant of `op`."""
+    from k31dsl.dsl import dtypes as D
+    from k31dsl.ops import quant
+    kdef = quant.mx_quant_kernel(D.bf16, "ceil") if op == "mxfp8" else quant.tile_quant_kernel(D.bf16, 128, False)
+    return [str(v) for v in kdef["triton"]._tuned.values()]
+
+
 def main(argv=None) -> int:
     import torch
+    import triton.testing
     from k31dsl.ops import quant
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,16 +83,23 @@ def main(argv=None) -> int:
         rs = ref_s.view(torch.uint8) if ref_s.dtype != torch.float32 else ref_s
         scale_mismatch = int((gs.reshape(rs.shape) != rs).sum())
         times = {name: harness.median_ms(fn) for name, fn in fns.items()}
+        try:    # the kernel alone, host overhead removed by CUDA-graph replay
+            graph_ms = float(triton.testing.do_bench_cudagraph(fns["k31dsl"], rep=200, return_mode="median"))
+        except Exception as e:  # noqa: BLE001 - report, don't fail the run
+            graph_ms = float("nan")
+            print(f"cuda graph timing of {op} failed: {e}")
         for name, ms in times.items():
             tbs = nbytes[op] / (ms * 1e-3) / 1e12
             rows.append({"op": op, "impl": name, "median ms": ms, "TB/s": tbs,
                          "% copy ceiling": 100 * tbs / ceiling,
                          "vs torch.compile": times["compile"] / ms,
+                         "graph ms": graph_ms if name == "k31dsl" else "",
                          "code mismatches": code_mismatch if name == "k31dsl" else "",
                          "scale mismatches": scale_mismatch if name == "k31dsl" else ""})
-        results[op] = {"times_ms": times, "bytes": nbytes[op], "code_mismatches": code_mismatch,
-                       "scale_mismatches": scale_mismatch}
-    cols = ["op", "impl", "median ms", "TB/s", "% copy ceiling", "vs torch.compile", "code mismatches",
+        results[op] = {"times_ms": times, "graph_ms": graph_ms, "bytes": nbytes[op],
+                       "code_mismatches": code_mismatch, "scale_mismatches": scale_mismatch,
+                       "tuned_config": _tuned(op)}
+    cols = ["op", "impl", "median ms", "TB/s", "% copy ceiling", "vs torch.compile", "graph ms", "code mismatches",
             "scale mismatches"]
     payload = {"env": harness.environment(), "shape": [m, n], "copy_ceiling_tbs": ceiling,
                "results": results, "rows": rows}

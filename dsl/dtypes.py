@@ -70,13 +70,14 @@ def torch_dtype(dt: DType):
     }[dt.name]
 
 
+_FROM_TORCH: dict = {}
+
+
 def from_torch(tdt) -> DType | None:
-    import torch
-    table = {torch.bfloat16: bf16, torch.float16: f16, torch.float32: f32, torch.float64: f64,
-             torch.int8: i8, torch.int32: i32, torch.int64: i64, torch.uint8: u8,
-             torch.uint32: u32, torch.bool: bool_, torch.float8_e4m3fn: f8e4m3,
-             torch.float8_e5m2: f8e5m2, torch.float8_e8m0fnu: e8m0}
-    return table.get(tdt)
+    if not _FROM_TORCH:
+        for d in ALL:
+            _FROM_TORCH[torch_dtype(d)] = d
+    return _FROM_TORCH.get(tdt)
 
 
 def numpy_dtype(dt: DType):

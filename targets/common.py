@@ -105,6 +105,27 @@ def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
     return list(args)
 
 
+def call_signature(args, kwargs):
+    """What a call's validity depends on: each tensor's dtype, shape, strides and device, each
+    scalar's type, and the keyword values. None when something is not hashable (no fast path)."""
+    sig = []
+    for a in args:
+        shape = getattr(a, "shape", None)
+        if shape is not None and hasattr(a, "stride"):
+            st = a.stride
+            sig.append((a.dtype, tuple(shape), st() if callable(st) else st, getattr(a, "device", None)))
+        elif shape is not None:
+            sig.append((a.dtype, tuple(shape), a.strides, id(a)))   # numpy: no reuse across arrays
+        else:
+            sig.append(type(a))
+    try:
+        kw = tuple(sorted(kwargs.items()))
+        hash(kw)
+    except TypeError:
+        return None
+    return tuple(sig), kw
+
+
 class CompiledKernel:
     """A kernel bound to a target. Call it with the kernel's parameters (torch tensors, numbers);
     constexprs may be passed by keyword and select a specialisation."""
@@ -115,6 +136,7 @@ class CompiledKernel:
         self.kdef, self.target, self.build, self.options = kdef, target, build, options
         self._ir: dict = {}
         self._launch: dict = {}
+        self._fast: dict = {}      # call signature -> launcher, once the signature has been checked
 
     def ir(self, **constexprs) -> Kernel:
         key = tuple(sorted(constexprs.items()))
@@ -133,6 +155,24 @@ class CompiledKernel:
         return cx, rest
 
     def __call__(self, *args, **kwargs):
+        key = call_signature(args, kwargs)
+        launch = self._fast.get(key) if key is not None else None
+        if launch is not None:
+            return launch(*args)
+        launch = self.resolve(args, kwargs)
+        if any(k not in self.ir().constexprs for k in kwargs):      # parameters by keyword
+            return self._call_checked(args, kwargs)
+        if key is not None:
+            self._fast[key] = launch
+        return launch(*args)
+
+    def resolve(self, args, kwargs) -> Callable:
+        """Check a call the slow way and return the launcher that serves its signature."""
+        cx, _ = self._split(kwargs)
+        self._call_checked(args, kwargs, dry=True)
+        return self._launch[tuple(sorted(cx.items()))]
+
+    def _call_checked(self, args, kwargs, dry: bool = False):
         cx, rest = self._split(kwargs)
         kernel = self.ir(**cx)
         if rest:
@@ -146,6 +186,8 @@ class CompiledKernel:
         key = tuple(sorted(cx.items()))
         if key not in self._launch:
             self._launch[key] = self.build(kernel)
+        if dry:
+            return None
         return self._launch[key](*bound)
 
     def source(self, **constexprs) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
 from k31dsl.dsl.ir import Kernel
-from k31dsl.targets.common import CompiledKernel, check_args
+from k31dsl.targets.common import CompiledKernel, call_signature, check_args
 from k31dsl.targets.loader import load_module
 from k31dsl.targets.triton.emit import LAUNCH_KEYS, detect_mode, emit
 
@@ -40,6 +40,7 @@ def build(kernel: Kernel, kdef=None, **options):
         if kdef is not None:
             _check_devices(kernel, kdef, args, mode)
         fn(*args)
+    launch.raw = fn              # the generated launcher, for calls whose signature was checked
     launch.source = src
     launch.module = mod
     return launch
@@ -57,17 +58,27 @@ class TritonKernel(CompiledKernel):
         return build(kernel, self.kdef, **{**self.options, "mode": self.mode})
 
     def __call__(self, *args, **kwargs):
+        key = call_signature(args, kwargs)
+        fast = self._fast.get(key) if key is not None else None
+        if fast is not None:
+            return fast(*args)
+        cx, rest = self._split(kwargs)
+        if not cx and len(self.kdef.configs) >= 2 and self.mode == "gpu":
+            skey = self._shape_key(args, kwargs)
+            if skey not in self._tuned:
+                kernel = self.ir()
+                if not kwargs:                    # wrong calls fail as they would untuned
+                    _check_devices(kernel, self.kdef, check_args(kernel, self.kdef, args, False), self.mode)
+                self._tuned[skey] = self._autotune(args, kwargs)
+            kwargs = {**kwargs, **self._tuned[skey]}
+        if rest:                                  # parameters by keyword: the checked slow path
+            return self._call_checked(args, kwargs)
+        launch = self.resolve(args, kwargs)
         cx, _ = self._split(kwargs)
-        configs = self.kdef.configs
-        if cx or len(configs) < 2 or self.mode != "gpu":
-            return super().__call__(*args, **kwargs)
-        key = self._shape_key(args, kwargs)
-        if key not in self._tuned:
-            kernel = self.ir()
-            if not kwargs:                    # wrong calls fail as they would untuned
-                _check_devices(kernel, self.kdef, check_args(kernel, self.kdef, args, False), self.mode)
-            self._tuned[key] = self._autotune(args, kwargs)
-        return super().__call__(*args, **kwargs, **self._tuned[key])
+        _check_devices(self.ir(**cx), self.kdef, args, self.mode)
+        if key is not None:
+            self._fast[key] = launch.raw
+        return launch.raw(*args)
 
     @staticmethod
     def _shape_key(args, kwargs):
