@@ -15,6 +15,16 @@ def median_ms(fn, warmup: int = 25, rep: int = 200) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def graph_median_ms(fn, rep: int = 200) -> float:
+    """Median of CUDA-graph replays of fn (host launch overhead removed); NaN if capture fails."""
+    import triton
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    except Exception as e:  # noqa: BLE001 - report, don't fail the run
+        print(f"cuda-graph timing failed: {type(e).__name__}: {e}")
+        return float("nan")
+
+
 def copy_ceiling_tbs(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written per second (TB/s)."""
     import torch
