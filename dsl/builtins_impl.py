@@ -328,7 +328,7 @@ def b_cast(name):
 def _tensor_arg(fe, node, t, verb):
     if not is_tensor(t):
         raise fe.err(node, f"k.{verb} needs a tensor parameter, got {fe.describe(t)}",
-                     f"pass a kernel parameter annotated k.Tensor[...]")
+                     "pass a kernel parameter annotated k.Tensor[...]")
     return t
 
 

@@ -40,7 +40,7 @@ def _tile(t, what: str) -> TileType:
 def _no_storage_math(t: TileType, opname: str):
     if t.dtype.is_storage_only:
         raise TypeRuleError(f"`{opname}` on a {t.dtype.name} value: fp8 and e8m0 values are "
-                            "storage formats", f"convert first, e.g. v.to(k.f32)")
+                            "storage formats", "convert first, e.g. v.to(k.f32)")
 
 
 def _binary(name):

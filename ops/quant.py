@@ -296,7 +296,6 @@ def _check_mx_dequant(target: str, seed: int = 0) -> list[CaseResult]:
 
 
 def _check_tile_quant(target: str, seed: int = 0) -> list[CaseResult]:
-    import numpy as np
     import torch
     from k31dsl.ops.testing import (bytes_of, device_for, f32_mismatches, load_oracle, mismatches, quant_input,
                                     to_f64)

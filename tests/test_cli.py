@@ -7,7 +7,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +137,6 @@ def test_compile_the_op_library_folder(tmp_path, capsys):
 
 
 def test_compile_from_k31_text(tmp_path, rng, capsys):
-    pytest.importorskip("k31dsl.dsl.parse")
     src = _write(tmp_path, "kernels.py", SCALE_BIAS)
     first = tmp_path / "first"
     assert main(["compile", f"{src}::scale_bias", "--target", "numpy", "-o", str(first)]) == 0
@@ -220,9 +218,7 @@ def test_ascendc_not_built_yet(tmp_path, capsys):
 
 
 def test_compile_triton_module_runs_in_interpreter(tmp_path, rng, capsys):
-    if importlib.util.find_spec("k31dsl.targets.triton.runtime") is None:
-        pytest.skip("the Triton target is not built yet")
-    torch = pytest.importorskip("torch")
+    import torch
     src = _write(tmp_path, "kernels.py", SCALE_BIAS)
     out = tmp_path / "out"
     assert main(["compile", f"{src}::scale_bias", "--target", "triton", "-o", str(out)]) == 0

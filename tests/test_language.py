@@ -3,7 +3,6 @@ the numpy target and on the triton target (interpreter) and compared with an fp6
 reference written from the math. Shapes are ragged on purpose (not multiples of the tiles)."""
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import pytest
@@ -14,19 +13,7 @@ import k31dsl as k
 NEG_INF = float("-inf")
 
 
-def _triton_available() -> bool:
-    """True once the triton target exists; only a missing module skips (a broken one fails)."""
-    try:
-        importlib.import_module("k31dsl.targets.triton.runtime")
-    except ModuleNotFoundError as e:
-        if e.name in ("k31dsl.targets.triton.runtime", "triton"):
-            return False
-        raise
-    return True
-
-
-TARGETS = ["numpy", pytest.param("triton", marks=pytest.mark.skipif(
-    not _triton_available(), reason="k31dsl.targets.triton.runtime not written yet"))]
+TARGETS = ["numpy", "triton"]
 
 
 def close(got, want, rtol=1e-4):
