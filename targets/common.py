@@ -111,9 +111,8 @@ def call_signature(args, kwargs):
     sig = []
     for a in args:
         shape = getattr(a, "shape", None)
-        if shape is not None and hasattr(a, "stride"):
-            st = a.stride
-            sig.append((a.dtype, tuple(shape), st() if callable(st) else st, getattr(a, "device", None)))
+        if shape is not None and hasattr(a, "get_device"):       # torch (the hot path: keep it lean)
+            sig.append((a.dtype, shape, a.stride(), a.device))
         elif shape is not None:
             sig.append((a.dtype, tuple(shape), a.strides, id(a)))   # numpy: no reuse across arrays
         else:
