@@ -49,11 +49,20 @@ def pass_names(target: str) -> list[str]:
     return [name for name, _ in pipeline(target)]
 
 
+def verify_every_pass() -> bool:
+    """K31_VERIFY=1 (the test suite sets it) re-runs the verifier after every pass."""
+    import os
+    return os.environ.get("K31_VERIFY") == "1"
+
+
 def run_pipeline(kernel: Kernel, target: str,
                  after_pass: Callable[[str, Kernel], None] | None = None) -> Kernel:
     """Run every pass of `target` in order; `after_pass(name, kernel)` sees the IR after each."""
+    strict = verify_every_pass()
     for name, fn in pipeline(target):
         kernel = fn(kernel)
+        if strict and fn is not verify:
+            verify(kernel)
         if after_pass is not None:
             after_pass(name, kernel)
     return kernel

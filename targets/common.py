@@ -140,7 +140,8 @@ class CompiledKernel:
     def ir(self, **constexprs) -> Kernel:
         key = tuple(sorted(constexprs.items()))
         if key not in self._ir:
-            kernel = self.kdef.ir(**constexprs)
+            from k31dsl.lowering.pipeline import run_pipeline
+            kernel = run_pipeline(self.kdef.ir(**constexprs), self.target)   # verified here
             if self.target != "numpy":      # compiled targets: power-of-two tiles, dots >= 16
                 from k31dsl.dsl.frontend import check_portable
                 check_portable(kernel)

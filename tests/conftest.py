@@ -2,4 +2,5 @@
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("K31_VERIFY", "1")          # the verifier re-runs after every IR pass
 os.environ.setdefault("K31_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "k31"))
