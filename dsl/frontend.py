@@ -26,6 +26,7 @@ from .frontend_exprs import (ExprMixin, GridCall, LoopLocal, Method, ShapeOf, Sp
                              is_const, is_tensor, is_tile, is_value)
 from .infer import TypeRuleError, infer
 from .ir import Block, Kernel, Op, Param, TensorType, TileType, Value
+from .signature import Signature, read_signature
 
 # names kept for other modules (builtins_impl, verify)
 _is_value, _is_const = is_value, is_const
@@ -209,28 +210,9 @@ class Frontend(ExprMixin):
         return Kernel(self.kdef.name, params, self.constexprs, self.host, self.grid, self.body,
                       self.src.loc(fdef), self.kdef.configs)
 
-    def eval_annotation(self, fn, name: str, anode):
-        raw = fn.__annotations__.get(name)
-        if not isinstance(raw, str):
-            return raw
-        try:
-            return eval(raw, dict(self.src.scope))  # noqa: S307 - the user's own annotation text
-        except K31Error as e:
-            raise self.err(anode.annotation, e.message, e.hint or "fix the annotation") from None
-        except Exception as e:  # noqa: BLE001 - any failure is the user's annotation
-            raise self.err(anode.annotation, f"cannot evaluate the annotation of `{name}`: {e}",
-                           "annotate with k.Tensor[dtype, dims...], a dtype such as k.f32, or k.constexpr") from None
-
     def bind_params(self, fdef: ast.FunctionDef) -> list[Param]:
-        fn = self.kdef.fn
-        if fdef.args.vararg or fdef.args.kwarg or fdef.args.kwonlyargs or fdef.args.posonlyargs:
-            raise self.err(fdef, "kernels take plain positional parameters only",
-                           "remove *args, **kwargs, `/` and keyword-only parameters")
-        nodes = fdef.args.args
-        defaults = dict(zip([a.arg for a in nodes[len(nodes) - len(fdef.args.defaults):]], fdef.args.defaults))
-        sig = inspect.signature(fn)
-        anns = {a.arg: self.eval_annotation(fn, a.arg, a) for a in nodes if a.annotation is not None}
-        cx_names = [a.arg for a in nodes if anns.get(a.arg) is lang.constexpr]
+        sig = read_signature(self.kdef, self.src)
+        cx_names = list(sig.constexprs)
         where = self.src.loc(fdef)
         unknown = sorted(set(self.constexprs_in) - set(cx_names) - LAUNCH_OPTIONS)
         if unknown:
@@ -243,62 +225,42 @@ class Frontend(ExprMixin):
                             where, f"configs may set constexprs ({', '.join(cx_names) or 'none'}) and launch "
                             f"options ({', '.join(sorted(LAUNCH_OPTIONS))})")
         config0 = self.kdef.configs[0] if self.kdef.configs else {}
-        params, self.constexprs = [], {}
+        self.constexprs = {}
         self.constexprs_in = {k: v for k, v in self.constexprs_in.items() if k not in LAUNCH_OPTIONS}
-        for a in nodes:
-            name, ann = a.arg, anns.get(a.arg)
-            loc = self.src.loc(a)
-            if ann is lang.constexpr:
-                if name in self.constexprs_in:
-                    val = self.constexprs_in[name]
-                elif name in config0:
-                    val = config0[name]
-                elif sig.parameters[name].default is not inspect.Parameter.empty:
-                    val = sig.parameters[name].default
-                else:
-                    raise self.err(a, f"constexpr `{name}` has no value",
-                                   "give it a default, list it in configs=, or pass it when compiling")
-                if not isinstance(val, CONSTEXPR_TYPES):
-                    raise self.err(a, f"constexpr `{name}` is {type(val).__name__} {val!r}"[:120],
-                                   "constexprs are numbers, bools, strings, dtypes or tuples")
-                self.constexprs[name] = val
-                self.env[name] = val
-                continue
-            if name in defaults and isinstance(ann, (lang.TensorAnnot, D.DType)):
-                raise self.err(defaults[name], f"only constexpr parameters may have defaults (`{name}`)",
-                               "remove the default, or annotate the parameter k.constexpr")
-            if isinstance(ann, lang.TensorAnnot):
-                for d in ann.dims:
-                    self.check_dim_expr(d, a)
-                v = Value(TensorType(ann.dtype, ann.dims), name)
-            elif isinstance(ann, D.DType):
-                if ann.is_storage_only:
-                    raise self.err(a, f"scalar parameter `{name}` cannot be {ann.name}",
-                                   "pass scalars as k.f32 (or an integer type) and convert inside")
-                v = Value(TileType(ann, ()), name)
-            elif ann is None:
-                raise self.err(a, f"parameter `{name}` needs an annotation",
-                               "use k.Tensor[dtype, dims...], a dtype such as k.f32, or k.constexpr")
+        for name, p in sig.constexprs.items():
+            a = p.node
+            if name in self.constexprs_in:
+                val = self.constexprs_in[name]
+            elif name in config0:
+                val = config0[name]
+            elif p.default is not inspect.Parameter.empty:
+                val = p.default
             else:
-                what = "k.Tensor needs [dtype, dims...]" if ann is lang.TensorAnnot else repr(ann)[:60]
-                raise self.err(a, f"parameter `{name}` has an unsupported annotation ({what})",
-                               "use k.Tensor[dtype, dims...], a dtype such as k.f32, or k.constexpr")
-            params.append(Param(name, v, loc))
-            self.env[name] = v
+                users = sig.dtype_slots.get(name)
+                hint = (f"it is bound from the dtype of `{users[0].name}` when the kernel is called; to build "
+                        f"the IR or compile without a call pass it (e.g. {name}=k.bf16) or give it a default"
+                        if users else "give it a default, list it in configs=, or pass it when compiling")
+                raise self.err(a, f"constexpr `{name}` has no value", hint)
+            if not isinstance(val, CONSTEXPR_TYPES):
+                raise self.err(a, f"constexpr `{name}` is {type(val).__name__} {val!r}"[:120],
+                               "constexprs are numbers, bools, strings, dtypes or tuples")
+            if name in sig.dtype_slots and not isinstance(val, D.DType):
+                raise self.err(a, f"constexpr `{name}` gives the dtype of `{sig.dtype_slots[name][0].name}`, so it "
+                               f"must be a dtype, got {val!r}"[:160], f"pass a dtype, e.g. {name}=k.bf16")
+            sig.check_allowed(name, val)
+            self.constexprs[name] = val
+            self.env[name] = val
+        params = []
+        for p in sig.runtime:
+            ann = p.annot
+            if isinstance(ann, lang.TensorAnnot):
+                dt = ann.dtype if ann.dtype_param is None else self.constexprs[ann.dtype_param]
+                v = Value(TensorType(dt, ann.dims), p.name)
+            else:
+                v = Value(TileType(ann, ()), p.name)
+            params.append(Param(p.name, v, p.loc))
+            self.env[p.name] = v
         return params
-
-    def check_dim_expr(self, d: str, a):
-        allowed = (ast.Expression, ast.BinOp, ast.Name, ast.Constant, ast.Load, ast.Add, ast.Sub,
-                   ast.Mult, ast.FloorDiv, ast.Mod, ast.UnaryOp, ast.USub, ast.Call)
-        try:
-            tree = ast.parse(d, mode="eval")
-        except SyntaxError:
-            tree = None
-        ok = tree is not None and all(isinstance(n, allowed) for n in ast.walk(tree)) and all(
-            isinstance(n.func, ast.Name) and n.func.id == "cdiv" for n in ast.walk(tree) if isinstance(n, ast.Call))
-        if not ok:
-            raise self.err(a, f"dim annotation \"{d}\" of `{a.arg}` is not a dim expression",
-                           "dims are names, integers, or + - * // % and cdiv(a, b) of them, e.g. \"D // 128\"")
 
     def is_grid(self, it) -> bool:
         if not isinstance(it, ast.Call):
@@ -595,6 +557,11 @@ def check_portable(kernel: Kernel) -> None:
                 raise error(f"k.dot of [{m}, {kk}] x [{kk}, {n}]: compiled targets need every dim >= 16", op.loc,
                             "pad the small dim to 16 (a masked span with other=0.0) and ignore the extra rows, "
                             "or use a broadcast multiply and k.sum for tiny products")
+
+
+def kernel_signature(kdef: lang.KernelDef) -> Signature:
+    """kdef's parameters read from its annotations (see dsl/signature.py)."""
+    return read_signature(kdef, source_of(kdef.fn, kdef))
 
 
 def build_kernel(kdef: lang.KernelDef, constexprs: dict[str, Any] | None = None) -> Kernel:

@@ -21,23 +21,33 @@ def set_compiler(fn: Callable) -> None:
 
 
 class TensorAnnot:
-    """`k.Tensor[k.bf16, "N", "D"]`: dtype plus one named or expression dim per axis."""
+    """`k.Tensor[k.bf16, "N", "D"]`: dtype plus one named or expression dim per axis. The dtype
+    slot may instead name a dtype constexpr of the kernel, `k.Tensor["XT", "N", "D"]`: a call
+    binds it from the tensor's dtype (see `constexpr`)."""
 
-    def __init__(self, dtype: D.DType, dims: tuple[str, ...]):
+    def __init__(self, dtype: D.DType | str, dims: tuple[str, ...]):
         self.dtype, self.dims = dtype, dims
+
+    @property
+    def dtype_param(self) -> str | None:
+        """The constexpr that holds the dtype, or None for a fixed dtype."""
+        return self.dtype if isinstance(self.dtype, str) else None
 
     def __class_getitem__(cls, item):
         item = item if isinstance(item, tuple) else (item,)
-        if not item or not isinstance(item[0], D.DType):
-            raise K31Error("k.Tensor[...] starts with a dtype, e.g. k.Tensor[k.f32, \"N\", \"D\"]")
+        first = item[0] if item else None
+        shape = "e.g. k.Tensor[k.f32, \"N\", \"D\"], or k.Tensor[\"XT\", \"N\", \"D\"] with a dtype constexpr XT"
+        if not (isinstance(first, D.DType) or (isinstance(first, str) and first.isidentifier())):
+            raise K31Error(f"k.Tensor[...] starts with a dtype or the name of a dtype constexpr, {shape}")
         dims = []
         for d in item[1:]:
             if not isinstance(d, (str, int)):
                 raise K31Error(f"k.Tensor dims are names or expressions in strings, got {d!r}")
             dims.append(str(d))
         if not dims:
-            raise K31Error("k.Tensor[...] needs at least one dim")
-        return cls(item[0], tuple(dims))
+            raise K31Error(f"k.Tensor[...] starts with a dtype (or a dtype constexpr's name), then at least "
+                           f"one dim: {shape}")
+        return cls(first, tuple(dims))
 
     def __repr__(self) -> str:
         return f"k.Tensor[{self.dtype!r}, {', '.join(map(repr, self.dims))}]"
@@ -46,12 +56,37 @@ class TensorAnnot:
 Tensor = TensorAnnot
 
 
-class _Constexpr:
+def is_one_of(value, allowed) -> bool:
+    """`value` is one of `allowed`, comparing like with like (True is not 1, dtypes by identity)."""
+    return any(value is a or (type(value) is type(a) and not isinstance(a, D.DType) and value == a)
+               for a in allowed)
+
+
+class ConstexprAnnot:
+    """`k.constexpr`: a compile-time parameter; each value gives its own specialisation.
+    `k.constexpr[a, b, ...]` (or `k.constexpr[TUPLE]`) also restricts it to the listed values,
+    e.g. `XT: k.constexpr[k.bf16, k.f16, k.f32] = k.bf16` for the dtype of `k.Tensor["XT", ...]`."""
+
+    def __init__(self, allowed: tuple | None = None):
+        self.allowed = allowed
+
+    def __getitem__(self, item):
+        if self.allowed is not None:
+            raise K31Error(f"{self!r} already lists its allowed values; write k.constexpr[a, b, ...] once")
+        values = item if isinstance(item, tuple) else (item,)
+        if len(values) == 1 and isinstance(values[0], (tuple, list)):
+            values = tuple(values[0])          # k.constexpr[FLOATS] with FLOATS a tuple of dtypes
+        if not values:
+            raise K31Error("k.constexpr[...] lists the values the constexpr allows; it needs at least one")
+        return ConstexprAnnot(tuple(values))
+
     def __repr__(self) -> str:
-        return "k.constexpr"
+        if self.allowed is None:
+            return "k.constexpr"
+        return f"k.constexpr[{', '.join(map(repr, self.allowed))}]"
 
 
-constexpr = _Constexpr()
+constexpr = ConstexprAnnot()
 
 
 def defining_locals(fn: Callable) -> dict:
@@ -97,6 +132,14 @@ class KernelDef:
         except (OSError, TypeError):
             self.file, self.first_line = "<unknown>", 0
         self._compiled: dict = {}
+        self._signature = None
+
+    def signature(self):
+        """The parameters read from the annotations (dsl/signature.py), read once."""
+        if self._signature is None:
+            from .frontend import kernel_signature
+            self._signature = kernel_signature(self)
+        return self._signature
 
     @property
     def loc(self) -> Loc:

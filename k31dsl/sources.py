@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
-import inspect
 import sys
 import traceback
 from pathlib import Path
@@ -107,17 +106,13 @@ def _kernel_defs(module, path: Path, selected: str | None) -> list:
 
 
 def _constexpr_names(kdef) -> list[str]:
-    from k31dsl.dsl.lang import constexpr
-    names = []
-    for p in inspect.signature(kdef.fn).parameters.values():
-        ann = p.annotation
-        if ann is constexpr or (isinstance(ann, str) and ann.split(".")[-1] == "constexpr"):
-            names.append(p.name)
-    return names
+    """The constexpr parameters of a kernel (dtype constexprs of `k.Tensor["XT", ...]` included)."""
+    return list(kdef.signature().constexprs)
 
 
 def parse_constexpr(item: str) -> tuple[str, object]:
-    """`BD=64` -> ("BD", 64); values are Python literals, true/false, or a dtype name."""
+    """`BD=64` -> ("BD", 64); values are Python literals, true/false, or a dtype name (`XT=bf16`
+    or `XT=k.bf16`, e.g. for a dtype constexpr)."""
     from k31dsl.dsl import dtypes as D
     name, eq, text = item.partition("=")
     name, text = name.strip(), text.strip()

@@ -63,45 +63,37 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def _variant(fn, name: str, configs=None):
-    """A KernelDef for one dtype specialisation of a kernel factory's inner function."""
-    fn.__name__ = fn.__qualname__ = name
-    return k.kernel(fn, configs=configs)
-
-
 # ---------------------------------------------------------------- rmsnorm
 
 RMSNORM_CONFIGS = [{"BM": 4, "BD": 128}, {"BM": 1, "BD": 1024}, {"BM": 2, "BD": 1024},
                    {"BM": 4, "BD": 2048}, {"BM": 8, "BD": 512}]
 
 
-def _make_rmsnorm(x_dt, w_dt, y_dt):
-    def kernel(x: k.Tensor[x_dt, "M", "D"], w: k.Tensor[w_dt, "D"], y: k.Tensor[y_dt, "M", "D"],
-               eps: k.f32, BM: k.constexpr = 4, BD: k.constexpr = 128, ONE_TILE: k.constexpr = False):
-        # One program normalises BM rows. When a whole row fits one BD tile (ONE_TILE) it is read
-        # once and kept; otherwise a first sweep sums squares and a second one scales.
-        for pm in k.grid(k.cdiv(x.shape[0], BM)):
-            d = x.shape[1]
-            if ONE_TILE:
-                t = x[k.span(pm * BM, BM), k.span(0, BD, other=0.0)].to(k.f32)
-                r = k.rsqrt(k.sum(t * t, axis=1) / d.to(k.f32) + eps)
-                wt = w[k.span(0, BD, other=0.0)].to(k.f32)
-                y[k.span(pm * BM, BM), k.span(0, BD)] = (t * r[:, None] * wt[None, :]).to(y.dtype)
-            else:
-                acc = k.zeros((BM, BD), k.f32)
-                for j in range(k.cdiv(d, BD)):
-                    t = x[k.span(pm * BM, BM), k.span(j * BD, BD, other=0.0)].to(k.f32)
-                    acc += t * t
-                r = k.rsqrt(k.sum(acc, axis=1) / d.to(k.f32) + eps)
-                for j in range(k.cdiv(d, BD)):
-                    t = x[k.span(pm * BM, BM), k.span(j * BD, BD, other=0.0)].to(k.f32)
-                    wt = w[k.span(j * BD, BD, other=0.0)].to(k.f32)
-                    y[k.span(pm * BM, BM), k.span(j * BD, BD)] = (t * r[:, None] * wt[None, :]).to(y.dtype)
-    return _variant(kernel, f"rmsnorm_{x_dt.name}_{w_dt.name}_{y_dt.name}", RMSNORM_CONFIGS)
-
-
-RMSNORM_KERNELS = {(a, b, c): _make_rmsnorm(a, b, c)
-                   for a in FLOAT_INPUTS for b in FLOAT_INPUTS for c in FLOAT_INPUTS}
+@k.kernel(configs=RMSNORM_CONFIGS)
+def rmsnorm_rows(x: k.Tensor["XT", "M", "D"], w: k.Tensor["WT", "D"], y: k.Tensor["YT", "M", "D"], eps: k.f32,
+                 XT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                 YT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                 BM: k.constexpr = 4, BD: k.constexpr = 128, ONE_TILE: k.constexpr = False):
+    # One program normalises BM rows. When a whole row fits one BD tile (ONE_TILE) it is read
+    # once and kept; otherwise a first sweep sums squares and a second one scales. The three
+    # dtypes are bound from the tensors at each call.
+    for pm in k.grid(k.cdiv(x.shape[0], BM)):
+        d = x.shape[1]
+        if ONE_TILE:
+            t = x[k.span(pm * BM, BM), k.span(0, BD, other=0.0)].to(k.f32)
+            r = k.rsqrt(k.sum(t * t, axis=1) / d.to(k.f32) + eps)
+            wt = w[k.span(0, BD, other=0.0)].to(k.f32)
+            y[k.span(pm * BM, BM), k.span(0, BD)] = (t * r[:, None] * wt[None, :]).to(YT)
+        else:
+            acc = k.zeros((BM, BD), k.f32)
+            for j in range(k.cdiv(d, BD)):
+                t = x[k.span(pm * BM, BM), k.span(j * BD, BD, other=0.0)].to(k.f32)
+                acc += t * t
+            r = k.rsqrt(k.sum(acc, axis=1) / d.to(k.f32) + eps)
+            for j in range(k.cdiv(d, BD)):
+                t = x[k.span(pm * BM, BM), k.span(j * BD, BD, other=0.0)].to(k.f32)
+                wt = w[k.span(j * BD, BD, other=0.0)].to(k.f32)
+                y[k.span(pm * BM, BM), k.span(j * BD, BD)] = (t * r[:, None] * wt[None, :]).to(YT)
 
 
 def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None = None):
@@ -111,8 +103,8 @@ def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None 
     (default x.dtype)."""
     import torch
     target = resolve_target(target)
-    x_dt = require_tensor("rmsnorm", "x", x)
-    w_dt = require_tensor("rmsnorm", "weight", weight)
+    require_tensor("rmsnorm", "x", x)
+    require_tensor("rmsnorm", "weight", weight)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise K31Error(f"rmsnorm: `weight` must have shape [{x.shape[-1]}] (the last dim of x), "
                        f"got {list(weight.shape)}")
@@ -124,7 +116,7 @@ def rmsnorm(x, weight, eps: float = 1e-6, out_dtype=None, *, target: str | None 
     if x.numel() == 0:
         return y
     x2, y2 = rows(x), rows(y)
-    kern = RMSNORM_KERNELS[(x_dt, w_dt, y_dt)][target]
+    kern = rmsnorm_rows[target]
     d = x.shape[-1]
     if d <= 2048:
         bd = max(16, next_pow2(d))
@@ -165,6 +157,6 @@ def _check_rmsnorm(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-register(OpSpec(name="rmsnorm", module="common", fn=rmsnorm, kernels=list(RMSNORM_KERNELS.values()),
+register(OpSpec(name="rmsnorm", module="common", fn=rmsnorm, kernels=[rmsnorm_rows],
                 summary="RMSNorm over the last dim (fp32 accumulate, any leading dims, ragged D)",
                 check=_check_rmsnorm, tags=["norm"]))

@@ -12,14 +12,12 @@ NaN / Inf rule (both formats): a group holding NaN or +-Inf gets a NaN scale (E8
 an fp32 NaN) and every code of the group is 0x7F (E4M3 NaN), so it dequantizes to NaN.
 """
 
-import functools
 import math
 
 import k31dsl as k
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import (FLOAT_INPUTS, _variant, require_dtype_arg, require_tensor,
-                               resolve_target, rows)
+from k31dsl.ops.common import FLOAT_INPUTS, require_dtype_arg, require_tensor, resolve_target, rows
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 MX_GROUP = 32
@@ -37,87 +35,91 @@ QUANT_CONFIGS = [{"BM": 8, "BN": 128, "num_warps": 4}, {"BM": 4, "BN": 1024, "nu
 
 # ---------------------------------------------------------------- MXFP8 kernels
 
-# Each variant (input dtype, scale mode, tile, pow2) is its own KernelDef whose variant constexprs
-# are *defaults*, so that calls pass no constexpr and the Triton runtime still autotunes BM/BN.
+# One KernelDef per algorithm. The input/output dtype is a dtype constexpr bound from the tensors
+# at each call; FLOOR/TILE/POW2 are passed only when they differ from the default. Configs set
+# only BM/BN, so the Triton runtime autotunes every variant (the call's constexprs are merged in).
 
-@functools.lru_cache(maxsize=None)
-def mx_quant_kernel(x_dt, scale_mode: str = "ceil"):
-    def kernel(x: k.Tensor[x_dt, "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
-               s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"],
-               FLOOR: k.constexpr = scale_mode == "floor", BM: k.constexpr = 8, BN: k.constexpr = 128):
-        G = BN // 32
-        for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], BN)):
-            xt = x[k.span(pm * BM, BM), k.span(pn * BN, BN, other=0.0)].to(k.f32)
-            xg = k.reshape(xt, (BM, G, 32))
-            amax = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)       # |x| bits, ordered like |x|
-            biased = amax >> 23
-            if FLOOR:       # floor(log2 amax) - 8
-                e = biased - 135
-            else:           # ceil(log2(amax / 448)): one more when the mantissa exceeds 1.75
-                e = biased - 135 + ((amax & 0x7FFFFF) > 0x600000).to(k.i32)
-            e = k.maximum(e, -127)                                       # zero/subnormal amax: byte 0
-            bad = amax >= 0x7F800000                                     # NaN or Inf in the group
-            s[k.span(pm * BM, BM), k.span(pn * G, G)] = k.where(bad, 255, e + 127).to(k.u8).bitcast(k.e8m0)
-            inv = ((127 - e) << 23).bitcast(k.f32)                       # 2^-e from bits, exact
-            y = k.where(bad[:, :, None], float("nan"), xg * inv[:, :, None])
-            q[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(y, (BM, BN)).to(k.f8e4m3)
-    return _variant(kernel, f"mxfp8_quantize_{x_dt.name}_{scale_mode}", QUANT_CONFIGS)
+@k.kernel(configs=QUANT_CONFIGS)
+def mxfp8_quantize_rows(x: k.Tensor["XT", "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
+                        s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"], XT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                        FLOOR: k.constexpr = False, BM: k.constexpr = 8, BN: k.constexpr = 128):
+    G = BN // 32
+    for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], BN)):
+        xt = x[k.span(pm * BM, BM), k.span(pn * BN, BN, other=0.0)].to(k.f32)
+        xg = k.reshape(xt, (BM, G, 32))
+        amax = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)       # |x| bits, ordered like |x|
+        biased = amax >> 23
+        if FLOOR:       # floor(log2 amax) - 8
+            e = biased - 135
+        else:           # ceil(log2(amax / 448)): one more when the mantissa exceeds 1.75
+            e = biased - 135 + ((amax & 0x7FFFFF) > 0x600000).to(k.i32)
+        e = k.maximum(e, -127)                                       # zero/subnormal amax: byte 0
+        bad = amax >= 0x7F800000                                     # NaN or Inf in the group
+        s[k.span(pm * BM, BM), k.span(pn * G, G)] = k.where(bad, 255, e + 127).to(k.u8).bitcast(k.e8m0)
+        inv = ((127 - e) << 23).bitcast(k.f32)                       # 2^-e from bits, exact
+        y = k.where(bad[:, :, None], float("nan"), xg * inv[:, :, None])
+        q[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(y, (BM, BN)).to(k.f8e4m3)
 
 
-@functools.lru_cache(maxsize=None)
-def mx_dequant_kernel(y_dt):
-    def kernel(q: k.Tensor[k.f8e4m3, "M", "D"], s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"],
-               y: k.Tensor[y_dt, "M", "D"], BM: k.constexpr = 8, BN: k.constexpr = 128):
-        G = BN // 32
-        for pm, pn in k.grid(k.cdiv(q.shape[0], BM), k.cdiv(q.shape[1], BN)):
-            c = k.reshape(q[k.span(pm * BM, BM), k.span(pn * BN, BN)].to(k.f32), (BM, G, 32))
-            sc = s[k.span(pm * BM, BM), k.span(pn * G, G)].to(k.f32)      # 2^(b-127), 0xFF -> NaN
-            y[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(c * sc[:, :, None], (BM, BN)).to(y.dtype)
-    return _variant(kernel, f"mxfp8_dequantize_{y_dt.name}", QUANT_CONFIGS)
+@k.kernel(configs=QUANT_CONFIGS)
+def mxfp8_dequantize_rows(q: k.Tensor[k.f8e4m3, "M", "D"], s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"],
+                          y: k.Tensor["YT", "M", "D"], YT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                          BM: k.constexpr = 8, BN: k.constexpr = 128):
+    G = BN // 32
+    for pm, pn in k.grid(k.cdiv(q.shape[0], BM), k.cdiv(q.shape[1], BN)):
+        c = k.reshape(q[k.span(pm * BM, BM), k.span(pn * BN, BN)].to(k.f32), (BM, G, 32))
+        sc = s[k.span(pm * BM, BM), k.span(pn * G, G)].to(k.f32)      # 2^(b-127), 0xFF -> NaN
+        y[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(c * sc[:, :, None], (BM, BN)).to(YT)
 
 
 # ---------------------------------------------------------------- per-tile FP8 kernels
 
-@functools.lru_cache(maxsize=None)
-def tile_quant_kernel(x_dt, tile: int = 128, pow2: bool = False):
-    def kernel(x: k.Tensor[x_dt, "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
-               s: k.Tensor[k.f32, "M", "cdiv(D, TILE)"], eps: k.f32,
-               TILE: k.constexpr = tile, POW2: k.constexpr = pow2, BM: k.constexpr = 8, BN: k.constexpr = 128):
-        G = max(1, BN // TILE)
-        W = G * TILE
-        for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], W)):
-            xt = x[k.span(pm * BM, BM), k.span(pn * W, W, other=0.0)].to(k.f32)
-            xg = k.reshape(xt, (BM, G, TILE))
-            abits = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)
-            bad = abits >= 0x7F800000
-            sc = k.maximum(abits.bitcast(k.f32), eps) / 448.0
-            if POW2:        # 2^ceil(log2 sc) through the exact e8m0 conversion; x * 2^-e is exact
-                e8 = sc.to(k.e8m0)
-                sc = e8.to(k.f32)
-                y = xg * ((254 - e8.bitcast(k.u8).to(k.i32)) << 23).bitcast(k.f32)[:, :, None]
-            else:       # one correctly rounded reciprocal per tile, a multiply per element
-                y = xg * (1.0 / sc)[:, :, None]
-            sc = k.where(bad, float("nan"), sc)
-            s[k.span(pm * BM, BM), k.span(pn * G, G)] = sc
-            y = k.where(bad[:, :, None], float("nan"), y)
-            q[k.span(pm * BM, BM), k.span(pn * W, W)] = k.reshape(y, (BM, W)).to(k.f8e4m3)
-    return _variant(kernel, f"fp8_tile_quantize_{x_dt.name}_t{tile}{'_pow2' if pow2 else ''}", QUANT_CONFIGS)
+@k.kernel(configs=QUANT_CONFIGS)
+def fp8_tile_quantize_rows(x: k.Tensor["XT", "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
+                           s: k.Tensor[k.f32, "M", "cdiv(D, TILE)"], eps: k.f32,
+                           XT: k.constexpr[FLOAT_INPUTS] = k.bf16, TILE: k.constexpr = 128,
+                           POW2: k.constexpr = False, BM: k.constexpr = 8, BN: k.constexpr = 128):
+    G = max(1, BN // TILE)
+    W = G * TILE
+    for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], W)):
+        xt = x[k.span(pm * BM, BM), k.span(pn * W, W, other=0.0)].to(k.f32)
+        xg = k.reshape(xt, (BM, G, TILE))
+        abits = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)
+        bad = abits >= 0x7F800000
+        sc = k.maximum(abits.bitcast(k.f32), eps) / 448.0
+        if POW2:        # 2^ceil(log2 sc) through the exact e8m0 conversion; x * 2^-e is exact
+            e8 = sc.to(k.e8m0)
+            sc = e8.to(k.f32)
+            y = xg * ((254 - e8.bitcast(k.u8).to(k.i32)) << 23).bitcast(k.f32)[:, :, None]
+        else:       # one correctly rounded reciprocal per tile, a multiply per element
+            y = xg * (1.0 / sc)[:, :, None]
+        sc = k.where(bad, float("nan"), sc)
+        s[k.span(pm * BM, BM), k.span(pn * G, G)] = sc
+        y = k.where(bad[:, :, None], float("nan"), y)
+        q[k.span(pm * BM, BM), k.span(pn * W, W)] = k.reshape(y, (BM, W)).to(k.f8e4m3)
 
 
-@functools.lru_cache(maxsize=None)
-def tile_dequant_kernel(y_dt, tile: int = 128):
-    def kernel(q: k.Tensor[k.f8e4m3, "M", "D"], s: k.Tensor[k.f32, "M", "cdiv(D, TILE)"],
-               y: k.Tensor[y_dt, "M", "D"], TILE: k.constexpr = tile, BM: k.constexpr = 8, BN: k.constexpr = 128):
-        G = max(1, BN // TILE)
-        W = G * TILE
-        for pm, pn in k.grid(k.cdiv(q.shape[0], BM), k.cdiv(q.shape[1], W)):
-            c = k.reshape(q[k.span(pm * BM, BM), k.span(pn * W, W)].to(k.f32), (BM, G, TILE))
-            sc = s[k.span(pm * BM, BM), k.span(pn * G, G)]
-            y[k.span(pm * BM, BM), k.span(pn * W, W)] = k.reshape(c * sc[:, :, None], (BM, W)).to(y.dtype)
-    return _variant(kernel, f"fp8_tile_dequantize_{y_dt.name}_t{tile}", QUANT_CONFIGS)
+@k.kernel(configs=QUANT_CONFIGS)
+def fp8_tile_dequantize_rows(q: k.Tensor[k.f8e4m3, "M", "D"], s: k.Tensor[k.f32, "M", "cdiv(D, TILE)"],
+                             y: k.Tensor["YT", "M", "D"], YT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                             TILE: k.constexpr = 128, BM: k.constexpr = 8, BN: k.constexpr = 128):
+    G = max(1, BN // TILE)
+    W = G * TILE
+    for pm, pn in k.grid(k.cdiv(q.shape[0], BM), k.cdiv(q.shape[1], W)):
+        c = k.reshape(q[k.span(pm * BM, BM), k.span(pn * W, W)].to(k.f32), (BM, G, TILE))
+        sc = s[k.span(pm * BM, BM), k.span(pn * G, G)]
+        y[k.span(pm * BM, BM), k.span(pn * W, W)] = k.reshape(c * sc[:, :, None], (BM, W)).to(YT)
 
 
 # ---------------------------------------------------------------- public functions
+
+_MX_MODE_KW = {"ceil": {}, "floor": {"FLOOR": True}}    # constexprs by keyword only off the default
+
+
+def _tile_kw(tile: int, pow2: bool) -> dict:
+    kw = {} if tile == 128 else {"TILE": tile}
+    return {**kw, "POW2": True} if pow2 else kw
+
 
 def _groups(d: int, size: int) -> int:
     return -(-d // size)
@@ -142,7 +144,7 @@ def mxfp8_quantize(x, scale_mode: str = "ceil", *, target: str | None = None):
     group: byte 0, codes 0. A group with NaN/Inf: byte 0xFF and every code 0x7F."""
     import torch
     target = resolve_target(target)
-    x_dt = require_tensor("mxfp8_quantize", "x", x)
+    require_tensor("mxfp8_quantize", "x", x)
     if scale_mode not in SCALE_MODES:
         raise K31Error(f"mxfp8_quantize: scale_mode={scale_mode!r} is not supported",
                        hint="use \"ceil\" (RCEIL, the default) or \"floor\" (OCP MX)")
@@ -151,7 +153,7 @@ def mxfp8_quantize(x, scale_mode: str = "ceil", *, target: str | None = None):
     scales = torch.empty(tuple(x.shape[:-1]) + (_groups(d, MX_GROUP),), dtype=torch.float8_e8m0fnu,
                          device=x.device)
     if x.numel():
-        mx_quant_kernel(x_dt, scale_mode)[target](rows(x), rows(codes), rows(scales))
+        mxfp8_quantize_rows[target](rows(x), rows(codes), rows(scales), **_MX_MODE_KW[scale_mode])
     return codes, scales
 
 
@@ -163,7 +165,7 @@ def mxfp8_dequantize(codes, scales, dtype=None, *, target: str | None = None):
     y_dt = require_dtype_arg("mxfp8_dequantize", "dtype", torch.bfloat16 if dtype is None else dtype)
     y = torch.empty(codes.shape, dtype=D.torch_dtype(y_dt), device=codes.device)
     if codes.numel():
-        mx_dequant_kernel(y_dt)[target](rows(codes), rows(scales), rows(y))
+        mxfp8_dequantize_rows[target](rows(codes), rows(scales), rows(y))
     return y
 
 
@@ -183,7 +185,7 @@ def fp8_tile_quantize(x, tile: int = 128, pow2_scale: bool = False, eps: float =
     every code 0x7F."""
     import torch
     target = resolve_target(target)
-    x_dt = require_tensor("fp8_tile_quantize", "x", x)
+    require_tensor("fp8_tile_quantize", "x", x)
     _check_tile("fp8_tile_quantize", tile)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise K31Error(f"fp8_tile_quantize: eps must be a finite number > 0, got {eps!r}",
@@ -192,7 +194,7 @@ def fp8_tile_quantize(x, tile: int = 128, pow2_scale: bool = False, eps: float =
     codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(tuple(x.shape[:-1]) + (_groups(d, tile),), dtype=torch.float32, device=x.device)
     if x.numel():
-        tile_quant_kernel(x_dt, tile, bool(pow2_scale))[target](rows(x), rows(codes), rows(scales), float(eps))
+        fp8_tile_quantize_rows[target](rows(x), rows(codes), rows(scales), float(eps), **_tile_kw(tile, pow2_scale))
     return codes, scales
 
 
@@ -205,7 +207,7 @@ def fp8_tile_dequantize(codes, scales, dtype=None, tile: int = 128, *, target: s
     y_dt = require_dtype_arg("fp8_tile_dequantize", "dtype", torch.bfloat16 if dtype is None else dtype)
     y = torch.empty(codes.shape, dtype=D.torch_dtype(y_dt), device=codes.device)
     if codes.numel():
-        tile_dequant_kernel(y_dt, tile)[target](rows(codes), rows(scales), rows(y))
+        fp8_tile_dequantize_rows[target](rows(codes), rows(scales), rows(y), **_tile_kw(tile, False))
     return y
 
 
@@ -343,18 +345,15 @@ def _check_tile_dequant(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-register(OpSpec("mxfp8_quantize", "quant", mxfp8_quantize,
-                [mx_quant_kernel(dt, m) for dt in FLOAT_INPUTS for m in SCALE_MODES],
+register(OpSpec("mxfp8_quantize", "quant", mxfp8_quantize, [mxfp8_quantize_rows],
                 "MXFP8 quantize: groups of 32, E4M3 codes, E8M0 scale (RCEIL default, OCP floor option)",
                 _check_mx_quant, exact=True, tags=["quant", "fp8"]))
-register(OpSpec("mxfp8_dequantize", "quant", mxfp8_dequantize, [mx_dequant_kernel(dt) for dt in FLOAT_INPUTS],
+register(OpSpec("mxfp8_dequantize", "quant", mxfp8_dequantize, [mxfp8_dequantize_rows],
                 "MXFP8 dequantize: code * 2^(byte - 127) per group of 32", _check_mx_dequant, exact=True,
                 tags=["quant", "fp8"]))
-register(OpSpec("fp8_tile_quantize", "quant", fp8_tile_quantize,
-                [tile_quant_kernel(dt, 128, p) for dt in FLOAT_INPUTS for p in (False, True)],
+register(OpSpec("fp8_tile_quantize", "quant", fp8_tile_quantize, [fp8_tile_quantize_rows],
                 "per-tile FP8 quantize (DeepSeek): fp32 scale max(amax, eps)/448, optional power of two",
                 _check_tile_quant, exact=True, tags=["quant", "fp8"]))
-register(OpSpec("fp8_tile_dequantize", "quant", fp8_tile_dequantize,
-                [tile_dequant_kernel(dt, 128) for dt in FLOAT_INPUTS],
+register(OpSpec("fp8_tile_dequantize", "quant", fp8_tile_dequantize, [fp8_tile_dequantize_rows],
                 "per-tile FP8 dequantize: fp32(code) * scale", _check_tile_dequant, exact=True,
                 tags=["quant", "fp8"]))

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import error
 from k31dsl.dsl.ir import Kernel, TensorType
+from k31dsl.dsl.signature import EMPTY
 
 
 def _array_facts(x, allow_numpy: bool):
@@ -125,9 +126,52 @@ def call_signature(args, kwargs):
     return tuple(sig), kw
 
 
+def bind_dtypes(kdef, args, by_keyword: dict, passed: dict, allow_numpy: bool) -> dict:
+    """The dtype constexprs of a call: each one not in `passed` is bound from the dtype of the
+    tensors whose annotation names it (they must agree); passed ones are checked against them.
+    Returns `passed` plus the bound ones. Non-tensor arguments are left to check_args."""
+    sig = kdef.signature()
+    out = dict(passed)
+    for name, users in sig.dtype_slots.items():
+        seen = None                                  # (param, dtype) of the first tensor naming `name`
+        for p in users:
+            a = args[p.index] if p.index < len(args) else by_keyword.get(p.name)
+            facts = _array_facts(a, allow_numpy) if a is not None else None
+            if facts is None or facts[0] is None:
+                continue
+            dt = facts[0]
+            if name in passed:
+                want = passed[name]
+                if isinstance(want, D.DType) and dt is not want and not (want is D.e8m0 and dt is D.u8):
+                    raise error(f"argument `{p.name}` of `{kdef.name}` has dtype {dt.name}, but {name}={want.name} "
+                                f"was passed (the annotation of `{p.name}` names {name})", p.loc,
+                                f"convert it, e.g. {p.name}.to({D.torch_dtype(want)}), or leave {name} out to "
+                                "bind it from the tensors")
+                continue
+            if seen is None:
+                seen = (p, dt)
+                sig.check_allowed(name, dt, p.loc, f" (the dtype of `{p.name}`)")
+                out[name] = dt
+            elif dt is not seen[1]:
+                q, qdt = seen
+                raise error(f"arguments `{q.name}` ({qdt.name}) and `{p.name}` ({dt.name}) of `{kdef.name}` must "
+                            f"have the same dtype: both annotations name the dtype constexpr {name}", p.loc,
+                            f"convert one, e.g. {p.name}.to({D.torch_dtype(qdt)}), or give `{p.name}` its own "
+                            "dtype constexpr")
+        if name not in out and sig.constexprs[name].default is EMPTY and not any(name in c for c in kdef.configs):
+            p = users[0]
+            a = args[p.index] if p.index < len(args) else by_keyword.get(p.name)
+            got = "nothing" if a is None else type(a).__name__
+            kind = "a torch tensor" + (" or numpy array" if allow_numpy else "")
+            raise error(f"argument `{p.name}` of `{kdef.name}` must be {kind}, got {got}; its dtype gives the "
+                        f"constexpr {name}", p.loc, f"pass a tensor for `{p.name}`, or pass {name}= explicitly")
+    return out
+
+
 class CompiledKernel:
     """A kernel bound to a target. Call it with the kernel's parameters (torch tensors, numbers);
-    constexprs may be passed by keyword and select a specialisation."""
+    constexprs may be passed by keyword and select a specialisation. Dtype constexprs that are not
+    passed are bound from the tensors' dtypes (so a new dtype is a new specialisation)."""
 
     allow_numpy = False
 
@@ -148,10 +192,14 @@ class CompiledKernel:
             self._ir[key] = kernel
         return self._ir[key]
 
-    def _split(self, kwargs: dict[str, Any]):
-        kernel = self.ir()
-        cx = {k: v for k, v in kwargs.items() if k in kernel.constexprs}
-        rest = {k: v for k, v in kwargs.items() if k not in kernel.constexprs}
+    def _split(self, args, kwargs: dict[str, Any]):
+        """(constexprs of the call's specialisation: those passed plus the dtype constexprs bound
+        from its tensors, parameters passed by keyword)."""
+        sig = self.kdef.signature()
+        cx = {k: v for k, v in kwargs.items() if k in sig.constexprs}
+        rest = {k: v for k, v in kwargs.items() if k not in sig.constexprs}
+        if sig.dtype_slots:
+            cx = bind_dtypes(self.kdef, args, rest, cx, self.allow_numpy)
         return cx, rest
 
     def __call__(self, *args, **kwargs):
@@ -159,36 +207,42 @@ class CompiledKernel:
         launch = self._fast.get(key) if key is not None else None
         if launch is not None:
             return launch(*args)
-        launch = self.resolve(args, kwargs)
-        if any(k not in self.ir().constexprs for k in kwargs):      # parameters by keyword
-            return self._call_checked(args, kwargs)
+        cx, rest = self._split(args, kwargs)
+        if rest:                                    # parameters by keyword: always the checked path
+            return self._call_checked(args, rest, cx)
+        launch = self._checked_launcher(args, cx)
         if key is not None:
             self._fast[key] = launch
         return launch(*args)
 
     def resolve(self, args, kwargs) -> Callable:
         """Check a call the slow way and return the launcher that serves its signature."""
-        cx, _ = self._split(kwargs)
-        self._call_checked(args, kwargs, dry=True)
-        return self._launch[tuple(sorted(cx.items()))]
+        cx, rest = self._split(args, kwargs)
+        return self._checked_launcher(self._with_keywords(args, rest, cx), cx)
 
-    def _call_checked(self, args, kwargs, dry: bool = False):
-        cx, rest = self._split(kwargs)
+    def _checked_launcher(self, args, cx: dict) -> Callable:
         kernel = self.ir(**cx)
-        if rest:
-            names = [p.name for p in kernel.params]
-            unknown = set(rest) - set(names)
-            if unknown:
-                raise error(f"kernel `{kernel.name}` has no parameter {', '.join(sorted(unknown))}", kernel.loc,
-                            f"parameters: {', '.join(names)}; constexprs: {', '.join(kernel.constexprs) or 'none'}")
-            args = list(args) + [rest[n] for n in names[len(args):] if n in rest]
-        bound = check_args(kernel, self.kdef, tuple(args), self.allow_numpy)
+        check_args(kernel, self.kdef, tuple(args), self.allow_numpy)
         key = tuple(sorted(cx.items()))
         if key not in self._launch:
             self._launch[key] = self.build(kernel)
-        if dry:
-            return None
-        return self._launch[key](*bound)
+        return self._launch[key]
+
+    def _with_keywords(self, args, rest: dict, cx: dict) -> list:
+        """The positional arguments with the parameters passed by keyword appended in order."""
+        if not rest:
+            return list(args)
+        kernel = self.ir(**cx)
+        names = [p.name for p in kernel.params]
+        unknown = set(rest) - set(names)
+        if unknown:
+            raise error(f"kernel `{kernel.name}` has no parameter {', '.join(sorted(unknown))}", kernel.loc,
+                        f"parameters: {', '.join(names)}; constexprs: {', '.join(kernel.constexprs) or 'none'}")
+        return list(args) + [rest[n] for n in names[len(args):] if n in rest]
+
+    def _call_checked(self, args, rest: dict, cx: dict):
+        bound = self._with_keywords(args, rest, cx)
+        return self._checked_launcher(bound, cx)(*bound)
 
     def source(self, **constexprs) -> str:
         from k31dsl.targets import emit_source

@@ -1,7 +1,9 @@
 """Triton target runtime: emit, write the module to the generated-code cache, import it and call
-its launcher. On a GPU a kernel with several `configs` is autotuned: each config is timed once per
-argument-shape key with triton.testing.do_bench (on clones of the arguments, so that outputs are
-written once) and the fastest is remembered. Elsewhere the first config is used."""
+its launcher. On a GPU a kernel with several `configs` is autotuned: each config, merged with the
+constexprs the call fixes (passed by keyword, or dtypes bound from its tensors), is timed once per
+(argument-shape key, fixed constexprs) with triton.testing.do_bench (on clones of the arguments, so
+that outputs are written once) and the fastest is remembered. A call that fixes a constexpr some
+config sets is not tuned. Elsewhere the first config is used."""
 from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
@@ -62,23 +64,28 @@ class TritonKernel(CompiledKernel):
         fast = self._fast.get(key) if key is not None else None
         if fast is not None:
             return fast(*args)
-        cx, rest = self._split(kwargs)
-        if not cx and len(self.kdef.configs) >= 2 and self.mode == "gpu":
-            skey = self._shape_key(args, kwargs)
+        cx, rest = self._split(args, kwargs)          # passed + dtype constexprs bound from tensors
+        if self.mode == "gpu" and self._tunable(cx):
+            skey = (self._shape_key(args, kwargs), tuple(sorted(cx.items())))
             if skey not in self._tuned:
-                kernel = self.ir()
-                if not kwargs:                    # wrong calls fail as they would untuned
+                if not rest:                          # wrong calls fail as they would untuned
+                    kernel = self.ir(**cx)
                     _check_devices(kernel, self.kdef, check_args(kernel, self.kdef, args, False), self.mode)
-                self._tuned[skey] = self._autotune(args, kwargs)
-            kwargs = {**kwargs, **self._tuned[skey]}
-        if rest:                                  # parameters by keyword: the checked slow path
-            return self._call_checked(args, kwargs)
-        launch = self.resolve(args, kwargs)
-        cx, _ = self._split(kwargs)
+                self._tuned[skey] = self._autotune(args, rest, cx)
+            cx = {**cx, **self._tuned[skey]}
+        if rest:                                      # parameters by keyword: the checked slow path
+            return self._call_checked(args, rest, cx)
+        launch = self._checked_launcher(args, cx)
         _check_devices(self.ir(**cx), self.kdef, args, self.mode)
         if key is not None:
             self._fast[key] = launch.raw
         return launch.raw(*args)
+
+    def _tunable(self, passed: dict) -> bool:
+        """Autotune when there are configs to choose from and none of them sets a constexpr the
+        call fixed (passed, or a dtype bound from a tensor): those are merged into every config."""
+        configs = self.kdef.configs
+        return len(configs) >= 2 and not any(k in passed for cfg in configs for k in cfg if k not in LAUNCH_KEYS)
 
     @staticmethod
     def _shape_key(args, kwargs):
@@ -86,16 +93,17 @@ class TritonKernel(CompiledKernel):
             return (tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else type(a).__name__
         return tuple(facts(a) for a in args) + tuple((k, facts(v)) for k, v in sorted(kwargs.items()))
 
-    def _autotune(self, args, kwargs) -> dict:
+    def _autotune(self, args, rest: dict, passed: dict) -> dict:
+        """The constexprs of the fastest config (timed with `passed` merged in), for this call."""
         import torch
         import triton.testing
         best, best_ms = None, float("inf")
         for cfg in self.kdef.configs:
             cx = {k: v for k, v in cfg.items() if k not in LAUNCH_KEYS}
             clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-            kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+            kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in rest.items()}
             try:
-                ms = triton.testing.do_bench(lambda: CompiledKernel.__call__(self, *clones, **kw, **cx))
+                ms = triton.testing.do_bench(lambda: CompiledKernel.__call__(self, *clones, **kw, **passed, **cx))
             except K31Error:
                 raise
             except Exception:  # noqa: BLE001 - a config that cannot run (resources) just loses
