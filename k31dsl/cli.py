@@ -371,6 +371,8 @@ examples:
   k31dsl compile kernels.py --target numpy -o build/          every kernel in kernels.py
   k31dsl compile kernels.py::rms_quant --target triton --print  one kernel, shown on screen
   k31dsl compile kernels.py::rms_quant --target numpy --constexpr BD=64 -o build/
+  k31dsl compile ops/quant.py::mxfp8_quantize_rows --target triton --constexpr XT=f16 --print
+                                                              a dtype constexpr: f16 input, not bf16
   k31dsl compile build/rms_quant.k31 --target numpy --print   from the text IR
   k31dsl compile kernels.py --target numpy --dump-after verify  IR after a pass
   k31dsl compile ops/ --target triton -o build/ops           the whole op library"""
@@ -423,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-after", metavar="PASS",
                    help="print the IR after the named pass (see the error for the list)")
     p.add_argument("--constexpr", metavar="NAME=VALUE", action="append", default=[],
-                   help="specialise a constexpr parameter (repeatable)")
+                   help="specialise a constexpr parameter (repeatable); VALUE is a number, true/false, "
+                        "a string or a dtype name such as bf16")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("ops", help="list the op library", description=OPS_HELP, formatter_class=fmt)
