@@ -3,7 +3,9 @@
 The frontend is a partial evaluator. Names bound to Python numbers, dtypes, tuples and constexprs
 are folded while reading (so `if` on a constexpr picks a branch and `BD * 2` is a number);
 everything that depends on runtime data becomes IR ops. `@k.func` helpers are inlined.
-Statements and the driver live here; expressions, loads/stores and calls in frontend_exprs.py.
+Statements and the driver live here; expressions, loads/stores and calls in frontend_exprs.py;
+parameters are classified by signature.py. A tensor annotated `k.Tensor["XT", ...]` takes the
+dtype that the constexpr XT holds in this specialisation, so the IR is always concrete.
 
 `check_portable(kernel)` checks the rules the compiled targets (Triton, AscendC) add to the IR's
 own: tile dims are powers of two, a tile holds at most 2**20 elements, `k.dot` dims are >= 16.
