@@ -33,14 +33,13 @@ def main() -> int:
     import torch
 
     import quant as qbench
-    from k31dsl.dsl import dtypes as D
     from k31dsl.ops import quant
 
     x = torch.randn(8, 1024, device="cuda").to(torch.bfloat16)
     codes = torch.empty(8, 1024, device="cuda", dtype=torch.float8_e4m3fn)
     scales = torch.empty(8, 32, device="cuda", dtype=torch.float8_e8m0fnu)
     quant.mxfp8_quantize(x, target="triton")
-    ck = quant.mx_quant_kernel(D.bf16, "ceil")["triton"]
+    ck = quant.mxfp8_quantize_rows["triton"]
     ck(x, codes, scales)
     launcher = next(f for f in ck._fast.values() if f.__module__.startswith("k31gen"))
     mod = sys.modules[launcher.__module__]

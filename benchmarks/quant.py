@@ -44,15 +44,13 @@ def torch_mxfp8(x):
 
 def _tuned(op: str):
     """The config the Triton runtime's autotuner picked for the bf16 variant of `op`."""
-    from k31dsl.dsl import dtypes as D
     from k31dsl.ops import quant
-    kdef = quant.mx_quant_kernel(D.bf16, "ceil") if op == "mxfp8" else quant.tile_quant_kernel(D.bf16, 128, False)
+    kdef = quant.mxfp8_quantize_rows if op == "mxfp8" else quant.fp8_tile_quantize_rows
     return [str(v) for v in kdef["triton"]._tuned.values()]
 
 
 def main(argv=None) -> int:
     import torch
-    import triton.testing
     from k31dsl.ops import quant
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
