@@ -224,6 +224,16 @@ def _torch_dtype(name: str):
     return D.torch_dtype(D.from_name(name))
 
 
+def _exact_results(name: str, code_mismatches: int, scale_mismatches: int, scale_what: str) -> list[CaseResult]:
+    """Codes and scales of one quantize case: bit-exact against the oracle, so the bound is 0."""
+    return [CaseResult(f"{name}: codes", code_mismatches, 0, code_mismatches == 0, "E4M3 bytes vs oracle"),
+            CaseResult(f"{name}: scales", scale_mismatches, 0, scale_mismatches == 0, scale_what)]
+
+
+def _roundtrip_result(name: str, ratio: float, note: str) -> CaseResult:
+    return CaseResult(f"{name}: dequant(quant(x)) error / E4M3 bound", ratio, 1.0, ratio <= 1.0, note)
+
+
 def _roundtrip_ratio(x, xhat, scale, group: int) -> tuple[float, str]:
     """Worst |xhat - x| / bound over finite groups, from the E4M3 format alone (not the oracle):
     |x|/scale in [2^-6, 448] -> bound 2^-4 |x| (RNE, 3 mantissa bits); below 2^-6 -> half the
@@ -260,15 +270,14 @@ def _check_mx_quant(target: str, seed: int = 0) -> list[CaseResult]:
         want_c, want_s = ref.mxfp8_quantize(to_f64(x), mode)
         name = f"x={list(shape)} {dt}, scale_mode={mode}"
         n_c, n_s = mismatches(bytes_of(codes), want_c), mismatches(bytes_of(scales), want_s)
-        out.append(CaseResult(f"{name}: codes", n_c, 0, n_c == 0, "E4M3 bytes vs oracle"))
-        out.append(CaseResult(f"{name}: scales", n_s, 0, n_s == 0, "E8M0 bytes vs oracle"))
+        out += _exact_results(name, n_c, n_s, "E8M0 bytes vs oracle")
         xhat = to_f64(mxfp8_dequantize(codes, scales, torch.float32, target=target))
         sc = np.ldexp(1.0, bytes_of(scales).astype(np.int64) - 127)
         sc = np.where(bytes_of(scales) == 255, np.nan, sc)
         ratio, note = _roundtrip_ratio(to_f64(x), xhat, sc, MX_GROUP)
         if mode == "ceil" and "0 saturated" not in note:
             ratio, note = float("inf"), "ceil mode saturated: " + note
-        out.append(CaseResult(f"{name}: dequant(quant(x)) error / E4M3 bound", ratio, 1.0, ratio <= 1.0, note))
+        out.append(_roundtrip_result(name, ratio, note))
     return out
 
 
@@ -314,11 +323,10 @@ def _check_tile_quant(target: str, seed: int = 0) -> list[CaseResult]:
         want_c, want_s = ref.fp8_tile_quantize(to_f64(x), tile, pow2, 1e-4)
         name = f"x={list(shape)} {dt}, tile={tile}, pow2_scale={pow2}"
         n_c, n_s = mismatches(bytes_of(codes), want_c), f32_mismatches(scales.cpu().numpy(), want_s)
-        out.append(CaseResult(f"{name}: codes", n_c, 0, n_c == 0, "E4M3 bytes vs oracle"))
-        out.append(CaseResult(f"{name}: scales", n_s, 0, n_s == 0, "fp32 bits vs oracle (NaN == NaN)"))
+        out += _exact_results(name, n_c, n_s, "fp32 bits vs oracle (NaN == NaN)")
         xhat = to_f64(fp8_tile_dequantize(codes, scales, torch.float32, tile=tile, target=target))
         ratio, note = _roundtrip_ratio(to_f64(x), xhat, to_f64(scales), tile)
-        out.append(CaseResult(f"{name}: dequant(quant(x)) error / E4M3 bound", ratio, 1.0, ratio <= 1.0, note))
+        out.append(_roundtrip_result(name, ratio, note))
     return out
 
 
