@@ -366,13 +366,8 @@ class ExprMixin:
             raise self.err(node, "`@` is not supported", "use k.dot(a, b) for tile matrix products")
         if not is_value(a) and not is_value(b):
             return self.fold(optype, a, b, node)
-        for x in (a, b):
-            if is_tensor(x):
-                raise self.err(node, f"`{sym}` on the tensor parameter `{x.hint}`", self.tensor_hint(x))
-            if not (is_tile(x) or is_const(x)):
-                raise self.err(node, f"cannot use {self.describe(x)} in `{sym}`",
-                               "arithmetic takes tiles, scalars and numbers")
         if optype is ast.Pow:
+            self.check_arith_operands(a, b, node, sym)
             return self.power(a, b, node)
         return self.binary(BINOPS[optype], a, b, node, sym)
 
@@ -418,14 +413,18 @@ class ExprMixin:
             b = self.emit1("cast", [b], {"dtype": float_of(a)}, node)
         return a, b
 
-    def binary(self, name, a, b, node, sym=None):
-        sym = sym or name
+    def check_arith_operands(self, a, b, node, sym):
+        """Operators take tiles, scalars and numbers; tensor parameters and other values are errors."""
         for x in (a, b):
             if is_tensor(x):
                 raise self.err(node, f"`{sym}` on the tensor parameter `{x.hint}`", self.tensor_hint(x))
             if not (is_tile(x) or is_const(x)):
                 raise self.err(node, f"cannot compute `{sym}` with {self.describe(x)}",
                                "arithmetic takes tiles, scalars and numbers")
+
+    def binary(self, name, a, b, node, sym=None):
+        sym = sym or name
+        self.check_arith_operands(a, b, node, sym)
         a, b = self.promote_int_scalar(a, b, node)
         like = a.type.dtype if is_tile(a) else b.type.dtype
         if name == "div" and like.is_int:
