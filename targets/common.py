@@ -108,7 +108,7 @@ def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
 
 def call_signature(args, kwargs):
     """What a call's validity depends on: each tensor's dtype, shape, strides and device, each
-    scalar's type, and the keyword values. None when something is not hashable (no fast path)."""
+    scalar's type (and an integer's sign and bit width), and the keyword values. None when something is not hashable (no fast path)."""
     sig = []
     for a in args:
         shape = getattr(a, "shape", None)
@@ -116,6 +116,8 @@ def call_signature(args, kwargs):
             sig.append((a.dtype, shape, a.stride(), a.device))
         elif shape is not None:
             sig.append((a.dtype, tuple(shape), a.strides, id(a)))   # numpy: no reuse across arrays
+        elif isinstance(a, int):     # integer arguments are range-checked: key on sign and width
+            sig.append((type(a), a < 0, a.bit_length()))
         else:
             sig.append(type(a))
     try:

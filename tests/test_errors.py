@@ -112,6 +112,24 @@ def test_call_unknown_constexpr(tmp_path):
     _call_case(tmp_path, (torch.zeros(4, 16), torch.zeros(4, 8), 1.0), "no parameter BX", BX=3)
 
 
+@pytest.mark.parametrize("target", ["numpy", "triton"])
+def test_checked_signature_still_range_checks_ints(tmp_path, target):
+    """After a good call has cached its signature, an int argument that does not fit is still
+    rejected (the fast path keys integers by sign and width, not only by type)."""
+    mod, _, _ = load_module(tmp_path, """
+    @k.kernel
+    def kern(x: k.Tensor[k.f32, "N"], n: k.i32):
+        for i in k.grid(1):
+            x[k.span(0, 16)] = x[k.span(0, 16)] + n.to(k.f32)
+    """)
+    x = torch.zeros(16)
+    mod.kern[target](x, 3)
+    assert torch.equal(x, torch.full((16,), 3.0))
+    with pytest.raises(K31Error, match="does not fit i32"):
+        mod.kern[target](x, 1 << 40)
+    assert torch.equal(x, torch.full((16,), 3.0))
+
+
 def test_ir_unknown_constexpr(tmp_path):
     mod, path, line = load_module(tmp_path, CALLEE)
     with pytest.raises(K31Error, match="no constexpr named BX") as info:
