@@ -217,11 +217,6 @@ class CompiledKernel:
             self._fast[key] = launch
         return launch(*args)
 
-    def resolve(self, args, kwargs) -> Callable:
-        """Check a call the slow way and return the launcher that serves its signature."""
-        cx, rest = self._split(args, kwargs)
-        return self._checked_launcher(self._with_keywords(args, rest, cx), cx)
-
     def _checked_launcher(self, args, cx: dict) -> Callable:
         kernel = self.ir(**cx)
         check_args(kernel, self.kdef, tuple(args), self.allow_numpy)
