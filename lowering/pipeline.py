@@ -27,15 +27,24 @@ def verify(kernel: Kernel) -> Kernel:
     return kernel
 
 
+def portable(kernel: Kernel) -> Kernel:
+    """The compiled targets' tile rules (power-of-two dims, bounded size, k.dot dims >= 16),
+    reported at the user's line; the numpy target has no such limits."""
+    from k31dsl.dsl.frontend import check_portable
+    check_portable(kernel)
+    return kernel
+
+
 KERNEL_PASSES: list[Pass] = [
     ("frontend", frontend),
     ("verify", verify),
 ]
+COMPILED_PASSES: list[Pass] = KERNEL_PASSES + [("portable", portable)]
 
 PIPELINES: dict[str, list[Pass]] = {
     "numpy": KERNEL_PASSES,
-    "triton": KERNEL_PASSES,
-    "ascendc": KERNEL_PASSES,
+    "triton": COMPILED_PASSES,
+    "ascendc": COMPILED_PASSES,
 }
 
 
@@ -61,7 +70,7 @@ def run_pipeline(kernel: Kernel, target: str,
     strict = verify_every_pass()
     for name, fn in pipeline(target):
         kernel = fn(kernel)
-        if strict and fn is not verify:
+        if strict and fn not in (verify, portable):
             verify(kernel)
         if after_pass is not None:
             after_pass(name, kernel)

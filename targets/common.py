@@ -187,11 +187,8 @@ class CompiledKernel:
         key = tuple(sorted(constexprs.items()))
         if key not in self._ir:
             from k31dsl.lowering.pipeline import run_pipeline
-            kernel = run_pipeline(self.kdef.ir(**constexprs), self.target)   # verified here
-            if self.target != "numpy":      # compiled targets: power-of-two tiles, dots >= 16
-                from k31dsl.dsl.frontend import check_portable
-                check_portable(kernel)
-            self._ir[key] = kernel
+            # verified, and for compiled targets checked for power-of-two tiles and dots >= 16
+            self._ir[key] = run_pipeline(self.kdef.ir(**constexprs), self.target)
         return self._ir[key]
 
     def _split(self, args, kwargs: dict[str, Any]):

@@ -62,10 +62,6 @@ def _sm90() -> bool:
         return False
 
 
-def _pow2(n: int) -> bool:
-    return n >= 1 and n & (n - 1) == 0
-
-
 class TritonEmitter(PyEmitter):
     target = "triton"
 
@@ -159,20 +155,12 @@ class TritonEmitter(PyEmitter):
 
     # ------------------------------------------------------------ checks
     def check(self):
-        """Triton's limits, reported at the user's source line."""
+        """Triton's own limit beyond the compiled-target rules (power-of-two tiles, dots >= 16),
+        which the pipeline's `portable` pass checks before any target emits."""
         for op in walk(self.k.body):
-            for v in op.results + [a for r in op.regions for a in r.args]:
-                if isinstance(v.type, TileType) and not all(_pow2(s) for s in v.type.shape):
-                    raise error(f"Triton tiles need power-of-two sizes; `{op.name}` makes a "
-                                f"{list(v.type.shape)} tile here",
-                                op.loc, "round the tile size up to a power of two and mask the extra lanes")
-            if op.name == "dot":
+            if op.name == "dot" and op.operands[0].type.dtype.kind == "fp8":
                 (m, kk), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
-                if min(m, n, kk) < 16:
-                    raise error(f"Triton's tl.dot needs M, N and K of at least 16, got "
-                                f"[{m},{kk}] @ [{kk},{n}]", op.loc,
-                                "pad the tiles to 16 (mask the extra rows/columns with other=0.0)")
-                if op.operands[0].type.dtype.kind == "fp8" and kk < 32:
+                if kk < 32:
                     raise error(f"Triton's tl.dot on fp8 needs K of at least 32, got [{m},{kk}] @ [{kk},{n}]",
                                 op.loc, "use a K tile of 32 (mask the extra columns with other=0.0)")
 
