@@ -614,70 +614,13 @@ def test_user_errors_name_the_source_line():
 
 # ---------------------------------------------------------------- GPU code through Triton's compiler
 
-POINTER = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "f64": "*fp64", "i8": "*i8", "i32": "*i32",
-           "i64": "*i64", "u8": "*u8", "u32": "*u32", "bool": "*i1", "f8e4m3": "*u8", "f8e5m2": "*u8",
-           "e8m0": "*u8"}
 HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "casts", "matmul", "fp8_matmul", "topk_kernel", "take_cat_shapes",
                   "reductions", "running_stats", "gather_rows", "int_math"]
-
-
-def compile_gpu_module(kern, folder, index_type: str = "int32"):
-    """Emit `kern` in gpu mode and compile it with Triton's real compiler to an sm_90 cubin
-    (needs a process where TRITON_INTERPRET is unset; no GPU needed)."""
-    import importlib.util
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from k31dsl.targets.triton.emit import emit
-    kernel = kern.ir()
-    path = folder / f"{kernel.name}_gpu.py"
-    path.write_text(emit(kernel, mode="gpu", satfinite=True))   # as on an H200
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn = getattr(module, f"{kernel.name}_kernel")
-    signature, constants = {}, {}
-    for p in kernel.params:
-        t = p.value.type
-        if p.is_tensor:
-            signature[p.name] = POINTER[t.dtype.name]
-            signature.update({f"{p.name}_size_{a}": "i32" for a in range(t.rank)})
-            signature.update({f"{p.name}_stride_{a}": "i32" for a in range(t.rank - 1)})
-            signature[f"{p.name}_stride_{t.rank - 1}"] = "constexpr"       # Triton specialises 1
-            constants[f"{p.name}_stride_{t.rank - 1}"] = 1
-        else:
-            signature[p.name] = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64", "bf16": "fp32"}[t.dtype.name]
-    if "K31_IDX" in fn.arg_names:                                          # launcher-chosen offsets
-        signature["K31_IDX"], constants["K31_IDX"] = "constexpr", getattr(triton.language, index_type)
-    for name in fn.arg_names:
-        if name in kernel.constexprs:
-            signature[name], constants[name] = "constexpr", kernel.constexprs[name]
-        elif name not in signature:
-            signature[name] = "i32"                                        # host values
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32))
-    return bool(compiled.asm["cubin"])
 
 
 @pytest.mark.skipif(MODE != "interpret", reason="on a GPU the tests above run the GPU code itself")
 def test_gpu_mode_code_compiles_for_hopper(tmp_path):
     """The gpu-mode modules (native bf16, hardware fp8 casts, tl.dot on bf16) through Triton's
-    compiler in a fresh process (this one has Triton in interpreter mode)."""
-    import os
-    import subprocess
-    import sys
-    script = (
-        "import importlib.util, pathlib, sys\n"
-        f"spec = importlib.util.spec_from_file_location('tt_gpu', {__file__!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        f"for name in {HOPPER_CHECKED!r}:\n"
-        f"    ok = all(m.compile_gpu_module(getattr(m, name), pathlib.Path({str(tmp_path)!r}), it)\n"
-        "             for it in ('int32', 'int64'))\n"
-        "    print(name, 'ok' if ok else 'empty')\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "0"
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == [w for n in HOPPER_CHECKED for w in (n, "ok")], res.stdout
+    compiler for sm_90 (int32 and int64 offsets)."""
+    from hopper import assert_compiles_for_hopper
+    assert_compiles_for_hopper(__file__, HOPPER_CHECKED, tmp_path)
