@@ -1,0 +1,290 @@
+"""Attention Residuals (Kimi, arXiv:2603.15031), K3 convention: each layer's input is a softmax
+over depth of earlier sources v_i with logits q . v_i / sqrt(mean(v_i^2) + eps) (no 1/sqrt(d)),
+q an input-independent pseudo-query into which the key-RMSNorm gain is folded (q_eff = w * g).
+
+- `attnres`: full AttnRes over sources [n, T, D] in one kernel.
+- `attnres_prepare` (phase 1, once per block): all S queries of a block against the committed
+  blocks [n, T, D]; returns the unnormalised numerator O [S, T, D], logit max M [S, T] and
+  exp-sum L [S, T] in fp32 (the CANN BlockAttnResPrepare contract).
+- `attnres_update` (phase 2, per layer): partial += delta (in place, fp32), the partial's logit
+  merged with (O, M, L) by online softmax -> h (bf16), then the next layer's RMSNorm -> y (bf16).
+  It is two kernels (update, then a row RMSNorm) that the graph's superkernel pass fuses into one.
+
+Layout: one program per token row t. The prepare kernel sweeps the row's n sources twice in
+BD-column chunks: the first sweep accumulates every source's sum of squares and the S x n dot
+products (elementwise in a [S, n, BD] accumulator, reduced once at the end); the second sweep
+runs over the chunks in reverse order, so that it starts on the chunks the first sweep read last
+(still in L2 on a GPU), and writes O. The update and RMSNorm kernels hold a whole row as one
+BD = next_pow2(D) tile, so the RMSNorm program reads exactly the h row that the same update
+program wrote: the condition for the superkernel pass to fuse them (h stays in registers).
+"""
+
+import math
+
+import k31dsl as k
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, require_tensor, resolve_target
+from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+# Prepare: BD columns per chunk x num_warps. The first config is used without autotuning (CPU).
+# The [SB, NB, BD] accumulator is SB * NB * BD / (32 * num_warps) registers per thread: 32 for
+# S = 6 -> 8, n = 8, BD = 128, 4 warps.
+PREPARE_CONFIGS = [{"BD": 128, "num_warps": 4}, {"BD": 256, "num_warps": 8}, {"BD": 128, "num_warps": 8},
+                   {"BD": 256, "num_warps": 4}, {"BD": 512, "num_warps": 8}, {"BD": 64, "num_warps": 4}]
+# Row kernels: BD is the whole row (fixed by the call); configs choose only the warp count, through
+# WARPS, a constexpr the kernels do not read (the autotuner tells configs apart by constexprs).
+ROW_CONFIGS = [{"WARPS": w, "num_warps": w} for w in (4, 8, 16, 2)]
+MAX_ROW = 1 << 16               # whole-row tiles: D up to 65536
+ACC_BUDGET = 8192               # SB * NB * BD elements of the prepare accumulator when BD is forced
+
+
+# ---------------------------------------------------------------- kernels
+
+@k.kernel(configs=PREPARE_CONFIGS)
+def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S", "D"],
+                         o: k.Tensor["OT", "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],
+                         l: k.Tensor[k.f32, "S", "T"], eps: k.f32,
+                         VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                         NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
+                         FINAL: k.constexpr = False):
+    # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
+    for t in k.grid(v.shape[1]):
+        n = v.shape[0]
+        d = v.shape[2]
+        chunks = k.cdiv(d, BD)
+        sq = k.zeros((NB, BD), k.f32)
+        qv = k.zeros((SB, NB, BD), k.f32)
+        for j in range(chunks):
+            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
+            sq += x * x
+            qv += qt[:, None, :] * x[None, :, :]
+        inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
+        z = k.sum(qv, axis=2) * inv_rms[None, :]                              # [SB, NB]
+        z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
+        zmax = k.max(z, axis=1)
+        e = k.exp(z - zmax[:, None])
+        esum = k.sum(e, axis=1)
+        if FINAL:
+            e = e / esum[:, None]
+        else:
+            m[k.span(0, SB), t] = zmax
+            l[k.span(0, SB), t] = esum
+        for jj in range(chunks):
+            j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
+            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            o[k.span(0, SB), t, k.span(j * BD, BD)] = k.sum(e[:, :, None] * x[None, :, :], axis=1).to(OT)
+
+
+@k.kernel(configs=ROW_CONFIGS)
+def attnres_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor["DT", "T", "D"],
+                        q: k.Tensor[k.f32, "D"], o: k.Tensor[k.f32, "T", "D"], m: k.Tensor[k.f32, "T"],
+                        l: k.Tensor[k.f32, "T"], h: k.Tensor["HT", "T", "D"], eps: k.f32,
+                        DT: k.constexpr[FLOAT_INPUTS] = k.bf16, HT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                        BD: k.constexpr = 128, WARPS: k.constexpr = 4):
+    for t in k.grid(partial.shape[0]):
+        p = partial[t, k.span(0, BD, other=0.0)] + delta[t, k.span(0, BD, other=0.0)].to(k.f32)
+        partial[t, k.span(0, BD)] = p
+        score = k.sum(p * q[k.span(0, BD, other=0.0)]) * k.rsqrt(k.sum(p * p) / partial.shape[1].to(k.f32) + eps)
+        m_old = m[t]
+        m_new = k.maximum(m_old, score)
+        a = k.exp(m_old - m_new)
+        b = k.exp(score - m_new)
+        inv = 1.0 / (l[t] * a + b)
+        h[t, k.span(0, BD)] = ((o[t, k.span(0, BD, other=0.0)] * a + p * b) * inv).to(HT)
+
+
+@k.kernel(configs=ROW_CONFIGS)
+def rmsnorm_row(x: k.Tensor["XT", "T", "D"], w: k.Tensor["WT", "D"], y: k.Tensor["YT", "T", "D"], eps: k.f32,
+                XT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                YT: k.constexpr[FLOAT_INPUTS] = k.bf16, BD: k.constexpr = 128, WARPS: k.constexpr = 4):
+    # The whole row is one tile (BD >= D): the load below is exactly the producer's row store.
+    for t in k.grid(x.shape[0]):
+        xv = x[t, k.span(0, BD, other=0.0)].to(k.f32)
+        r = k.rsqrt(k.sum(xv * xv) / x.shape[1].to(k.f32) + eps)
+        y[t, k.span(0, BD)] = (xv * r * w[k.span(0, BD, other=0.0)].to(k.f32)).to(YT)
+
+
+# ---------------------------------------------------------------- argument checks
+
+def _eps(op: str, name: str, eps) -> float:
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0):
+        raise K31Error(f"{op}: {name} must be a finite number > 0, got {eps!r}",
+                       hint="it keeps 1/sqrt(mean(x^2) + eps) finite for all-zero rows; 1e-6 is usual")
+    return float(eps)
+
+
+def _shape(op: str, name: str, t, want: tuple, what: str):
+    if tuple(t.shape) != tuple(want):
+        raise K31Error(f"{op}: `{name}` must have shape {list(want)} ({what}), got {list(t.shape)}")
+
+
+def _rank(op: str, name: str, t, rank: int, dims: str):
+    if t.dim() != rank:
+        raise K31Error(f"{op}: `{name}` must be {dims} (rank {rank}), got shape {list(t.shape)}")
+
+
+def _same_device(op: str, **tensors):
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    if len(set(devs.values())) > 1:
+        raise K31Error(f"{op}: tensors are on different devices: "
+                       + ", ".join(f"{n} on {d}" for n, d in devs.items()), hint="move them to one device")
+
+
+def _fold(op: str, query, gain, shape: tuple):
+    """The effective query in fp32: query * gain (the key-RMSNorm gain), when a gain is given."""
+    import torch
+    require_tensor(op, "query" if len(shape) == 1 else "queries", query)
+    _shape(op, "query" if len(shape) == 1 else "queries", query, shape, "one pseudo-query per row, D wide")
+    q = query.to(torch.float32)
+    if gain is not None:
+        require_tensor(op, "norm_weight", gain)
+        if tuple(gain.shape) not in (shape, shape[-1:]):
+            raise K31Error(f"{op}: `norm_weight` (the key-RMSNorm gain folded into the query) must have shape "
+                           f"{list(shape)} or [{shape[-1]}], got {list(gain.shape)}")
+        q = q * gain.to(torch.float32)
+    return q.contiguous()
+
+
+def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
+    """One prepare launch: NB/SB cover the sources/queries; BD is left to the configs unless the
+    accumulator would be large (many sources or queries), then it is sized to ACC_BUDGET."""
+    nb, sb = max(2, next_pow2(v.shape[0])), max(1, next_pow2(q.shape[0]))
+    kw = {"NB": nb, "SB": sb}
+    if final:
+        kw["FINAL"] = True
+    if sb * nb > 64:
+        kw["BD"] = max(16, min(128, ACC_BUDGET // (sb * nb)))
+    attnres_prepare_rows[target](v, q, o, m, l, eps, **kw)
+
+
+def _check_sources(op: str, name: str, v):
+    require_tensor(op, name, v)
+    _rank(op, name, v, 3, "[n, T, D]")
+    if v.shape[0] < 1:
+        raise K31Error(f"{op}: `{name}` needs at least one source (shape {list(v.shape)})",
+                       hint="the embedding is always the first source")
+    if v.shape[2] < 1 or v.shape[2] > MAX_ROW:
+        raise K31Error(f"{op}: D = {v.shape[2]} is outside 1..{MAX_ROW}")
+
+
+# ---------------------------------------------------------------- public functions
+
+def attnres(sources, query, eps: float = 1e-6, *, norm_weight=None, out_dtype=None, target: str | None = None):
+    """Full AttnRes: h[t] = sum_i softmax_i(q . v_i[t] / rms(v_i[t])) v_i[t].
+
+    sources: [n, T, D] (bf16/f16/f32); query: [D] pseudo-query; norm_weight: optional [D]
+    key-RMSNorm gain, folded into the query. Returns h [T, D] in out_dtype (default sources')."""
+    import torch
+    op = "attnres"
+    target = resolve_target(target)
+    _check_sources(op, "sources", sources)
+    n, t, d = sources.shape
+    q = _fold(op, query, norm_weight, (d,))[None]
+    _same_device(op, sources=sources, query=q)
+    eps = _eps(op, "eps", eps)
+    h_dt = require_dtype_arg(op, "out_dtype", sources.dtype if out_dtype is None else out_dtype)
+    h = torch.empty((1, t, d), dtype=D.torch_dtype(h_dt), device=sources.device)
+    if t:
+        stats = torch.empty((1, t), dtype=torch.float32, device=sources.device)
+        _prepare_launch(target, sources.contiguous(), q, h, stats, stats, eps, final=True)
+    return h[0]
+
+
+def attnres_prepare(blocks, queries, eps: float = 1e-6, *, norm_weights=None, target: str | None = None):
+    """Phase 1 of Block AttnRes, once per block: all S pseudo-queries against the n committed
+    blocks, reading the blocks once. blocks: [n, T, D] (fp32; bf16/f16 accepted); queries:
+    [S, D]; norm_weights: optional key-RMSNorm gains [S, D] (or one [D]), folded into the queries.
+    Returns fp32 (O [S, T, D], M [S, T], L [S, T]): z = q_s . v_i / rms(v_i), M = max_i z,
+    L = sum_i exp(z - M), O = sum_i exp(z - M) v_i."""
+    import torch
+    op = "attnres_prepare"
+    target = resolve_target(target)
+    _check_sources(op, "blocks", blocks)
+    n, t, d = blocks.shape
+    require_tensor(op, "queries", queries)
+    _rank(op, "queries", queries, 2, "[S, D]")
+    s = queries.shape[0]
+    if s < 1:
+        raise K31Error(f"{op}: `queries` must hold at least one pseudo-query, got shape {list(queries.shape)}")
+    q = _fold(op, queries, norm_weights, (s, d))
+    _same_device(op, blocks=blocks, queries=q)
+    eps = _eps(op, "eps", eps)
+    dev = blocks.device
+    o = torch.empty((s, t, d), dtype=torch.float32, device=dev)
+    m = torch.empty((s, t), dtype=torch.float32, device=dev)
+    l = torch.empty((s, t), dtype=torch.float32, device=dev)
+    if t:
+        _prepare_launch(target, blocks.contiguous(), q, o, m, l, eps, final=False)
+    return o, m, l
+
+
+def row_block(d: int) -> int:
+    """The whole-row tile of the row kernels."""
+    return max(16, next_pow2(d))
+
+
+def check_update_args(partial, delta, query, o, m, l, norm_weight, eps, norm_eps, out_dtype):
+    """Validate attnres_update's arguments; returns (eps, norm_eps, h/y dtype)."""
+    op = "attnres_update"
+    require_tensor(op, "partial", partial, (k.f32,))
+    _rank(op, "partial", partial, 2, "[T, D]")
+    t, d = partial.shape
+    if not partial.is_contiguous():
+        raise K31Error(f"{op}: `partial` is updated in place and must be contiguous",
+                       hint="keep the running partial sum in its own contiguous fp32 buffer")
+    if d < 1 or d > MAX_ROW:
+        raise K31Error(f"{op}: D = {d} is outside 1..{MAX_ROW}")
+    require_tensor(op, "delta", delta)
+    _shape(op, "delta", delta, (t, d), "like partial")
+    require_tensor(op, "query", query)
+    _shape(op, "query", query, (d,), "the layer's effective pseudo-query")
+    require_tensor(op, "O", o, (k.f32,))
+    _shape(op, "O", o, (t, d), "this layer's slot of attnres_prepare's numerator")
+    for name, x in (("M", m), ("L", l)):
+        require_tensor(op, name, x, (k.f32,))
+        _shape(op, name, x, (t,), "this layer's slot of attnres_prepare's statistics")
+    require_tensor(op, "norm_weight", norm_weight)
+    _shape(op, "norm_weight", norm_weight, (d,), "the next RMSNorm's gain")
+    _same_device(op, partial=partial, delta=delta, query=query, O=o, M=m, L=l, norm_weight=norm_weight)
+    y_dt = require_dtype_arg(op, "out_dtype", out_dtype)
+    return _eps(op, "eps", eps), _eps(op, "norm_eps", norm_eps), y_dt
+
+
+def attnres_update(partial, delta, query, O, M, L, norm_weight, eps: float = 1e-6, norm_eps: float = 1e-6, *,
+                   out_dtype=None, fused: bool | None = None, target: str | None = None):
+    """Phase 2 of Block AttnRes, per layer, fused with the next RMSNorm:
+    partial += delta (in place, fp32); score = p . q / rms(p); online-softmax merge with the
+    block statistics: m' = max(M, score), h = (O e^(M-m') + p e^(score-m')) / (L e^(M-m') + e^(score-m'));
+    y = rmsnorm(h as stored, norm_weight, norm_eps).
+
+    partial: [T, D] fp32 contiguous; delta: [T, D] (bf16); query: [D] effective pseudo-query;
+    O [T, D], M [T], L [T]: this layer's slot of attnres_prepare; norm_weight: [D].
+    Returns (h, y) [T, D] in out_dtype (default bf16). `fused` picks the superkernel program
+    (True) or the two kernels in sequence (False); None: fused where the graph passes exist."""
+    import torch
+    target = resolve_target(target)
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    eps, norm_eps, y_dt = check_update_args(partial, delta, query, O, M, L, norm_weight, eps, norm_eps, out_dtype)
+    t, d = partial.shape
+    h = torch.empty((t, d), dtype=D.torch_dtype(y_dt), device=partial.device)
+    y = torch.empty_like(h)
+    if t == 0:
+        return h, y
+    args = (delta.contiguous(), query.to(torch.float32).contiguous(), O.contiguous(), M.contiguous(),
+            L.contiguous(), norm_weight.contiguous())
+    _run_update(target, partial, *args, h, y, eps, norm_eps, row_block(d), fused)
+    return h, y
+
+
+def _run_update(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd, fused):
+    if fused:
+        raise K31Error("attnres_update: fused=True needs the graph IR's superkernel pass, not available yet")
+    update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd)
+
+
+def update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd):
+    """The two kernels in sequence (h goes through global memory)."""
+    attnres_update_rows[target](partial, delta, q, o, m, l, h, eps, BD=bd)
+    rmsnorm_row[target](h, w, y, norm_eps, BD=bd)
