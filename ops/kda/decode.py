@@ -1,0 +1,357 @@
+"""KDA decode over an fp32 state pool: one fused kernel per step (L2 norm, gate, delta-rule
+recurrence, output), T >= 1 tokens per sequence for speculative verification, and the replay
+data plus a `kda_rollback` kernel that rebuilds the state at the accepted position.
+
+Math (research/kda.md 1.1), per token t and value head, state S [K, V]:
+    S' = Diag(exp(a_t)) S;  u_t = beta_t (v_t - S'^T k_t);  S = S' + k_t u_t^T;  o_t = S^T (scale q_t)
+The kernel computes o_t = S'^T (scale q_t) + u_t (k_t . scale q_t) (the same value): both
+reductions over K read S' and run side by side instead of one after the other.
+
+Layout and work split (designed for bandwidth; decode moves 8 K V bytes of state per token-head
+and does ~7 K V FLOPs): one program owns a (sequence, value head, V-tile) of the state, [BK, BV]
+fp32 with BK = next_pow2(K) (the whole K axis: both reductions stay in the program), reads it once
+from `state_pool[slots[n], hv]`, applies the T tokens in registers and writes it once.
+
+Rollback protocol (ReplaySSM-style, research 4.2). The checkpoint is the state *before* the
+verify step. Recommended: verify with `kda_decode(..., save_replay=True, update_state=False)`, so
+the pool rows keep the pre-step state (the checkpoint costs nothing and the verify only reads the
+state), then `kda_rollback(pool, slots, None, replay, accepted)` replays the accepted prefix onto
+the pool rows in place (one read + one write of the state). With `update_state=True` the pool
+holds the state after all T tokens and the engine must have kept a copy of the pre-step rows
+(`checkpoint` [N, HV, K, V], e.g. `state_pool[slots].clone()` before the verify).
+The replay applies, for j < accepted[n], S = Diag(exp(g_j)) S + k_j u_j^T with the (k, u, g) the
+verify kernel stored and the same operations in the same order, so the rebuilt state is the state
+a decode of just the accepted tokens would have produced (bit-identical on the numpy target).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import k31dsl as k
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_tensor, resolve_target
+
+L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
+GATE_NONE, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2
+
+# BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
+# fla's fused_recurrent_kda uses BV=32 with 4 warps (~3 TB/s on H200 at K=V=128); the others
+# trade tile size against programs in flight (N*HV*V/BV programs; 24576 at N=64, HV=96, BV=32).
+DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 32, "num_warps": 2},
+                  {"BV": 64, "num_warps": 4}, {"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 4},
+                  {"BV": 128, "num_warps": 8}]
+ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
+                    {"BV": 64, "num_warps": 8}]
+
+
+class KDAReplay(NamedTuple):
+    """Per-token replay data of a verify step (fp32): k [N, T, H, K] (after the L2 norm),
+    u [N, T, HV, V] (the delta-rule update vector), g [N, T, HV, K] (natural-log decay)."""
+    k: object
+    u: object
+    g: object
+
+
+# ---------------------------------------------------------------- device helpers
+
+@k.func
+def l2_normalize(x, ON):
+    if ON:
+        return x * k.rsqrt(k.sum(x * x) + 1e-6)
+    return x
+
+
+@k.func
+def log_decay(x, a_log, dt_bias, lower_bound, GATE):
+    """Natural-log decay from the raw gate x (GATE_NONE: x already is the decay)."""
+    if GATE == 1:                                   # Kimi Linear: -exp(A_log) * softplus(x + dt_bias)
+        return -k.exp(a_log) * k.softplus(x + dt_bias)
+    if GATE == 2:                                   # K3 lower bound: lb * sigmoid(exp(A_log) * (x + dt_bias))
+        return lower_bound * k.sigmoid(k.exp(a_log) * (x + dt_bias))
+    return x
+
+
+# ---------------------------------------------------------------- kernels
+
+@k.kernel(configs=DECODE_CONFIGS)
+def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N", "T", "H", "K"],
+                    v: k.Tensor["XT", "N", "T", "HV", "V"], g: k.Tensor["GT", "N", "T", "HV", "K"],
+                    beta: k.Tensor["BT", "N", "T", "HV"], pool: k.Tensor[k.f32, "S", "HV", "K", "V"],
+                    slots: k.Tensor[k.i32, "N"], o: k.Tensor["XT", "N", "T", "HV", "V"],
+                    a_log: k.Tensor[k.f32, "HV"], dt_bias: k.Tensor[k.f32, "HV", "K"],
+                    rk: k.Tensor[k.f32, "RN", "RT", "RH", "RK"], ru: k.Tensor[k.f32, "RN", "RT", "RHV", "RV"],
+                    rg: k.Tensor[k.f32, "RN", "RT", "RHV", "RK"], scale: k.f32, lower_bound: k.f32,
+                    XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                    BT: k.constexpr[FLOAT_INPUTS] = k.f32, GATE: k.constexpr = 0, L2NORM: k.constexpr = True,
+                    REPLAY: k.constexpr = False, UPDATE: k.constexpr = True,
+                    BK: k.constexpr = 128, BV: k.constexpr = 32):
+    for nh, pv in k.grid(q.shape[0] * v.shape[2], k.cdiv(v.shape[3], BV)):
+        nhv = v.shape[2]
+        n = nh // nhv
+        hv = nh % nhv
+        group = nhv // q.shape[2]
+        h = hv // group
+        slot = slots[n]
+        s = pool[slot, hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        alog = 0.0
+        dtb = k.zeros((BK,), k.f32)
+        if GATE != 0:
+            alog = a_log[hv]
+            dtb = dt_bias[hv, k.span(0, BK, other=0.0)]
+        for t in range(q.shape[1]):
+            qt = l2_normalize(q[n, t, h, k.span(0, BK, other=0.0)].to(k.f32), L2NORM) * scale
+            kt = l2_normalize(kk[n, t, h, k.span(0, BK, other=0.0)].to(k.f32), L2NORM)
+            a = log_decay(g[n, t, hv, k.span(0, BK, other=0.0)].to(k.f32), alog, dtb, lower_bound, GATE)
+            vt = v[n, t, hv, k.span(pv * BV, BV, other=0.0)].to(k.f32)
+            b = beta[n, t, hv].to(k.f32)
+            s = s * k.exp(a)[:, None]
+            u = b * (vt - k.sum(s * kt[:, None], axis=0))
+            ot = k.sum(s * qt[:, None], axis=0) + u * k.sum(kt * qt)
+            s = s + kt[:, None] * u[None, :]
+            o[n, t, hv, k.span(pv * BV, BV)] = ot.to(XT)
+            if REPLAY:
+                ru[n, t, hv, k.span(pv * BV, BV)] = u
+                k.store(rg, (n, t, hv, k.span(0, BK)), a, mask=pv == 0)
+                k.store(rk, (n, t, h, k.span(0, BK)), kt, mask=(pv == 0) & (hv % group == 0))
+        if UPDATE:
+            pool[slot, hv, k.span(0, BK), k.span(pv * BV, BV)] = s
+
+
+@k.kernel(configs=ROLLBACK_CONFIGS)
+def kda_replay_prefix(pool: k.Tensor[k.f32, "S", "HV", "K", "V"], slots: k.Tensor[k.i32, "N"],
+                      ckpt: k.Tensor[k.f32, "C", "HV", "K", "V"], ckpt_rows: k.Tensor[k.i32, "N"],
+                      rk: k.Tensor[k.f32, "N", "T", "H", "K"], ru: k.Tensor[k.f32, "N", "T", "HV", "V"],
+                      rg: k.Tensor[k.f32, "N", "T", "HV", "K"], accepted: k.Tensor[k.i32, "N"],
+                      BK: k.constexpr = 128, BV: k.constexpr = 32):
+    for nh, pv in k.grid(rk.shape[0] * ru.shape[2], k.cdiv(ru.shape[3], BV)):
+        nhv = ru.shape[2]
+        n = nh // nhv
+        hv = nh % nhv
+        h = hv // (nhv // rk.shape[2])
+        s = ckpt[ckpt_rows[n], hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        for t in range(k.minimum(accepted[n], rk.shape[1])):
+            a = rg[n, t, hv, k.span(0, BK, other=0.0)]
+            kt = rk[n, t, h, k.span(0, BK, other=0.0)]
+            u = ru[n, t, hv, k.span(pv * BV, BV, other=0.0)]
+            s = s * k.exp(a)[:, None]                 # the decode kernel's operations, in its order
+            s = s + kt[:, None] * u[None, :]
+        pool[slots[n], hv, k.span(0, BK), k.span(pv * BV, BV)] = s
+
+
+# ---------------------------------------------------------------- host-side checks
+
+def _shape_error(op, name, t, want, why=""):
+    raise K31Error(f"{op}: `{name}` must have shape {want}{why}, got {list(t.shape)}")
+
+
+def _require_f32_state(op, state_pool):
+    require_tensor(op, "state_pool", state_pool, (k.f32,))
+    if state_pool.dim() != 4:
+        raise K31Error(f"{op}: `state_pool` must be [num_slots, HV, K, V] fp32, got shape {list(state_pool.shape)}")
+    if not state_pool.is_contiguous():
+        raise K31Error(f"{op}: `state_pool` must be contiguous (it is updated in place)",
+                       hint="allocate the pool with torch.zeros(num_slots, HV, K, V, dtype=torch.float32)")
+
+
+def _capturing() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check_index_vector(op, name, t, n, lo, hi, distinct=False):
+    """An int32 [n] vector of values in [lo, hi) (checked on the host unless a CUDA graph is
+    being captured: the check reads the data)."""
+    import torch
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+        raise K31Error(f"{op}: `{name}` must be an int32 tensor of shape [{n}], got "
+                       f"{getattr(t, 'dtype', type(t).__name__)}", hint=f"{name}.to(torch.int32)")
+    if tuple(t.shape) != (n,):
+        _shape_error(op, name, t, [n], " (one per sequence)")
+    if n == 0 or _capturing():
+        return
+    vals = t.detach().to("cpu", torch.int64)
+    bad = (vals < lo) | (vals >= hi)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise K31Error(f"{op}: `{name}`[{i}] = {int(vals[i])} is outside [{lo}, {hi - 1}]",
+                       hint="slots index the state pool's first dim" if "slot" in name else
+                       f"{name} counts accepted tokens, 0 .. T")
+    if distinct and vals.unique().numel() != n:
+        raise K31Error(f"{op}: `{name}` repeats a slot; two sequences would update the same state in place",
+                       hint="give every sequence of the batch its own slot")
+
+
+def _int32(t):
+    import torch
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
+
+
+def _gate_mode(op, A_log, dt_bias, lower_bound, hv, kdim, device):
+    """(GATE constexpr, a_log [HV] f32, dt_bias [HV, K] f32, lower bound) from the gate arguments."""
+    import math
+
+    import torch
+    if A_log is None and dt_bias is None and lower_bound is None:
+        mode = GATE_NONE
+    elif lower_bound is not None:
+        if not (isinstance(lower_bound, (int, float)) and math.isfinite(lower_bound) and lower_bound < 0):
+            raise K31Error(f"{op}: lower_bound must be a finite negative number, got {lower_bound!r}",
+                           hint="Kimi K3 uses lower_bound=-5")
+        mode = GATE_LOWER_BOUND
+    elif A_log is None:
+        raise K31Error(f"{op}: the softplus gate needs `A_log` (dt_bias alone is not a gate)",
+                       hint="pass A_log [HV], or lower_bound=... for the lower-bound gate, or nothing "
+                            "when g already is the log-decay")
+    else:
+        mode = GATE_SOFTPLUS
+    if A_log is None:
+        a = torch.zeros(hv, dtype=torch.float32, device=device)
+    else:
+        require_tensor(op, "A_log", A_log)
+        if A_log.numel() != hv:
+            _shape_error(op, "A_log", A_log, [hv], " (one per value head)")
+        a = A_log.reshape(hv).to(torch.float32).contiguous()
+    if dt_bias is None:
+        d = torch.zeros(hv, kdim, dtype=torch.float32, device=device)
+    else:
+        require_tensor(op, "dt_bias", dt_bias)
+        if dt_bias.numel() != hv * kdim:
+            _shape_error(op, "dt_bias", dt_bias, [hv * kdim], " (HV * K, per value head and key channel)")
+        d = dt_bias.reshape(hv, kdim).to(torch.float32).contiguous()
+    return mode, a, d, float(lower_bound if lower_bound is not None else 0.0)
+
+
+def _check_decode_inputs(q, k_, v, g, beta, state_pool, slots):
+    op = "kda_decode"
+    for name, t in (("q", q), ("k", k_), ("v", v), ("g", g), ("beta", beta)):
+        require_tensor(op, name, t)
+    if q.dim() != 4:
+        raise K31Error(f"{op}: `q` must be [N, T, H, K] (T >= 1 tokens per sequence), got shape {list(q.shape)}",
+                       hint="for one token per sequence use q[:, None]")
+    n, t, h, kdim = q.shape
+    _require_f32_state(op, state_pool)
+    _, hv, ks, vdim = state_pool.shape
+    if tuple(k_.shape) != tuple(q.shape):
+        _shape_error(op, "k", k_, list(q.shape), " (like q)")
+    if hv % h != 0:
+        raise K31Error(f"{op}: the state pool has HV={hv} value heads, not a multiple of H={h} q/k heads")
+    if ks != kdim:
+        raise K31Error(f"{op}: `state_pool` has K={ks} but q has K={kdim}")
+    if tuple(v.shape) != (n, t, hv, vdim):
+        _shape_error(op, "v", v, [n, t, hv, vdim], " ([N, T, HV, V], HV and V from the state pool)")
+    if tuple(g.shape) != (n, t, hv, kdim):
+        _shape_error(op, "g", g, [n, t, hv, kdim], " ([N, T, HV, K], per value head and key channel)")
+    if tuple(beta.shape) != (n, t, hv):
+        _shape_error(op, "beta", beta, [n, t, hv])
+    if not (q.dtype == k_.dtype == v.dtype):
+        raise K31Error(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k_.dtype}, {v.dtype}",
+                       hint="convert them, e.g. v.to(q.dtype)")
+    if t < 1:
+        raise K31Error(f"{op}: T must be at least 1, got q of shape {list(q.shape)}")
+    if kdim > 256 or vdim > 1024:
+        raise K31Error(f"{op}: K={kdim}, V={vdim} too large (K <= 256 and V <= 1024: a program holds "
+                       "the whole K axis of its state tile)")
+    devs = {x.device for x in (q, k_, v, g, beta, state_pool, slots) if hasattr(x, "device")}
+    if len(devs) > 1:
+        raise K31Error(f"{op}: all tensors must be on one device, got {sorted(map(str, devs))}")
+    _check_index_vector(op, "slots", slots, n, 0, state_pool.shape[0], distinct=True)
+    return n, t, h, hv, kdim, vdim
+
+
+# ---------------------------------------------------------------- public functions
+
+def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm=True, A_log=None,
+               dt_bias=None, lower_bound=None, save_replay=None, update_state=True, target=None):
+    """One fused KDA decode step over an fp32 state pool, updated in place.
+
+    q, k: [N, T, H, K]; v: [N, T, HV, V]; g: [N, T, HV, K]; beta: [N, T, HV] (already sigmoid);
+    state_pool: fp32 [num_slots, HV, K, V]; slots: int32 [N], distinct, the pool row of each
+    sequence. T >= 1 tokens per sequence (T > 1: speculative verification). HV is a multiple of H
+    (GVA: value head hv reads q/k head hv // (HV / H)).
+    Gate: with none of A_log / dt_bias / lower_bound, g is the natural-log decay; with A_log
+    (softplus form) g is the raw gate, a = -exp(A_log[hv]) * softplus(g + dt_bias); with
+    lower_bound (K3 form) a = lower_bound * sigmoid(exp(A_log[hv]) * (g + dt_bias)) (A_log optional).
+    dt_bias is [HV * K]. scale defaults to K ** -0.5; q and k are L2-normalised in the kernel
+    unless use_qk_l2norm=False.
+    save_replay: None -> T > 1; True/False; or a KDAReplay of preallocated fp32 buffers to write
+    (fixed addresses for CUDA graphs). update_state=False leaves the pool rows untouched (they
+    then are the checkpoint of the rollback protocol; see the module docstring).
+    Returns (o [N, T, HV, V] in q's dtype, KDAReplay or None)."""
+    import torch
+    target = resolve_target(target)
+    n, t, h, hv, kdim, vdim = _check_decode_inputs(q, k, v, g, beta, state_pool, slots)
+    gate, a_log, dtb, lb = _gate_mode("kda_decode", A_log, dt_bias, lower_bound, hv, kdim, q.device)
+    scale = kdim ** -0.5 if scale is None else float(scale)
+    replay = None
+    if isinstance(save_replay, KDAReplay):
+        replay = save_replay
+        want = {"k": (n, t, h, kdim), "u": (n, t, hv, vdim), "g": (n, t, hv, kdim)}
+        for name, shape in want.items():
+            buf = getattr(replay, name)
+            require_tensor("kda_decode", f"save_replay.{name}", buf, (D.f32,))
+            if tuple(buf.shape) != shape or not buf.is_contiguous():
+                _shape_error("kda_decode", f"save_replay.{name}", buf, list(shape), " (contiguous fp32)")
+    elif save_replay or (save_replay is None and t > 1):
+        f32 = dict(dtype=torch.float32, device=q.device)
+        replay = KDAReplay(torch.empty(n, t, h, kdim, **f32), torch.empty(n, t, hv, vdim, **f32),
+                           torch.empty(n, t, hv, kdim, **f32))
+    elif save_replay not in (None, False):
+        raise K31Error(f"kda_decode: save_replay must be None, a bool or a KDAReplay, got {type(save_replay).__name__}")
+    o = torch.empty(n, t, hv, vdim, dtype=q.dtype, device=q.device)
+    if n == 0:
+        return o, replay
+    dummy = torch.zeros(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+    rk, ru, rg = replay if replay is not None else (dummy, dummy, dummy)
+    cx = {"BK": max(16, next_pow2(kdim))}
+    if gate:
+        cx["GATE"] = gate
+    if not use_qk_l2norm:
+        cx["L2NORM"] = False
+    if replay is not None:
+        cx["REPLAY"] = True
+    if not update_state:
+        cx["UPDATE"] = False
+    kda_decode_step[target](q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+                            state_pool, _int32(slots), o, a_log, dtb, rk, ru, rg, scale, lb, **cx)
+    return o, replay
+
+
+def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, target=None):
+    """Rebuild each sequence's state at its accepted position: state_pool[slots[n]] = the
+    checkpoint with the first accepted[n] tokens of `replay` applied (accepted[n] in 0..T).
+
+    checkpoint: None -> the pool rows themselves hold the pre-verify state (the verify ran with
+    update_state=False; recommended: the commit reads and writes the state once); or an fp32
+    [N, HV, K, V] tensor with each sequence's pre-verify state (kept by the engine when the verify
+    updated the pool). replay: the KDAReplay the verify returned. Updates state_pool in place and
+    returns it."""
+    import torch
+    op = "kda_rollback"
+    target = resolve_target(target)
+    _require_f32_state(op, state_pool)
+    if not isinstance(replay, KDAReplay):
+        raise K31Error(f"{op}: `replay` must be the KDAReplay returned by kda_decode(..., save_replay=True), "
+                       f"got {type(replay).__name__}")
+    for name in ("k", "u", "g"):
+        require_tensor(op, f"replay.{name}", getattr(replay, name), (k.f32,), min_rank=4)
+    n, t, h, kdim = replay.k.shape
+    _, hv, ks, vdim = state_pool.shape
+    if ks != kdim or tuple(replay.u.shape) != (n, t, hv, vdim) or tuple(replay.g.shape) != (n, t, hv, kdim):
+        raise K31Error(f"{op}: replay shapes k {list(replay.k.shape)}, u {list(replay.u.shape)}, g "
+                       f"{list(replay.g.shape)} do not match the state pool [.., {hv}, {ks}, {vdim}]",
+                       hint="pass the replay of the verify step over this pool")
+    _check_index_vector(op, "slots", slots, n, 0, state_pool.shape[0], distinct=True)
+    _check_index_vector(op, "accepted", accepted, n, 0, t + 1)
+    if checkpoint is None:
+        ckpt, rows = state_pool, _int32(slots)
+    else:
+        require_tensor(op, "checkpoint", checkpoint, (k.f32,))
+        if tuple(checkpoint.shape) != (n, hv, kdim, vdim):
+            _shape_error(op, "checkpoint", checkpoint, [n, hv, kdim, vdim], " (the pre-verify state of each sequence)")
+        ckpt, rows = checkpoint.contiguous(), torch.arange(n, dtype=torch.int32, device=state_pool.device)
+    if n:
+        kda_replay_prefix[target](state_pool, _int32(slots), ckpt, rows, replay.k.contiguous(),
+                                  replay.u.contiguous(), replay.g.contiguous(), _int32(accepted),
+                                  BK=max(16, next_pow2(kdim)))
+    return state_pool
