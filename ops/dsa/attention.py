@@ -1,0 +1,290 @@
+"""The paged MLA latent cache (FlashMLA "V32" FP8 layout), its write op, and sparse MLA attention
+(SFA) over it — the attention half of DSA (research/dsa.md sections 2-3).
+
+Cache: uint8 [num_pages, 64, 656], token records contiguous (research 3.3, byte-exact):
+  bytes [0, 512)    latent as E4M3 codes, 4 tiles of 128
+  bytes [512, 528)  4 fp32 scales (little-endian), latent[128t + i] = code * scale[t]
+  bytes [528, 656)  rope as 64 bfloat16
+A physical slot is page * 64 + row. The kernels see one storage through three views of the
+flattened [S, 656] records — E4M3 [S, 656], fp32 [S, 164] (scales at columns 128..131), bf16
+[S, 328] (rope at columns 264..327) — so every field is one typed, aligned load (656 = 41 x 16).
+
+SFA never materialises dequantized rows: for tile g of a gathered row, score contributions are
+scale[g] * (q_g . code_g) and the value update is (p * scale[g]) @ code_g, with the E4M3 codes
+converted exactly to bf16 for the MMA (the scale multiplies an [heads, keys] tile instead of the
+[keys, 512] one). Softmax is online over blocks of BK indices, fp32, natural-log lse.
+"""
+from __future__ import annotations
+
+import math
+
+import k31dsl as k
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import FLOAT_INPUTS, require_tensor, resolve_target
+from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+PAGE = 64
+LATENT = 512
+ROPE = 64
+TILE = 128
+RECORD = 656
+SCALE_COL = LATENT // 4            # first scale in the fp32 view
+ROPE_COL = (LATENT + 16) // 2      # first rope value in the bf16 view
+
+WRITE_CONFIGS = [{"BM": 4}, {"BM": 8}, {"BM": 16}, {"BM": 2}]
+# BH heads x BK indices per step. BH=64 keeps the four [64, 128] fp32 accumulators in registers on
+# Hopper (128 heads -> 2 programs per query, the second reading the gathered rows from L2).
+SFA_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 8}, {"BH": 64, "BK": 64, "num_warps": 8},
+               {"BH": 32, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 16, "num_warps": 4}]
+
+
+# ---------------------------------------------------------------- device helpers
+
+@k.func
+def fp8_tile_codes(xt, eps, BM, POW2):
+    """[BM, 512] fp32 -> (E4M3 codes [BM, 512], fp32 scales [BM, 4]): the fp8_tile recipe of
+    ops/quant.py (scale max(amax, eps) / 448, codes x * fp32(1 / scale), NaN tile -> NaN)."""
+    xg = k.reshape(xt, (BM, 4, 128))
+    abits = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)
+    bad = abits >= 0x7F800000
+    sc = k.maximum(abits.bitcast(k.f32), eps) / 448.0
+    if POW2:
+        e8 = sc.to(k.e8m0)
+        sc = e8.to(k.f32)
+        y = xg * ((254 - e8.bitcast(k.u8).to(k.i32)) << 23).bitcast(k.f32)[:, :, None]
+    else:
+        y = xg * (1.0 / sc)[:, :, None]
+    y = k.where(bad[:, :, None], float("nan"), y)
+    return k.reshape(y, (BM, 512)).to(k.f8e4m3), k.where(bad, float("nan"), sc)
+
+
+@k.func
+def online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, sm_scale, m, l, a0, a1, a2, a3):
+    """One block of BK gathered records folded into the running softmax state (m, l, a0..a3)."""
+    c0 = codes[idx, k.span(0, 128, other=0.0)].to(k.bf16)
+    c1 = codes[idx, k.span(128, 128, other=0.0)].to(k.bf16)
+    c2 = codes[idx, k.span(256, 128, other=0.0)].to(k.bf16)
+    c3 = codes[idx, k.span(384, 128, other=0.0)].to(k.bf16)
+    s0 = k.load(scales, (idx, 128), other=0.0)                         # [BK] per tile
+    s1 = k.load(scales, (idx, 129), other=0.0)
+    s2 = k.load(scales, (idx, 130), other=0.0)
+    s3 = k.load(scales, (idx, 131), other=0.0)
+    kr = rope[idx, k.span(264, 64, other=0.0)]
+    s = k.dot(ql0, c0.T) * s0[None, :] + k.dot(ql1, c1.T) * s1[None, :] + \
+        k.dot(ql2, c2.T) * s2[None, :] + k.dot(ql3, c3.T) * s3[None, :] + k.dot(qr, kr.T)
+    s = k.where(valid[None, :], s * sm_scale, float("-inf"))
+    m_new = k.maximum(m, k.max(s, axis=1))
+    m_safe = k.where(m_new == float("-inf"), 0.0, m_new)               # nothing valid yet: no NaN
+    alpha = k.exp(m - m_safe)
+    p = k.exp(s - m_safe[:, None])
+    l = l * alpha + k.sum(p, axis=1)
+    a0 = a0 * alpha[:, None] + k.dot((p * s0[None, :]).to(k.bf16), c0)
+    a1 = a1 * alpha[:, None] + k.dot((p * s1[None, :]).to(k.bf16), c1)
+    a2 = a2 * alpha[:, None] + k.dot((p * s2[None, :]).to(k.bf16), c2)
+    a3 = a3 * alpha[:, None] + k.dot((p * s3[None, :]).to(k.bf16), c3)
+    return m_new, l, a0, a1, a2, a3
+
+
+@k.func
+def finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH):
+    """o = acc / l (0 for a query without a valid index), lse = m + log l (+inf there)."""
+    ok = l > 0.0
+    inv = 1.0 / k.where(ok, l, 1.0)
+    o[t, k.span(h0, BH), k.span(0, 128)] = k.where(ok[:, None], a0 * inv[:, None], 0.0).to(k.bf16)
+    o[t, k.span(h0, BH), k.span(128, 128)] = k.where(ok[:, None], a1 * inv[:, None], 0.0).to(k.bf16)
+    o[t, k.span(h0, BH), k.span(256, 128)] = k.where(ok[:, None], a2 * inv[:, None], 0.0).to(k.bf16)
+    o[t, k.span(h0, BH), k.span(384, 128)] = k.where(ok[:, None], a3 * inv[:, None], 0.0).to(k.bf16)
+    lse[t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("inf"))
+
+
+@k.func
+def load_query(q, t, h0, BH):
+    """The query's [BH, 576] rows as bf16 tiles: latent part in 4 tiles of 128, rope part."""
+    ql0 = q[t, k.span(h0, BH), k.span(0, 128, other=0.0)].to(k.bf16)
+    ql1 = q[t, k.span(h0, BH), k.span(128, 128, other=0.0)].to(k.bf16)
+    ql2 = q[t, k.span(h0, BH), k.span(256, 128, other=0.0)].to(k.bf16)
+    ql3 = q[t, k.span(h0, BH), k.span(384, 128, other=0.0)].to(k.bf16)
+    qr = q[t, k.span(h0, BH), k.span(512, 64, other=0.0)].to(k.bf16)
+    return ql0, ql1, ql2, ql3, qr
+
+
+# ---------------------------------------------------------------- kernels
+
+@k.kernel(configs=WRITE_CONFIGS)
+def mla_cache_write_rows(kv: k.Tensor["XT", "N", "DL"], kr: k.Tensor["RT", "N", "DR"], slots: k.Tensor[k.i32, "N"],
+                         codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S", "R // 4"],
+                         rope: k.Tensor[k.bf16, "S", "R // 2"], eps: k.f32,
+                         XT: k.constexpr[FLOAT_INPUTS] = k.bf16, RT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                         POW2: k.constexpr = False, BM: k.constexpr = 4):
+    # One program quantizes BM tokens and scatters their records to their slots (slot < 0 or
+    # past the cache: the lanes are out of bounds, nothing is stored).
+    for pm in k.grid(k.cdiv(kv.shape[0], BM)):
+        slot = slots[k.span(pm * BM, BM, other=-1)]
+        xt = kv[k.span(pm * BM, BM), k.span(0, 512, other=0.0)].to(k.f32)
+        c, sc = fp8_tile_codes(xt, eps, BM, POW2)
+        codes[slot, k.span(0, 512)] = c
+        scales[slot, k.span(128, 4)] = sc
+        rope[slot, k.span(264, 64)] = kr[k.span(pm * BM, BM), k.span(0, 64, other=0.0)].to(k.bf16)
+
+
+@k.kernel(configs=SFA_CONFIGS)
+def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
+                             scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+                             indices: k.Tensor[k.i32, "T", "K"], o: k.Tensor[k.bf16, "T", "H", "DV"],
+                             lse: k.Tensor[k.f32, "T", "H"], sm_scale: k.f32,
+                             QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 32):
+    # One program: query t, heads [h0, h0 + BH), all its indices in blocks of BK.
+    for t, hb in k.grid(q.shape[0], k.cdiv(q.shape[1], BH)):
+        h0 = hb * BH
+        ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
+        m = k.full((BH,), float("-inf"), k.f32)
+        l = k.zeros((BH,), k.f32)
+        a0 = k.zeros((BH, 128), k.f32)
+        a1 = k.zeros((BH, 128), k.f32)
+        a2 = k.zeros((BH, 128), k.f32)
+        a3 = k.zeros((BH, 128), k.f32)
+        n_slots = codes.shape[0]
+        for j in range(k.cdiv(indices.shape[1], BK)):
+            idx = indices[t, k.span(j * BK, BK, other=-1)]
+            valid = (idx >= 0) & (idx < n_slots)
+            m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
+                                                sm_scale, m, l, a0, a1, a2, a3)
+        finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
+
+
+@k.kernel
+def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tensor[k.i32, "B", "MP"],
+                            slots: k.Tensor[k.i32, "T", "K"], next_n: k.i32, BK: k.constexpr = 128):
+    # Logical positions of query t (sequence t // next_n) -> physical slots; -1 stays -1.
+    for t, j in k.grid(pos.shape[0], k.cdiv(pos.shape[1], BK)):
+        p = pos[t, k.span(j * BK, BK, other=-1)]
+        ok = p >= 0
+        page = block_table[t // next_n, k.where(ok, p // 64, 0)]
+        slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
+
+
+# ---------------------------------------------------------------- public functions
+
+def new_mla_cache(num_pages: int, device=None):
+    """An all-zero paged MLA latent cache: uint8 [num_pages, 64, 656]."""
+    import torch
+    if not (isinstance(num_pages, int) and num_pages >= 0):
+        raise K31Error(f"new_mla_cache: num_pages must be an int >= 0, got {num_pages!r}")
+    return torch.zeros((num_pages, PAGE, RECORD), dtype=torch.uint8, device=device)
+
+
+def _require_cache(op: str, cache):
+    import torch
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() != 3 \
+            or tuple(cache.shape[1:]) != (PAGE, RECORD):
+        got = f"{cache.dtype} {list(cache.shape)}" if isinstance(cache, torch.Tensor) else type(cache).__name__
+        raise K31Error(f"{op}: `cache` must be a uint8 tensor [num_pages, {PAGE}, {RECORD}] (the MLA latent "
+                       f"cache), got {got}", hint="make one with new_mla_cache(num_pages)")
+    if not cache.is_contiguous():
+        raise K31Error(f"{op}: `cache` must be contiguous (token records {RECORD} bytes apart, pages "
+                       f"{PAGE * RECORD} bytes apart)")
+
+
+def cache_views(cache):
+    """(E4M3 [S, 656], fp32 [S, 164], bf16 [S, 328]) views of one cache's storage, S = pages * 64."""
+    import torch
+    flat = cache.view(-1, RECORD)
+    return flat.view(torch.float8_e4m3fn), flat.view(torch.float32), flat.view(torch.bfloat16)
+
+
+def _int32(op: str, name: str, t, rank: int):
+    import torch
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != rank:
+        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise K31Error(f"{op}: `{name}` must be an int32/int64 tensor of rank {rank}, got {got}")
+    if t.dtype == torch.int64 and t.numel() and (t.max() >= 2 ** 31 or t.min() < -2 ** 31):
+        raise K31Error(f"{op}: `{name}` holds values outside int32")
+    return t.to(torch.int32).contiguous()
+
+
+def mla_cache_write(cache, kv_latent, k_rope, slot_mapping, *, pow2_scale: bool = False, eps: float = 1e-4,
+                    target: str | None = None):
+    """Write N tokens into the paged MLA cache in place: kv_latent [N, 512] and k_rope [N, 64]
+    (bf16/f16/f32) at physical slots slot_mapping [N] (page * 64 + row; a negative slot is skipped,
+    e.g. padding). Latent: per-128 tile FP8, scale max(amax, eps) / 448 in fp32 (pow2_scale: rounded
+    up to a power of two, FlashMLA's test quantizer), codes E4M3; rope: bf16. Returns cache."""
+    target = resolve_target(target)
+    op = "mla_cache_write"
+    _require_cache(op, cache)
+    require_tensor(op, "kv_latent", kv_latent, FLOAT_INPUTS, 2)
+    require_tensor(op, "k_rope", k_rope, FLOAT_INPUTS, 2)
+    n = kv_latent.shape[0]
+    if kv_latent.dim() != 2 or kv_latent.shape[1] != LATENT:
+        raise K31Error(f"{op}: `kv_latent` must be [N, {LATENT}], got {list(kv_latent.shape)}")
+    if k_rope.dim() != 2 or tuple(k_rope.shape) != (n, ROPE):
+        raise K31Error(f"{op}: `k_rope` must be [{n}, {ROPE}] (one row per kv_latent row), got {list(k_rope.shape)}")
+    slots = _int32(op, "slot_mapping", slot_mapping, 1)
+    if slots.shape[0] != n:
+        raise K31Error(f"{op}: `slot_mapping` must have {n} entries (one per token), got {slots.shape[0]}")
+    if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
+        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages x {PAGE} slots)",
+                       hint="slots are page * 64 + row; allocate more pages")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise K31Error(f"{op}: eps must be a finite number > 0, got {eps!r}")
+    if n == 0 or cache.numel() == 0:
+        return cache
+    c, s, r = cache_views(cache)
+    kw = {"POW2": True} if pow2_scale else {}
+    mla_cache_write_rows[target](kv_latent.contiguous(), k_rope.contiguous(), slots, c, s, r, float(eps), **kw)
+    return cache
+
+
+def _check_scale(op: str, sm_scale):
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+            or sm_scale <= 0:
+        raise K31Error(f"{op}: sm_scale must be a finite number > 0, got {sm_scale!r}",
+                       hint="pass the model's softmax scale explicitly (DeepSeek-V3.2: 192**-0.5 * mscale**2 "
+                            "= 0.135234); there is no default")
+
+
+def sparse_mla_attention(q, cache, indices, sm_scale, *, target: str | None = None, **config):
+    """Sparse MLA attention (MQA mode) over the paged FP8 latent cache.
+
+    q [T, H, 576] bf16/f32 (512 absorbed latent dims, then 64 rope dims); indices [T, topk]
+    int32 physical slots (page * 64 + row), -1 or any value outside the cache is ignored;
+    sm_scale explicit. Returns (o [T, H, 512] bf16, lse [T, H] fp32, natural log); a query with
+    no valid index gets o = 0 and lse = +inf."""
+    import torch
+    target = resolve_target(target)
+    op = "sparse_mla_attention"
+    _require_cache(op, cache)
+    require_tensor(op, "q", q, (k.bf16, k.f32), 3)
+    if q.dim() != 3 or q.shape[2] != LATENT + ROPE:
+        raise K31Error(f"{op}: `q` must be [T, H, {LATENT + ROPE}], got {list(q.shape)}")
+    idx = _int32(op, "indices", indices, 2)
+    if idx.shape[0] != q.shape[0]:
+        raise K31Error(f"{op}: `indices` must have one row per query ({q.shape[0]}), got {list(idx.shape)}")
+    _check_scale(op, sm_scale)
+    T, H = q.shape[0], q.shape[1]
+    o = torch.zeros((T, H, LATENT), dtype=torch.bfloat16, device=q.device)
+    lse = torch.full((T, H), float("inf"), dtype=torch.float32, device=q.device)
+    if T == 0 or H == 0:
+        return o, lse
+    c, s, r = cache_views(cache)
+    kw = dict(config)
+    if "BH" not in kw and H < 64:
+        kw["BH"] = max(16, 1 << (H - 1).bit_length())
+    sparse_mla_attention_fwd[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
+    return o, lse
+
+
+def slots_of_positions(positions, block_table, next_n: int = 1, *, target: str | None = None):
+    """Logical key positions [T, K] (-1 = none) of query t, which belongs to sequence t // next_n,
+    -> physical slots block_table[t // next_n, pos // 64] * 64 + pos % 64 (int32, -1 kept)."""
+    import torch
+    target = resolve_target(target)
+    op = "slots_of_positions"
+    pos = _int32(op, "positions", positions, 2)
+    bt = _int32(op, "block_table", block_table, 2)
+    if not (isinstance(next_n, int) and next_n >= 1) or pos.shape[0] != bt.shape[0] * next_n:
+        raise K31Error(f"{op}: positions has {pos.shape[0]} rows but block_table has {bt.shape[0]} sequences "
+                       f"x next_n={next_n!r}", hint="rows of positions = sequences x queries per sequence")
+    out = torch.empty_like(pos)
+    if pos.numel():
+        slots_of_positions_rows[target](pos, bt, out, next_n)
+    return out
