@@ -288,3 +288,131 @@ def update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, b
     """The two kernels in sequence (h goes through global memory)."""
     attnres_update_rows[target](partial, delta, q, o, m, l, h, eps, BD=bd)
     rmsnorm_row[target](h, w, y, norm_eps, BD=bd)
+
+
+# ---------------------------------------------------------------- checks against the oracle
+
+F32_TOL, BF16_TOL = 1e-4, 2e-2
+
+
+def _tol(dtype) -> float:
+    import torch
+    return F32_TOL if dtype == torch.float32 else BF16_TOL
+
+
+def _sources(shape, dtype, gen, zero_row: bool = True):
+    """Random sources whose rows differ in scale by up to e^+-3 (the RMS normalisation matters),
+    one all-zero row (its key is 0 / sqrt(eps)) and one large row."""
+    import torch
+    v = torch.randn(shape, generator=gen) * torch.exp(1.5 * torch.randn(shape[:-1] + (1,), generator=gen))
+    if zero_row and shape[0] > 1 and shape[1] > 1:
+        v[1, 0] = 0.0
+        v[0, -1] *= 300.0
+    return v.to(dtype)
+
+
+def _queries(shape, gen, scale: float = 2.0):
+    """Pseudo-queries with logits of standard deviation ~scale."""
+    import torch
+    return torch.randn(shape, generator=gen) * (scale / shape[-1] ** 0.5)
+
+
+def _rel(got, want) -> float:
+    import numpy as np
+    from k31dsl.ops.testing import max_rel_err, to_f64
+    want = np.asarray(want, np.float64)
+    return max_rel_err(to_f64(got), want, floor=1e-3 * float(np.abs(want).max()) if want.size else 0.0)
+
+
+def _check_attnres(target: str, seed: int = 0) -> list[CaseResult]:
+    import torch
+    from k31dsl.ops.testing import device_for, dtype_name, load_oracle, to_f64
+    ref = load_oracle("attnres")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    cases = [((3, 5, 200), torch.bfloat16, True, None, 2.0), ((1, 4, 37), torch.float32, False, None, 2.0),
+             ((9, 3, 96), torch.float32, True, torch.float32, 20.0), ((17, 2, 50), torch.bfloat16, False,
+                                                                       torch.float32, 2.0),
+             ((2, 1, 1), torch.float32, False, None, 2.0)]
+    out = []
+    for shape, dt, gain, out_dt, scale in cases:
+        v = _sources(shape, dt, g)
+        q = _queries((shape[2],), g, scale)
+        w = (1 + 0.3 * torch.randn(shape[2], generator=g)) if gain else None
+        h = attnres(v.to(dev), q.to(dev), 1e-6, norm_weight=None if w is None else w.to(dev), out_dtype=out_dt,
+                    target=target)
+        q_eff = to_f64(q) * (1.0 if w is None else to_f64(w))
+        err = _rel(h, ref.attnres(to_f64(v), q_eff, 1e-6))
+        t = _tol(h.dtype)
+        out.append(CaseResult(f"sources={list(shape)} {dtype_name(dt)}, gain={gain}, logit scale {scale} -> "
+                              f"{dtype_name(h.dtype)}", err, t, err <= t))
+    return out
+
+
+def _check_prepare(target: str, seed: int = 0) -> list[CaseResult]:
+    import torch
+    from k31dsl.ops.testing import device_for, dtype_name, load_oracle, to_f64
+    ref = load_oracle("attnres")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    cases = [((5, 7, 200), 3, torch.float32, 2.0), ((8, 3, 130), 6, torch.float32, 20.0),
+             ((1, 2, 64), 2, torch.float32, 2.0), ((3, 4, 45), 9, torch.float32, 2.0),
+             ((4, 3, 100), 2, torch.bfloat16, 2.0), ((33, 2, 24), 3, torch.float32, 2.0)]
+    out = []
+    for shape, s, dt, scale in cases:
+        v = _sources(shape, dt, g)
+        q = _queries((s, shape[2]), g, scale)
+        o, m, l = attnres_prepare(v.to(dev), q.to(dev), 1e-6, target=target)
+        want = ref.prepare(to_f64(v), to_f64(q), 1e-6)
+        name = f"blocks={list(shape)} {dtype_name(dt)}, S={s}, logit scale {scale}"
+        for what, got, w in zip("OML", (o, m, l), want):
+            err = _rel(got, w)
+            out.append(CaseResult(f"{name}: {what}", err, F32_TOL, err <= F32_TOL))
+    return out
+
+
+def _check_update(target: str, seed: int = 0) -> list[CaseResult]:
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import device_for, dtype_name, f32_mismatches, load_oracle, to_f64
+    ref, fp = load_oracle("attnres"), load_oracle("fp")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    cases = [(7, 200, torch.bfloat16, None, 2.0), (2, 7168, torch.bfloat16, None, 2.0),
+             (5, 45, torch.float32, torch.float32, 20.0), (1, 1, torch.bfloat16, None, 2.0),
+             (3, 96, torch.float16, torch.bfloat16, 2.0)]
+    out = []
+    for t, d, delta_dt, out_dt, scale in cases:
+        blocks = _sources((3, t, d), torch.float32, g)
+        o, m, l = (x.astype(np.float32).astype(np.float64)
+                   for x in ref.prepare(to_f64(blocks), to_f64(_queries((1, d), g, scale)), 1e-6))
+        o, m, l = o[0], m[0], l[0]
+        partial = _sources((1, t, d), torch.float32, g, zero_row=False)[0]
+        delta = torch.randn(t, d, generator=g).to(delta_dt)
+        q = _queries((d,), g, scale)
+        w = 1 + 0.3 * torch.randn(d, generator=g)
+        p_dev = partial.clone().to(dev)          # updated in place; `partial` keeps the old values
+        as_t = (lambda a: torch.from_numpy(a.astype(np.float32)).to(dev))
+        h, y = attnres_update(p_dev, delta.to(dev), q.to(dev), as_t(o), as_t(m), as_t(l), w.to(dev), 1e-6, 1e-5,
+                              out_dtype=out_dt, target=target)
+        rnd = (lambda a: fp.round_to(a, fp.BF16)) if h.dtype == torch.bfloat16 else None
+        p_want, h_want, y_want = ref.update_rmsnorm(to_f64(partial), to_f64(delta), to_f64(q), o, m, l, to_f64(w),
+                                                    1e-6, 1e-5, round_h=rnd)
+        name = f"T={t}, D={d}, delta {dtype_name(delta_dt)}, logit scale {scale} -> {dtype_name(h.dtype)}"
+        bad = f32_mismatches(p_dev.cpu().numpy(), fp.round_to(p_want, fp.F32))
+        out.append(CaseResult(f"{name}: partial += delta (in place)", bad, 0, bad == 0, "fp32 values != f32(p + d)"))
+        for what, got, want in (("h", h, h_want), ("y", y, y_want)):
+            err = _rel(got, want)
+            out.append(CaseResult(f"{name}: {what}", err, _tol(got.dtype), err <= _tol(got.dtype)))
+    return out
+
+
+register(OpSpec("attnres", "attnres", attnres, [attnres_prepare_rows],
+                "full Attention Residuals: softmax over depth of RMS-normalised sources (K3, gain folded into q)",
+                _check_attnres, tags=["attnres"]))
+register(OpSpec("attnres_prepare", "attnres", attnres_prepare, [attnres_prepare_rows],
+                "Block AttnRes phase 1: S queries vs n blocks read once -> O, M, L (fp32)",
+                _check_prepare, tags=["attnres"]))
+register(OpSpec("attnres_update", "attnres", attnres_update, [attnres_update_rows, rmsnorm_row],
+                "Block AttnRes phase 2: partial += delta, online-softmax merge, next RMSNorm (bf16 h, y)",
+                _check_update, tags=["attnres", "norm"]))
