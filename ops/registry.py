@@ -42,4 +42,5 @@ def all_ops() -> dict[str, OpSpec]:
     """Import the op modules (which register themselves) and return the catalogue."""
     from k31dsl.ops import common, quant  # noqa: F401
     from k31dsl.ops import attnres  # noqa: F401
+    from k31dsl.ops import kda  # noqa: F401
     return dict(REGISTRY)

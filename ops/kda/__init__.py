@@ -1,1 +1,3 @@
-"""(filled in by its issue)"""
+"""KDA (Kimi Delta Attention) ops, fla shape conventions: gate, chunked prefill (part A, this
+helper), decode / rollback / context-parallel summaries (part B)."""
+from k31dsl.ops.kda.gate import kda_gate  # noqa: F401
