@@ -311,9 +311,9 @@ class TritonEmitter(PyEmitter):
         return self.lines
 
     def host_expr(self, v: Value) -> str:
-        if isinstance(v.type, TileType):
+        if isinstance(v.type, TileType) and v.uid in self.host_names:
             return self.host_names[v.uid]
-        return self.n(v)   # a tensor parameter
+        return self.n(v)   # a tensor parameter, or a scalar parameter used in the grid
 
     def host_values_in_body(self) -> list[str]:
         """Host values the body reads travel as (unspecialised) scalar kernel arguments."""
