@@ -1,0 +1,277 @@
+"""DSA Lightning Indexer over a paged MXFP8 key cache: the cache layout, `indexer_cache_write`
+and `lightning_indexer` (research/dsa.md §1.2-1.4, §3.3, §4.5).
+
+INDEXER KEY CACHE (one per layer): a uint8 tensor [num_pages, 8448], contiguous. A page holds
+PAGE = 64 tokens; slot = page * 64 + offset (offset = slot % 64). Per token: 128 E4M3 codes of the
+key (after LayerNorm, RoPE, Hadamard) and 4 E8M0 scale bytes, one per group of 32 dims (MXFP8,
+scale 2^(byte - 127)). The page is BLOCK-SPLIT, not token-interleaved:
+
+    bytes [0, 8192)          codes, token-major: token i's dim d at byte i * 128 + d
+    bytes [8192, 8448)       scales, token-major: token i's group g at byte 8192 + i * 4 + g
+
+so the 64 x 128 code tile and the 64 x 4 scale tile of a page are each contiguous (one load
+each). `indexer_cache_views(cache)` gives the two strided views the kernels read:
+codes float8_e4m3fn [P, 64, 128] and scales float8_e8m0fnu [P, 64, 4] (page stride 8448).
+Reads go through block tables [B, max_pages] int32 (logical block j of sequence b lives in page
+block_table[b, j]; pages need not be contiguous or ordered). Byte offsets are i32: a cache must
+stay below 2^31 bytes (254,000 pages, 16M tokens) per layer.
+
+SCORES (per query token t, key position s of t's sequence, heads j, groups g of 32 dims):
+
+    I[t, s] = sum_j w[t, j] * ReLU( sum_g s_q[t, j, g] * s_k[s, g] * (q8[t, j, g] . k8[s, g]) )
+
+q8/k8 the E4M3 codes, s_q/s_k the E8M0 scales. The per-group scale products sit inside the ReLU,
+so they cannot be folded into w (research §4.5); each 32-wide group is one k.dot (fp8 operands,
+fp32 accumulate) scaled by the outer product of the two scale vectors. Positions outside
+[ks[t], ke[t]) score -inf. Power-of-two scales make the scaling exact unless a product leaves the
+fp32 range (|scale product| < 2^-126), which normal activations never reach.
+
+`indexer_query` + `indexer_page_scores` (the @k.funcs below) are the scoring of a block of query
+tokens against pages of keys; the fused LI+SFA decode kernel calls them too.
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
+
+PAGE = 64                      # tokens per page
+HEAD_DIM = 128                 # indexer head dim
+GROUPS = HEAD_DIM // 32        # MXFP8 groups per key / per (token, head)
+CODE_BYTES = PAGE * HEAD_DIM   # 8192: the code block of a page
+PAGE_BYTES = PAGE * (HEAD_DIM + GROUPS)   # 8448
+TOKEN_BYTES = HEAD_DIM + GROUPS           # 132
+
+
+# ---------------------------------------------------------------- scoring helpers (@k.func)
+
+@k.func
+def indexer_query(q_codes, q_scales, weights, t0, NQ, H):
+    """Query tokens t0 .. t0+NQ-1 (all heads) as the operands of `indexer_page_scores`: four code
+    tiles [NQ*H, 32] (one per MX group), their scales [NQ*H] f32 and the head weights [NQ*H].
+    Rows past the end of the tensors read code 0 / weight 0 (their scores are 0, masked later)."""
+    M = NQ * H
+    q0 = k.reshape(q_codes[k.span(t0, NQ), k.span(0, H), k.span(0, 32, other=0.0)], (M, 32))
+    q1 = k.reshape(q_codes[k.span(t0, NQ), k.span(0, H), k.span(32, 32, other=0.0)], (M, 32))
+    q2 = k.reshape(q_codes[k.span(t0, NQ), k.span(0, H), k.span(64, 32, other=0.0)], (M, 32))
+    q3 = k.reshape(q_codes[k.span(t0, NQ), k.span(0, H), k.span(96, 32, other=0.0)], (M, 32))
+    s0 = k.reshape(k.load(q_scales, (k.span(t0, NQ), k.span(0, H), 0), other=1.0).to(k.f32), (M,))
+    s1 = k.reshape(k.load(q_scales, (k.span(t0, NQ), k.span(0, H), 1), other=1.0).to(k.f32), (M,))
+    s2 = k.reshape(k.load(q_scales, (k.span(t0, NQ), k.span(0, H), 2), other=1.0).to(k.f32), (M,))
+    s3 = k.reshape(k.load(q_scales, (k.span(t0, NQ), k.span(0, H), 3), other=1.0).to(k.f32), (M,))
+    w = k.reshape(weights[k.span(t0, NQ), k.span(0, H, other=0.0)], (M,))
+    return q0, q1, q2, q3, s0, s1, s2, s3, w
+
+
+@k.func
+def _group_logits(qg, sg, kc, ksc, pages, g, BS):
+    # one MX group: fp8 dot [M, 32] x [32, BS], then the exact power-of-two scale products
+    kg = k.reshape(kc[pages, k.span(0, 64), k.span(g * 32, 32, other=0.0)], (BS, 32))
+    skg = k.reshape(k.load(ksc, (pages, k.span(0, 64), g), other=1.0).to(k.f32), (BS,))
+    return k.dot(qg, kg.T) * sg[:, None] * skg[None, :]
+
+
+@k.func
+def indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, NQ, H, PB):
+    """Scores [NQ, PB*64] of the query block (from `indexer_query`) against the keys of the PB
+    pages `pages` (an i32 index tile [PB] into the cache views; out-of-range pages read code 0).
+    Column i is token i % 64 of page pages[i // 64]."""
+    BS = PB * 64
+    acc = _group_logits(q0, s0, kc, ksc, pages, 0, BS)
+    acc += _group_logits(q1, s1, kc, ksc, pages, 1, BS)
+    acc += _group_logits(q2, s2, kc, ksc, pages, 2, BS)
+    acc += _group_logits(q3, s3, kc, ksc, pages, 3, BS)
+    r = k.relu(acc) * w[:, None]
+    return k.sum(k.reshape(r, (NQ, H, BS)), axis=1)
+
+
+# ---------------------------------------------------------------- kernels
+
+@k.kernel
+def indexer_cache_write_rows(k_codes: k.Tensor[k.f8e4m3, "T", "D"], k_scales: k.Tensor[k.e8m0, "T", "D // 32"],
+                             slots: k.Tensor[k.i32, "T"], cache: k.Tensor[k.u8, "NB"],
+                             BT: k.constexpr = 16, D: k.constexpr = 128):
+    # The flat byte view of the cache; a slot < 0 is a padding token and writes nothing.
+    G = D // 32
+    for pt in k.grid(k.cdiv(k_codes.shape[0], BT)):
+        sl = slots[k.span(pt * BT, BT, other=-1)]
+        ok = sl >= 0
+        base = (sl // 64) * (64 * (D + G))
+        off = sl % 64
+        cidx = k.reshape(base[:, None] + off[:, None] * D + k.arange(D)[None, :], (BT * D,))
+        codes = k_codes[k.span(pt * BT, BT), k.span(0, D)].bitcast(k.u8)
+        k.store(cache, (cidx,), k.reshape(codes, (BT * D,)), mask=k.reshape(k.broadcast_to(ok[:, None], (BT, D)), (BT * D,)))
+        sidx = k.reshape(base[:, None] + 64 * D + off[:, None] * G + k.arange(G)[None, :], (BT * G,))
+        sc = k_scales[k.span(pt * BT, BT), k.span(0, G)].bitcast(k.u8)
+        k.store(cache, (sidx,), k.reshape(sc, (BT * G,)), mask=k.reshape(k.broadcast_to(ok[:, None], (BT, G)), (BT * G,)))
+
+
+LI_CONFIGS = [{"NQ": 1, "PB": 1, "num_warps": 4}]
+
+
+@k.kernel(configs=LI_CONFIGS)
+def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales: k.Tensor[k.e8m0, "T", "H", "D // 32"],
+                            weights: k.Tensor[k.f32, "T", "H"], kc: k.Tensor[k.f8e4m3, "P", "PG", "D"],
+                            ksc: k.Tensor[k.e8m0, "P", "PG", "D // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
+                            ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], scores: k.Tensor[k.f32, "T", "L"],
+                            n_per_seq: k.i32, nsplit: k.i32,
+                            H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1):
+    # Program (b, qb, sp): tokens b*n + qb*NQ .. (+NQ) of sequence b against the key blocks of
+    # split sp. Only blocks that hold some [ks, ke) position are scored; the rest are filled
+    # with -inf (no runtime branches in the DSL: three loops with computed bounds).
+    BS = PB * 64
+    for b, qb, sp in k.grid(block_table.shape[0], k.cdiv(n_per_seq, NQ), nsplit):
+        j = qb * NQ + k.arange(NQ)
+        tmask = j < n_per_seq
+        t0 = b * n_per_seq + qb * NQ
+        lo_t = k.load(ks, (k.span(t0, NQ),), mask=tmask, other=0)
+        hi_t = k.load(ke, (k.span(t0, NQ),), mask=tmask, other=0)
+        lo = k.maximum(k.min(k.where(tmask, lo_t, 2147483647)), 0)
+        hi = k.minimum(k.max(k.where(tmask, hi_t, 0)), scores.shape[1])
+        nblk = k.cdiv(scores.shape[1], BS)
+        per = k.cdiv(nblk, nsplit)
+        a = sp * per
+        z = k.minimum(a + per, nblk)
+        blo = lo // BS
+        bhi = k.maximum(k.cdiv(hi, BS), blo)
+        ninf = k.full((NQ, BS), float("-inf"), k.f32)
+        for kb in range(a, k.minimum(z, blo)):
+            k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
+        for kb in range(k.maximum(a, bhi), z):
+            k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
+        q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
+        for kb in range(k.maximum(a, blo), k.minimum(z, bhi)):
+            pages = block_table[b, k.span(kb * PB, PB, other=-1)]
+            sc = indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, NQ, H, PB)
+            pos = kb * BS + k.arange(BS)
+            ok = (pos[None, :] >= lo_t[:, None]) & (pos[None, :] < hi_t[:, None])
+            k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), k.where(ok, sc, float("-inf")),
+                    mask=tmask[:, None])
+
+
+# ---------------------------------------------------------------- public functions
+
+def new_indexer_cache(num_pages: int, device=None):
+    """An all-zero indexer key cache: uint8 [num_pages, 8448] (layout in the module docstring)."""
+    import torch
+    if not (isinstance(num_pages, int) and num_pages > 0):
+        raise K31Error(f"new_indexer_cache: num_pages must be a positive int, got {num_pages!r}")
+    return torch.zeros((num_pages, PAGE_BYTES), dtype=torch.uint8, device=device)
+
+
+def _check_cache(op: str, cache):
+    import torch
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() != 2 \
+            or cache.shape[1] != PAGE_BYTES or not cache.is_contiguous():
+        got = f"{str(cache.dtype).replace('torch.', '')} {list(cache.shape)}" if isinstance(cache, torch.Tensor) \
+            else type(cache).__name__
+        raise K31Error(f"{op}: `cache` must be a contiguous uint8 tensor [num_pages, {PAGE_BYTES}], got {got}",
+                       hint="allocate it with k31dsl.ops.dsa.new_indexer_cache(num_pages)")
+    if cache.numel() >= 2 ** 31:
+        raise K31Error(f"{op}: the cache has {cache.numel()} bytes; byte offsets are int32 (< 2^31)",
+                       hint="use fewer pages per cache tensor")
+
+
+def indexer_cache_views(cache):
+    """(codes float8_e4m3fn [P, 64, 128], scales float8_e8m0fnu [P, 64, 4]): strided views of the
+    block-split pages (no copy)."""
+    import torch
+    _check_cache("indexer_cache_views", cache)
+    p = cache.shape[0]
+    codes = cache[:, :CODE_BYTES].view(torch.float8_e4m3fn).view(p, PAGE, HEAD_DIM)
+    scales = cache[:, CODE_BYTES:].view(torch.float8_e8m0fnu).view(p, PAGE, GROUPS)
+    return codes, scales
+
+
+def _int_vector(op: str, name: str, t, n: int | None = None):
+    import torch
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        raise K31Error(f"{op}: `{name}` must be a 1-D int32 tensor, got "
+                       f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', []))}")
+    if n is not None and t.shape[0] != n:
+        raise K31Error(f"{op}: `{name}` must have {n} entries (one per token), got {t.shape[0]}")
+    return t.to(torch.int32).contiguous()
+
+
+def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str | None = None):
+    """Write keys into the paged cache in place: token t's 128 codes and 4 scale bytes go to slot
+    slot_mapping[t] (page slot // 64, offset slot % 64); slots < 0 (padding) are skipped.
+    k_codes float8_e4m3fn [T, 128], k_scales float8_e8m0fnu [T, 4], slot_mapping int32 [T].
+    Duplicate slots: one of the writers wins. Returns `cache`."""
+    target = resolve_target(target)
+    op = "indexer_cache_write"
+    _check_cache(op, cache)
+    require_tensor(op, "k_codes", k_codes, (k.f8e4m3,))
+    require_tensor(op, "k_scales", k_scales, (k.e8m0,))
+    if k_codes.dim() != 2 or k_codes.shape[1] != HEAD_DIM:
+        raise K31Error(f"{op}: `k_codes` must have shape [T, {HEAD_DIM}], got {list(k_codes.shape)}")
+    t = k_codes.shape[0]
+    if tuple(k_scales.shape) != (t, GROUPS):
+        raise K31Error(f"{op}: `k_scales` must have shape [{t}, {GROUPS}], got {list(k_scales.shape)}")
+    slots = _int_vector(op, "slot_mapping", slot_mapping, t)
+    if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
+        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages of {PAGE})")
+    if t:
+        indexer_cache_write_rows[target](k_codes.contiguous(), k_scales.contiguous(), slots, cache.view(-1))
+    return cache
+
+
+def _li_config(n: int, t: int, blocks: int, b: int) -> dict:
+    """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB, and the key splits."""
+    nq = min(4, next_pow2(n)) if n <= 4 else 2
+    pb = 2 if n > 4 else 1
+    return {"NQ": nq, "PB": pb}
+
+
+def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
+                      nsplit: int | None = None, target: str | None = None):
+    """Indexer scores over the paged MXFP8 key cache -> fp32 [T, max_len].
+
+    q_codes float8_e4m3fn [T, H, 128], q_scales float8_e8m0fnu [T, H, 4] (MXFP8 of the rotated
+    queries), weights fp32 [T, H] (head weights), block_table int32 [B, max_pages], ks/ke int32 [T]
+    (each token's key range [ks, ke) in logical positions of its sequence). T = B * n: tokens
+    b*n .. b*n+n-1 belong to sequence b (n = 1..4 query tokens per sequence in decode with
+    speculative drafts; B = 1, n = T for one prefill sequence). max_len defaults to
+    max_pages * 64. Positions outside [ks, ke) score -inf."""
+    import torch
+    target = resolve_target(target)
+    op = "lightning_indexer"
+    _check_cache(op, cache)
+    require_tensor(op, "q_codes", q_codes, (k.f8e4m3,))
+    require_tensor(op, "q_scales", q_scales, (k.e8m0,))
+    require_tensor(op, "weights", weights, (k.f32,))
+    if q_codes.dim() != 3 or q_codes.shape[2] != HEAD_DIM:
+        raise K31Error(f"{op}: `q_codes` must have shape [T, H, {HEAD_DIM}], got {list(q_codes.shape)}")
+    t, h = q_codes.shape[0], q_codes.shape[1]
+    if h & (h - 1) or not 16 <= h <= 128:
+        raise K31Error(f"{op}: {h} heads; the indexer needs a power of two between 16 and 128")
+    if tuple(q_scales.shape) != (t, h, GROUPS):
+        raise K31Error(f"{op}: `q_scales` must have shape [{t}, {h}, {GROUPS}], got {list(q_scales.shape)}")
+    if tuple(weights.shape) != (t, h):
+        raise K31Error(f"{op}: `weights` must have shape [{t}, {h}], got {list(weights.shape)}")
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise K31Error(f"{op}: `block_table` must be an int32 tensor [B, max_pages], got "
+                       f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
+                       f"{list(getattr(block_table, 'shape', []))}")
+    b = block_table.shape[0]
+    if b == 0 or t % b:
+        raise K31Error(f"{op}: {t} query tokens do not split evenly over the {b} sequences of `block_table`",
+                       hint="pass n query tokens per sequence, sequence-major (T = B * n)")
+    ks, ke = _int_vector(op, "ks", ks, t), _int_vector(op, "ke", ke, t)
+    if max_len is None:
+        max_len = block_table.shape[1] * PAGE
+    if not isinstance(max_len, int) or max_len < 0 or max_len > block_table.shape[1] * PAGE:
+        raise K31Error(f"{op}: max_len={max_len!r} must be an int in [0, max_pages * {PAGE}]")
+    scores = torch.empty((t, max_len), dtype=torch.float32, device=q_codes.device)
+    if t == 0 or max_len == 0:
+        return scores
+    n = t // b
+    cfg = _li_config(n, t, -(-max_len // PAGE), b)
+    if nsplit is None:
+        blocks = -(-max_len // (PAGE * cfg["PB"]))
+        progs = b * -(-n // cfg["NQ"])
+        nsplit = max(1, min(blocks, -(-512 // progs)))
+    kc, ksc = indexer_cache_views(cache)
+    lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
+                                    block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h, **cfg)
+    return scores
