@@ -1,0 +1,190 @@
+"""Context-parallel building blocks for KDA (research/kda.md 3.1): a token range's affine summary
+S_out = M S_in + E (fp32; M [K, K] = the product of the per-token transitions
+(I - b_t k_t k_t^T) Diag(exp(a_t)), latest on the left; E = the state reached from S_in = 0), and
+the in-order composition of the shards' summaries into every shard's initial state.
+
+Summary kernel: the recurrence is linear in S, so M and E are one delta-rule recurrence over the
+augmented state X = [M | E] ([K, K + V]) started from [I | 0] with "values" [0 | v_t]:
+    X <- Diag(exp(a_t)) X;  u = b_t ([0 | v_t] - X^T k_t);  X <- X + k_t u^T
+One program owns a (sequence, value head, column tile) of X; column c < K is a column of M,
+c >= K the column c - K of E. The E columns read v with a span starting at c0 - K: lanes before
+column K fall outside v and read 0, which is exactly the zero "value" of the M columns, and the
+same masking splits the final store between M and E. Serial over the range's tokens: per token
+and head 2 K (K + V) multiply-adds, the cost of one extra recurrent pass (research 3.3); a chunked
+(WY) summary is the faster form for long shards.
+
+Merge kernel: S_0 = initial state, S_{r+1} = M_r S_r + E_r, fp32, one program per (lead index,
+V-tile), serial over the R shards (each step a [K, K] x [K, BV] fp32 product).
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_tensor, resolve_target
+from k31dsl.ops.kda.decode import _gate_mode, _shape_error, l2_normalize, log_decay
+
+
+@k.kernel(configs=[{"BC": 32, "num_warps": 4}, {"BC": 64, "num_warps": 4}, {"BC": 16, "num_warps": 2}])
+def kda_range_summary(kk: k.Tensor["XT", "TT", "H", "K"], v: k.Tensor["XT", "TT", "HV", "V"],
+                      g: k.Tensor["GT", "TT", "HV", "K"], beta: k.Tensor["BT", "TT", "HV"],
+                      bounds: k.Tensor[k.i32, "NB"], m: k.Tensor[k.f32, "NS", "HV", "K", "K"],
+                      e: k.Tensor[k.f32, "NS", "HV", "K", "V"], a_log: k.Tensor[k.f32, "HV"],
+                      dt_bias: k.Tensor[k.f32, "HV", "K"], lower_bound: k.f32,
+                      XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                      BT: k.constexpr[FLOAT_INPUTS] = k.f32, GATE: k.constexpr = 0,
+                      L2NORM: k.constexpr = True, BK: k.constexpr = 128, BC: k.constexpr = 32):
+    for bh, pc in k.grid(m.shape[0] * v.shape[1], k.cdiv(kk.shape[2] + v.shape[2], BC)):
+        nhv = v.shape[1]
+        dk = kk.shape[2]
+        b = bh // nhv
+        hv = bh % nhv
+        h = hv // (nhv // kk.shape[1])
+        c0 = pc * BC
+        rows = k.arange(BK)
+        cols = c0 + k.arange(BC)
+        x = k.where((rows[:, None] == cols[None, :]) & (cols[None, :] < dk), 1.0, 0.0)    # [I | 0]
+        alog = 0.0
+        dtb = k.zeros((BK,), k.f32)
+        if GATE != 0:
+            alog = a_log[hv]
+            dtb = dt_bias[hv, k.span(0, BK, other=0.0)]
+        for t in range(bounds[b], bounds[b + 1]):
+            kt = l2_normalize(kk[t, h, k.span(0, BK, other=0.0)].to(k.f32), L2NORM)
+            a = log_decay(g[t, hv, k.span(0, BK, other=0.0)].to(k.f32), alog, dtb, lower_bound, GATE)
+            vt = v[t, hv, k.span(c0 - dk, BC, other=0.0)].to(k.f32)       # 0 on the M columns
+            bt = beta[t, hv].to(k.f32)
+            x = x * k.exp(a)[:, None]
+            u = bt * (vt - k.sum(x * kt[:, None], axis=0))
+            x = x + kt[:, None] * u[None, :]
+        m[b, hv, k.span(0, BK), k.span(c0, BC)] = x           # lanes c >= K fall outside m
+        e[b, hv, k.span(0, BK), k.span(c0 - dk, BC)] = x      # lanes c < K fall outside e
+
+
+@k.kernel(configs=[{"BV": 32, "num_warps": 4}, {"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 4}])
+def kda_merge_summaries(m: k.Tensor[k.f32, "R", "L", "K", "K"], e: k.Tensor[k.f32, "R", "L", "K", "V"],
+                        s0: k.Tensor[k.f32, "L0", "K", "V"], h0: k.Tensor[k.f32, "R", "L", "K", "V"],
+                        fin: k.Tensor[k.f32, "L", "K", "V"], HAS_INIT: k.constexpr = True,
+                        BK: k.constexpr = 128, BV: k.constexpr = 32):
+    for lead, pv in k.grid(m.shape[1], k.cdiv(e.shape[3], BV)):
+        s = k.zeros((BK, BV), k.f32)
+        if HAS_INIT:
+            s = s0[lead, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        for r in range(m.shape[0]):
+            h0[r, lead, k.span(0, BK), k.span(pv * BV, BV)] = s
+            mr = m[r, lead, k.span(0, BK, other=0.0), k.span(0, BK, other=0.0)]
+            er = e[r, lead, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+            s = k.dot(mr, s) + er
+        fin[lead, k.span(0, BK), k.span(pv * BV, BV)] = s
+
+
+def _bounds(op, b, t, cu_seqlens, device):
+    import torch
+    if cu_seqlens is None:
+        return torch.arange(b + 1, dtype=torch.int32, device=device) * t, b
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64) \
+            or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise K31Error(f"{op}: `cu_seqlens` must be an int32 tensor [N + 1] of token offsets",
+                       hint="e.g. torch.tensor([0, 5, 12], dtype=torch.int32) for two sequences")
+    if b != 1:
+        raise K31Error(f"{op}: with cu_seqlens the batch dim must be 1, got B={b}",
+                       hint="concatenate the sequences along T: k.view(1, -1, H, K)")
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if int(cu[0]) != 0 or int(cu[-1]) != t or bool((cu[1:] < cu[:-1]).any()):
+        raise K31Error(f"{op}: cu_seqlens must start at 0, end at T={t} and never decrease, got {cu.tolist()}")
+    return cu_seqlens.to(torch.int32).contiguous(), cu.numel() - 1
+
+
+def kda_cp_summary(k, v, g, beta, *, cu_seqlens=None, use_qk_l2norm=True, A_log=None, dt_bias=None,
+                   lower_bound=None, target=None):
+    """The affine summary of each sequence's token range: S_out = M S_in + E.
+
+    k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K] (log decay, or the raw gate with A_log /
+    dt_bias / lower_bound as in kda_decode); beta: [B, T, HV]; cu_seqlens (B == 1): int32 [N + 1]
+    token offsets. Returns (M fp32 [N, HV, K, K], E fp32 [N, HV, K, V]), N = B or the number of
+    sequences; an empty range gives (I, 0)."""
+    import torch
+    op = "kda_cp_summary"
+    target = resolve_target(target)
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta)):
+        require_tensor(op, name, t)
+    if k.dim() != 4 or v.dim() != 4:
+        raise K31Error(f"{op}: `k` must be [B, T, H, K] and `v` [B, T, HV, V], got {list(k.shape)} and {list(v.shape)}")
+    b, t, h, kdim = k.shape
+    hv, vdim = v.shape[2], v.shape[3]
+    if tuple(v.shape[:2]) != (b, t):
+        _shape_error(op, "v", v, [b, t, hv, vdim], " (B and T of k)")
+    if hv % h:
+        raise K31Error(f"{op}: v has HV={hv} value heads, not a multiple of H={h} key heads")
+    if tuple(g.shape) != (b, t, hv, kdim):
+        _shape_error(op, "g", g, [b, t, hv, kdim])
+    if tuple(beta.shape) != (b, t, hv):
+        _shape_error(op, "beta", beta, [b, t, hv])
+    if k.dtype != v.dtype:
+        raise K31Error(f"{op}: k and v must share one dtype, got {k.dtype} and {v.dtype}")
+    if kdim > 256:
+        raise K31Error(f"{op}: K={kdim} > 256 is not supported (a program holds the whole K axis)")
+    bounds, n = _bounds(op, b, t, cu_seqlens, k.device)
+    gate, a_log, dtb, lb = _gate_mode(op, A_log, dt_bias, lower_bound, hv, kdim, k.device)
+    m = torch.empty(n, hv, kdim, kdim, dtype=torch.float32, device=k.device)
+    e = torch.empty(n, hv, kdim, vdim, dtype=torch.float32, device=k.device)
+    if n == 0:
+        return m, e
+    cx = {"BK": max(16, next_pow2(kdim))}
+    if gate:
+        cx["GATE"] = gate
+    if not use_qk_l2norm:
+        cx["L2NORM"] = False
+    flat = lambda x: x.contiguous().view(b * t, *x.shape[2:])      # noqa: E731
+    kda_range_summary[target](flat(k), flat(v), flat(g), flat(beta), bounds, m, e, a_log, dtb, lb, **cx)
+    return m, e
+
+
+def kda_cp_merge(summaries, initial_state=None, *, target=None):
+    """Compose the shards' summaries in order: shard r starts from S_r, S_0 = initial_state (zero
+    when None), S_{r+1} = M_r S_r + E_r.
+
+    summaries: a sequence of (M [*lead, K, K], E [*lead, K, V]) fp32 pairs, one per shard in
+    sequence order (e.g. kda_cp_summary of each shard); initial_state: fp32 [*lead, K, V] or None.
+    Returns (initial_states fp32 [R, *lead, K, V] (entry r: shard r's initial state), final_state
+    fp32 [*lead, K, V])."""
+    import torch
+    op = "kda_cp_merge"
+    target = resolve_target(target)
+    if not isinstance(summaries, (list, tuple)) or not summaries:
+        raise K31Error(f"{op}: `summaries` must be a non-empty list of (M, E) pairs, one per shard")
+    ms, es = [], []
+    for i, pair in enumerate(summaries):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise K31Error(f"{op}: summaries[{i}] must be an (M, E) pair, got {type(pair).__name__}")
+        mm, ee = pair
+        require_tensor(op, f"summaries[{i}].M", mm, (k.f32,), min_rank=2)
+        require_tensor(op, f"summaries[{i}].E", ee, (k.f32,), min_rank=2)
+        ms.append(mm)
+        es.append(ee)
+    lead, kdim = tuple(ms[0].shape[:-2]), ms[0].shape[-1]
+    vdim = es[0].shape[-1]
+    for i, (mm, ee) in enumerate(zip(ms, es)):
+        if tuple(mm.shape) != lead + (kdim, kdim):
+            _shape_error(op, f"summaries[{i}].M", mm, list(lead + (kdim, kdim)), " (like summaries[0].M)")
+        if tuple(ee.shape) != lead + (kdim, vdim):
+            _shape_error(op, f"summaries[{i}].E", ee, list(lead + (kdim, vdim)), " ([*lead, K, V] of M)")
+    if kdim > 256:
+        raise K31Error(f"{op}: K={kdim} > 256 is not supported")
+    r, nlead = len(ms), 1
+    for d in lead:
+        nlead *= d
+    dev = ms[0].device
+    m = torch.stack(ms).reshape(r, nlead, kdim, kdim)
+    e = torch.stack(es).reshape(r, nlead, kdim, vdim)
+    if initial_state is None:
+        s0, cx = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev), {"HAS_INIT": False}
+    else:
+        require_tensor(op, "initial_state", initial_state, (k.f32,))
+        if tuple(initial_state.shape) != lead + (kdim, vdim):
+            _shape_error(op, "initial_state", initial_state, list(lead + (kdim, vdim)))
+        s0, cx = initial_state.contiguous().reshape(nlead, kdim, vdim), {}
+    h0 = torch.empty(r, nlead, kdim, vdim, dtype=torch.float32, device=dev)
+    fin = torch.empty(nlead, kdim, vdim, dtype=torch.float32, device=dev)
+    if nlead and vdim:
+        kda_merge_summaries[target](m, e, s0, h0, fin, BK=max(16, next_pow2(kdim)), **cx)
+    return h0.reshape((r,) + lead + (kdim, vdim)), fin.reshape(lead + (kdim, vdim))
