@@ -1,0 +1,203 @@
+"""Attention Residuals: the fp64 oracle's three formulations agree (full == naive block == two-phase),
+the ops against the oracle on every target through tests/test_ops.py (registered checks) plus
+the semantics tested here: in-place partial update, the norm gain fold, a block network run
+through the ops end to end, argument errors, and sm_90 compilation of the kernels."""
+
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl import K31Error
+from k31dsl.ops import attnres as ar
+from k31dsl.ops.testing import load_oracle, to_f64
+
+from hopper import assert_compiles_for_hopper
+
+TARGETS = ["numpy", "triton"]
+ref = load_oracle("attnres")
+
+
+def _rng():
+    return np.random.default_rng(np.random.SeedSequence().entropy)
+
+
+def _tanh_layers(rng, n_layers: int, d: int):
+    """Stand-in sublayers: f_l(h) = tanh(h W_l) with random W_l."""
+    ws = [rng.standard_normal((d, d)) / np.sqrt(d) for _ in range(n_layers)]
+    return [(lambda h, w=w: np.tanh(h @ w)) for w in ws]
+
+
+# ---------------------------------------------------------------- the oracle with itself
+
+@pytest.mark.parametrize("n_layers, block", [(6, 2), (7, 3), (5, 1), (4, 4), (8, 8)])
+def test_oracle_two_phase_equals_naive_block(n_layers, block):
+    rng = _rng()
+    t, d = 5, 16
+    emb = rng.standard_normal((t, d))
+    queries = rng.standard_normal((n_layers + 1, d))
+    f = _tanh_layers(rng, n_layers, d)
+    out_naive, hs_naive = ref.block_attnres_naive(emb, queries, f, block, 1e-6)
+    out_two, hs_two = ref.block_attnres_two_phase(emb, queries, f, block, 1e-6)
+    np.testing.assert_allclose(out_two, out_naive, rtol=1e-12, atol=1e-12)
+    for a, b in zip(hs_two, hs_naive):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_oracle_block_size_one_is_full_attnres():
+    """block = 1: every layer's output is its own source, so Block AttnRes is full AttnRes over
+    [emb, f_0(h_0), f_1(h_1), ...]."""
+    rng = _rng()
+    t, d, n_layers = 4, 12, 5
+    emb = rng.standard_normal((t, d))
+    queries = rng.standard_normal((n_layers + 1, d))
+    f = _tanh_layers(rng, n_layers, d)
+    out, hs = ref.block_attnres_naive(emb, queries, f, 1, 1e-6)
+    srcs = [emb]
+    for l in range(n_layers):
+        h = emb if l == 0 else ref.attnres(np.stack(srcs), queries[l], 1e-6)
+        np.testing.assert_allclose(hs[l], h, rtol=1e-12, atol=1e-12)
+        srcs.append(f[l](h))
+    np.testing.assert_allclose(out, ref.attnres(np.stack(srcs), queries[n_layers], 1e-6), rtol=1e-12, atol=1e-12)
+
+
+def test_oracle_update_is_attention_over_the_union():
+    """prepare + update == full AttnRes over blocks + [partial], written independently here:
+    softmax weights from explicit per-source logits."""
+    rng = _rng()
+    n, t, d = 4, 3, 10
+    blocks, p, q = rng.standard_normal((n, t, d)), rng.standard_normal((t, d)), rng.standard_normal(d)
+    o, m, l = ref.prepare(blocks, q[None], 1e-6)
+    h = ref.update(p, q, o[0], m[0], l[0], 1e-6)
+    srcs = np.concatenate([blocks, p[None]])
+    z = np.array([[srcs[i, j] @ q / np.sqrt(np.mean(srcs[i, j] ** 2) + 1e-6) for j in range(t)]
+                  for i in range(n + 1)])
+    a = np.exp(z) / np.exp(z).sum(0)
+    np.testing.assert_allclose(h, (a[..., None] * srcs).sum(0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ref.attnres(srcs, q, 1e-6), h, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- the ops
+
+def _t(a, dtype=torch.float32):
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_two_phase_ops_equal_full_attnres_op(target):
+    """prepare + update through the ops == the full op over blocks + [partial] (both vs fp64)."""
+    rng = _rng()
+    n, t, d = 3, 6, 77
+    blocks = _t(rng.standard_normal((n, t, d)))
+    q = _t(rng.standard_normal(d) * 2 / np.sqrt(d))
+    gain = _t(1 + 0.2 * rng.standard_normal(d))
+    partial0 = _t(rng.standard_normal((t, d)))
+    delta = _t(rng.standard_normal((t, d)), torch.bfloat16)
+    o, m, l = ar.attnres_prepare(blocks, q[None], norm_weights=gain, target=target)
+    partial = partial0.clone()
+    h, _ = ar.attnres_update(partial, delta, q * gain, o[0], m[0], l[0], torch.ones(d), target=target)
+    full = ar.attnres(torch.cat([blocks, partial[None]]), q, norm_weight=gain, out_dtype=torch.float32,
+                      target=target)
+    want = ref.attnres(np.concatenate([to_f64(blocks), to_f64(partial0 + delta.float())[None]]),
+                       to_f64(q) * to_f64(gain), 1e-6)
+    assert np.abs(to_f64(full) - want).max() <= 1e-4 * np.abs(want).max()
+    assert np.abs(to_f64(h) - want).max() <= 1e-2 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_update_writes_partial_in_place_and_repeats(target):
+    """Two updates in a row accumulate both deltas into the same buffer (the running block sum)."""
+    rng = _rng()
+    t, d = 3, 40
+    partial = _t(rng.standard_normal((t, d)))
+    start = partial.clone()
+    ptr = partial.data_ptr()
+    d1, d2 = (_t(rng.standard_normal((t, d)), torch.bfloat16) for _ in range(2))
+    o, m, l = ar.attnres_prepare(_t(rng.standard_normal((2, t, d))), _t(rng.standard_normal((2, d)) * 0.3),
+                                 target=target)
+    w = torch.ones(d)
+    ar.attnres_update(partial, d1, torch.zeros(d), o[0], m[0], l[0], w, target=target)
+    ar.attnres_update(partial, d2, torch.zeros(d), o[1], m[1], l[1], w, target=target)
+    assert partial.data_ptr() == ptr
+    assert torch.equal(partial, (start + d1.float()) + d2.float())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_zero_query_is_uniform_average(target):
+    """All pseudo-queries are zero at init (paper section 5): AttnRes is the mean of its sources."""
+    rng = _rng()
+    v = _t(rng.standard_normal((5, 3, 33)))
+    h = ar.attnres(v, torch.zeros(33), target=target)
+    np.testing.assert_allclose(to_f64(h), to_f64(v).mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_empty_token_dim():
+    o, m, l = ar.attnres_prepare(torch.zeros(2, 0, 8), torch.zeros(3, 8), target="numpy")
+    assert o.shape == (3, 0, 8) and m.shape == (3, 0) and l.shape == (3, 0)
+    h, y = ar.attnres_update(torch.zeros(0, 8), torch.zeros(0, 8, dtype=torch.bfloat16), torch.zeros(8),
+                             torch.zeros(0, 8), torch.zeros(0), torch.zeros(0), torch.ones(8), target="numpy")
+    assert h.shape == y.shape == (0, 8) and h.dtype == torch.bfloat16
+    assert ar.attnres(torch.zeros(2, 0, 8), torch.zeros(8), target="numpy").shape == (0, 8)
+
+
+def _upd(**over):
+    t, d = 4, 16
+    kw = dict(partial=torch.zeros(t, d), delta=torch.zeros(t, d, dtype=torch.bfloat16), query=torch.zeros(d),
+              O=torch.zeros(t, d), M=torch.zeros(t), L=torch.ones(t), norm_weight=torch.ones(d))
+    kw.update(over)
+    return lambda: ar.attnres_update(**kw, target="numpy")
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: ar.attnres(torch.zeros(4, 8), torch.zeros(8)), "[n, T, D]"),
+    (lambda: ar.attnres(torch.zeros(0, 2, 8), torch.zeros(8)), "at least one source"),
+    (lambda: ar.attnres(torch.zeros(2, 3, 8), torch.zeros(7)), "`query` must have shape [8]"),
+    (lambda: ar.attnres(torch.zeros(2, 3, 8), torch.zeros(8), norm_weight=torch.ones(9)), "norm_weight"),
+    (lambda: ar.attnres(torch.zeros(2, 3, 8, dtype=torch.int32), torch.zeros(8)), "dtype int32"),
+    (lambda: ar.attnres(torch.zeros(2, 3, 8), torch.zeros(8), eps=0.0), "eps"),
+    (lambda: ar.attnres(torch.zeros(2, 3, 8), torch.zeros(8), out_dtype=torch.int8), "out_dtype"),
+    (lambda: ar.attnres(torch.zeros(2, 3, 8), torch.zeros(8), target="gpu"), "unknown target"),
+    (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(8)), "[S, D]"),
+    (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(0, 8)), "at least one pseudo-query"),
+    (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(2, 9)), "`queries` must have shape [2, 8]"),
+    (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(2, 8), eps=float("nan")), "eps"),
+    (_upd(partial=torch.zeros(4, 16, dtype=torch.bfloat16)), "`partial` has dtype bfloat16"),
+    (_upd(partial=torch.zeros(16, 4).t()), "contiguous"),
+    (_upd(partial=torch.zeros(4, 16, 1)), "[T, D]"),
+    (_upd(delta=torch.zeros(4, 15, dtype=torch.bfloat16)), "`delta` must have shape [4, 16]"),
+    (_upd(query=torch.zeros(15)), "`query`"),
+    (_upd(O=torch.zeros(3, 16)), "`O` must have shape [4, 16]"),
+    (_upd(M=torch.zeros(4, 1)), "`M` must have shape [4]"),
+    (_upd(L=torch.zeros(4, dtype=torch.bfloat16)), "`L` has dtype bfloat16"),
+    (_upd(norm_weight=torch.ones(4)), "`norm_weight`"),
+    (lambda: ar.attnres_update(torch.zeros(4, 16), torch.zeros(4, 16), torch.zeros(16), torch.zeros(4, 16),
+                               torch.zeros(4), torch.ones(4), torch.ones(16), norm_eps=-1.0), "norm_eps"),
+    (lambda: ar.attnres_update(torch.zeros(4, 16), torch.zeros(4, 16), torch.zeros(16), torch.zeros(4, 16),
+                               torch.zeros(4), torch.ones(4), torch.ones(16), out_dtype=torch.int32), "out_dtype"),
+])
+def test_bad_inputs_raise_k31error(call, needle):
+    with pytest.raises(K31Error) as e:
+        call()
+    assert needle in str(e.value)
+
+
+class _Specialised:
+    """A kernel with fixed constexprs, for hopper.compile_gpu_module (which calls .ir())."""
+
+    def __init__(self, kdef, **constexprs):
+        self.kdef, self.constexprs = kdef, constexprs
+
+    def ir(self):
+        return self.kdef.ir(**self.constexprs)
+
+
+# the benchmark's shapes: S = 6 -> SB 8, n = 8, the largest chunk; D = 7168 -> one 8192 row tile
+PREPARE_BENCH = _Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512)
+FULL_BF16 = _Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
+UPDATE_ROW = _Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
+RMSNORM_ROW = _Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
+
+
+def test_kernels_compile_for_hopper(tmp_path):
+    assert_compiles_for_hopper(__file__, ["PREPARE_BENCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW"], tmp_path,
+                               index_types=("int32",))
