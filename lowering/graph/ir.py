@@ -1,0 +1,362 @@
+"""Graph IR: a program of kernel calls, host ops (collectives, layout conversions) and tensors,
+held as a networkx DAG.
+
+Nodes are tensor *versions* and calls. A tensor (its storage) has version 0 when declared; every
+call that writes it makes a new version, so each version has at most one writer and the graph
+stays acyclic even when a kernel updates a tensor in place. Edges carry a `role`:
+  "read"   tensor version -> call that loads it (bound to the kernel parameter `param`)
+  "write"  call -> the version it produces (parameter `param`)
+  "prev"   the version a write replaces -> the writer (elements the kernel does not store keep
+           their old value, so the writer comes after it)
+  "order"  call -> call: a reader of a replaced version runs before the writer (write after read)
+
+Building a program (static shapes; kernels are `@k.kernel` definitions):
+
+    import k31dsl as k
+    from k31dsl.lowering.graph import Program, run
+    from k31dsl.ops.common import rmsnorm_rows
+
+    p = Program("norm_twice")
+    x = p.input("x", (6, 48), k.f32)
+    w = p.weight("w", (48,), k.f32)              # static: may be converted once (NZ layout)
+    h = p.tensor("h", (6, 48), k.f32)            # an intermediate the program allocates
+    y = p.tensor("y", (6, 48), k.f32)
+    h = p.call(rmsnorm_rows, x, w, h, 1e-6, BM=2, BD=64, ONE_TILE=True)   # returns h's new version
+    y = p.call(rmsnorm_rows, h, w, y, 1e-6, BM=2, BD=64, ONE_TILE=True)
+    p.output(y)
+    out = run(p, {"x": xt, "w": wt}, target="numpy")    # {"y": tensor}
+
+`p.call(kernel, *args, **kw)` binds the kernel's runtime parameters in order (tensors are the
+handles above, scalars are Python numbers; a keyword naming a parameter binds it too); other
+keywords are constexprs. Dtype constexprs not passed are bound from the tensors' dtypes. It
+returns the new version of each tensor the kernel stores to (one handle, a tuple, or None).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import networkx as nx
+
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error, error
+
+TENSOR_KINDS = ("input", "weight", "temp")
+
+
+@dataclass(frozen=True)
+class TensorNode:
+    storage: str                  # the tensor's name (one buffer for all its versions)
+    version: int
+    shape: tuple[int, ...]
+    dtype: D.DType
+    kind: str                     # "input" | "weight" | "temp"
+    layout: str = "ND"            # "ND", or "NZ" (flat FRACTAL_NZ data, see lowering/passes/nz_layout.py)
+    meta: tuple = ()              # layout facts, e.g. (("nd_shape", (K, N)), ("nz_shape", (...)))
+
+    @property
+    def static(self) -> bool:
+        return self.kind == "weight"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * self.dtype.itemsize
+
+    @property
+    def id(self) -> str:
+        return tensor_id(self.storage, self.version)
+
+
+def tensor_id(storage: str, version: int) -> str:
+    return f"%{storage}" if version == 0 else f"%{storage}.{version}"
+
+
+@dataclass
+class CallNode:
+    """One kernel launch: the specialised kernel IR and what each runtime parameter is bound to
+    (a tensor version id, or a Python scalar). `attrs` hold what passes decide: stream, events,
+    group, fused (the calls a fused kernel replaced)."""
+    name: str
+    kernel: Any                   # dsl.ir.Kernel (specialised)
+    kdef: Any                     # the KernelDef it came from (None for a fused kernel)
+    constexprs: dict
+    args: dict                    # param name -> tensor id or scalar
+    loc: Any = None
+    attrs: dict = field(default_factory=dict)
+
+    kind = "call"
+
+
+@dataclass
+class HostNode:
+    """A host-side op on whole tensors (collectives, layout conversions), run by torch.
+    `inputs` and `outputs` are tensor ids; see HOST_OPS in lowering/graph/hostops.py."""
+    name: str
+    op: str
+    inputs: list
+    outputs: list
+    params: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+
+    kind = "host"
+
+
+class TensorRef:
+    """A handle to one version of a tensor of a program (what the builder returns)."""
+
+    def __init__(self, program: "Program", id: str):
+        self.program, self.id = program, id
+
+    @property
+    def node(self) -> TensorNode:
+        return self.program.g.nodes[self.id]["node"]
+
+    shape = property(lambda self: self.node.shape)
+    dtype = property(lambda self: self.node.dtype)
+    storage = property(lambda self: self.node.storage)
+
+    def __repr__(self) -> str:
+        n = self.node
+        return f"<{n.id}: {n.dtype.name}{list(n.shape)}>"
+
+
+def _fixed_shape(shape, what: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise K31Error(f"{what}: shape must be a tuple of ints, got {shape!r}") from None
+    if any(s < 0 for s in out):
+        raise K31Error(f"{what}: negative size in shape {list(out)}")
+    return out
+
+
+class Program:
+    """A graph of kernel calls and tensors; see the module docstring."""
+
+    def __init__(self, name: str):
+        if not name.isidentifier():
+            raise K31Error(f"program name {name!r} must be an identifier")
+        self.name = name
+        self.g = nx.DiGraph()
+        self.outputs: list[str] = []          # storage names whose final version is returned
+        self.latest: dict[str, str] = {}      # storage -> id of its newest version
+        self.order: list[str] = []            # call/host node ids in the order they were added
+        self.report: list[str] = []           # what passes did (and why they refused)
+        self.meta: dict = {}                  # pass results (memory plan, stream count, ...)
+
+    # ------------------------------------------------------------ tensors
+
+    def _declare(self, name: str, shape, dtype, kind: str) -> TensorRef:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise K31Error(f"tensor name {name!r} must be an identifier")
+        if name in self.latest:
+            raise K31Error(f"program `{self.name}` already has a tensor `{name}`")
+        if not isinstance(dtype, D.DType):
+            raise K31Error(f"tensor `{name}`: dtype must be a k31dsl dtype such as k.f32, got {dtype!r}")
+        node = TensorNode(name, 0, _fixed_shape(shape, f"tensor `{name}`"), dtype, kind)
+        self.g.add_node(node.id, node=node)
+        self.latest[name] = node.id
+        return TensorRef(self, node.id)
+
+    def input(self, name: str, shape, dtype) -> TensorRef:
+        """A tensor the caller passes to `run` (may be written by the program)."""
+        return self._declare(name, shape, dtype, "input")
+
+    def weight(self, name: str, shape, dtype) -> TensorRef:
+        """A static tensor passed to `run` that the program never writes (a model weight)."""
+        return self._declare(name, shape, dtype, "weight")
+
+    def tensor(self, name: str, shape, dtype) -> TensorRef:
+        """A tensor the program allocates (contents undefined until a kernel writes it)."""
+        return self._declare(name, shape, dtype, "temp")
+
+    def output(self, *refs: TensorRef) -> None:
+        """Return the final version of these tensors from `run`."""
+        for r in refs:
+            st = self.tensor_node(r.id).storage
+            if st not in self.outputs:
+                self.outputs.append(st)
+
+    def tensor_node(self, tid: str) -> TensorNode:
+        if tid not in self.g or self.g.nodes[tid]["node"].__class__ is not TensorNode:
+            raise K31Error(f"program `{self.name}` has no tensor {tid}")
+        return self.g.nodes[tid]["node"]
+
+    def new_version(self, storage: str, writer: str, param: str | None = None) -> str:
+        """Add the next version of `storage`, written by node `writer`; returns its id."""
+        old = self.tensor_node(self.latest[storage])
+        new = replace(old, version=old.version + 1)
+        self.g.add_node(new.id, node=new)
+        self.g.add_edge(writer, new.id, role="write", param=param)
+        if not self.g.has_edge(old.id, writer):       # an in-place update already reads it
+            self.g.add_edge(old.id, writer, role="prev")
+        for reader in self.readers(old.id):
+            if reader != writer:
+                self.g.add_edge(reader, writer, role="order")
+        self.latest[storage] = new.id
+        return new.id
+
+    # ------------------------------------------------------------ calls
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 0
+        while name in self.g:
+            n += 1
+            name = f"{base}_{n}"
+        return name
+
+    def call(self, kernel, *args, **kwargs):
+        """Launch `kernel` (a @k.kernel) on tensors of this program; see the module docstring."""
+        from k31dsl.lowering.graph.bind import bind_call
+        name = self._unique(kernel.name)
+        kir, cx, bound, written = bind_call(self, kernel, args, kwargs)
+        node = CallNode(name, kir, kernel, cx, bound, loc=_caller_loc())
+        self.g.add_node(name, node=node)
+        for param, val in bound.items():
+            if isinstance(val, str) and param not in written:
+                self.g.add_edge(val, name, role="read", param=param)
+        for param, val in bound.items():
+            if param in written and not _only_written(kir, param):
+                self.g.add_edge(val, name, role="read", param=param)
+        outs = []
+        for param in written:
+            storage = self.tensor_node(bound[param]).storage
+            if self.tensor_node(bound[param]).kind == "weight":
+                raise error(f"`{kernel.name}` stores to parameter `{param}`, bound to the weight "
+                            f"`{storage}`; weights are static", node.loc,
+                            "declare it with p.tensor(...) or p.input(...)")
+            outs.append(TensorRef(self, self.new_version(storage, name, param)))
+        self.order.append(name)
+        return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+    def host(self, op: str, inputs, outputs, **params):
+        """A host op (see lowering/graph/hostops.py: all_gather, all_reduce, to_nz, ...) reading
+        `inputs` and writing `outputs` (tensor handles); returns the new output versions."""
+        from k31dsl.lowering.graph.hostops import HOST_OPS
+        if op not in HOST_OPS:
+            raise K31Error(f"unknown host op {op!r}; known: {', '.join(sorted(HOST_OPS))}")
+        name = self._unique(op)
+        node = HostNode(name, op, [r.id for r in inputs], [], dict(params))
+        self.g.add_node(name, node=node)
+        for r in inputs:
+            self.g.add_edge(r.id, name, role="read", param=None)
+        outs = []
+        for r in outputs:
+            tid = self.new_version(self.tensor_node(r.id).storage, name)
+            node.outputs.append(tid)
+            outs.append(TensorRef(self, tid))
+        self.order.append(name)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def all_gather(self, shards, out: TensorRef, axis: int = 0):
+        """Concatenate the per-rank `shards` along `axis` into `out` (one process for now)."""
+        return self.host("all_gather", list(shards), [out], axis=axis)
+
+    def all_reduce(self, shards, out: TensorRef):
+        """Sum the per-rank `shards` into `out` (one process for now)."""
+        return self.host("all_reduce", list(shards), [out])
+
+    # ------------------------------------------------------------ queries
+
+    def node(self, nid: str):
+        return self.g.nodes[nid]["node"]
+
+    def ops(self) -> list[str]:
+        """Call and host node ids in execution order (topological, ties in insertion order)."""
+        pos = {n: i for i, n in enumerate(self.order)}
+        topo = nx.lexicographical_topological_sort(self.g, key=lambda n: (pos.get(n, -1), n))
+        return [n for n in topo if n in pos]
+
+    def calls(self) -> list[str]:
+        return [n for n in self.ops() if self.node(n).kind == "call"]
+
+    def tensors(self) -> list[TensorNode]:
+        return [d["node"] for _, d in self.g.nodes(data=True) if isinstance(d["node"], TensorNode)]
+
+    def readers(self, tid: str) -> list[str]:
+        return [v for _, v, r in self.g.out_edges(tid, data="role") if r == "read"]
+
+    def writer(self, tid: str) -> str | None:
+        ws = [u for u, _, r in self.g.in_edges(tid, data="role") if r == "write"]
+        return ws[0] if ws else None
+
+    def reads_of(self, nid: str) -> list[str]:
+        return [u for u, _, r in self.g.in_edges(nid, data="role") if r == "read"]
+
+    def writes_of(self, nid: str) -> list[str]:
+        return [v for _, v, r in self.g.out_edges(nid, data="role") if r == "write"]
+
+    def op_deps(self, nid: str) -> set[str]:
+        """The call/host nodes `nid` must run after (through tensors or order edges)."""
+        deps = set()
+        for u, _, r in self.g.in_edges(nid, data="role"):
+            if r == "order":
+                deps.add(u)
+            elif r in ("read", "prev"):
+                w = self.writer(u)
+                if w is not None:
+                    deps.add(w)
+                if r == "prev":        # write after read: the readers of the replaced version
+                    deps.update(x for x in self.readers(u) if x != nid)
+        return deps
+
+    def storages(self) -> dict[str, TensorNode]:
+        """storage name -> its version-0 node (shape, dtype, kind)."""
+        return {t.storage: t for t in self.tensors() if t.version == 0}
+
+    def final(self, storage: str) -> str:
+        return self.latest[storage]
+
+    def copy(self) -> "Program":
+        """A copy whose graph and node payloads can be changed without touching this one
+        (kernel IR objects are shared; passes build new kernels rather than editing them)."""
+        new = copy.copy(self)
+        new.g = nx.DiGraph()
+        for n, d in self.g.nodes(data=True):
+            payload = d["node"]
+            if isinstance(payload, (CallNode, HostNode)):
+                payload = copy.copy(payload)
+                payload.attrs = copy.deepcopy(payload.attrs)
+                if isinstance(payload, CallNode):
+                    payload.args = dict(payload.args)
+                else:
+                    payload.inputs, payload.outputs = list(payload.inputs), list(payload.outputs)
+            new.g.add_node(n, node=payload)
+        for u, v, d in self.g.edges(data=True):
+            new.g.add_edge(u, v, **d)
+        new.outputs, new.latest, new.order = list(self.outputs), dict(self.latest), list(self.order)
+        new.report, new.meta = list(self.report), copy.deepcopy(self.meta)
+        return new
+
+    def __str__(self) -> str:
+        from k31dsl.lowering.graph.text import dump
+        return dump(self)
+
+
+def _only_written(kernel, param: str) -> bool:
+    """True when the kernel stores to `param` but never loads it (a pure output)."""
+    from k31dsl.dsl.ir import all_ops
+    p = next(p for p in kernel.params if p.name == param)
+    return not any(op.name == "load" and op.operands[0] is p.value for op in all_ops(kernel))
+
+
+def _caller_loc():
+    """file:line of the user's `p.call(...)` (the first frame outside lowering/graph)."""
+    import inspect
+    from pathlib import Path
+    from k31dsl.dsl.errors import Loc
+    here = Path(__file__).parent
+    for fr in inspect.stack()[2:]:
+        if Path(fr.filename).parent != here:
+            return Loc(fr.filename, fr.lineno, 0)
+    return None
+
+
+def program(fn):
+    """Mark a zero-argument function returning a Program, so `k31dsl explain FILE` finds it."""
+    fn.__k31_program__ = True
+    return fn

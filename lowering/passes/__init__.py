@@ -1,0 +1,1 @@
+"""Graph passes: plain functions Program -> Program (see lowering/graph/pipeline.py)."""

@@ -1,0 +1,5 @@
+"""(being written)"""
+
+
+def memory_plan(program):
+    return program

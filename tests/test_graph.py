@@ -1,0 +1,150 @@
+"""Graph IR: the builder, the verifier's rules, the text dump and `run` on every target against
+fp64 oracles."""
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl import K31Error
+from k31dsl.lowering.graph import Program, dump, problems, run, verify
+from k31dsl.lowering.graph.ir import TensorNode
+from k31dsl.ops.common import rmsnorm_rows
+from k31dsl.ops.testing import load_oracle
+
+TARGETS = ["numpy", "triton"]
+norm = load_oracle("norm")
+
+
+@k.kernel
+def scale_add(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], out: k.Tensor[k.f32, "N"], a: k.f32,
+              B: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], B)):
+        out[k.span(i * B, B)] = x[k.span(i * B, B, other=0.0)] * a + y[k.span(i * B, B, other=0.0)]
+
+
+@k.kernel
+def accumulate(acc: k.Tensor[k.f32, "N"], x: k.Tensor[k.f32, "N"], B: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], B)):
+        acc[k.span(i * B, B)] = acc[k.span(i * B, B, other=0.0)] + x[k.span(i * B, B, other=0.0)]
+
+
+def norm_twice(m, d):
+    p = Program("norm_twice")
+    x = p.input("x", (m, d), k.f32)
+    w = p.weight("w", (d,), k.f32)
+    h = p.tensor("h", (m, d), k.f32)
+    y = p.tensor("y", (m, d), k.f32)
+    bd = 1 << (d - 1).bit_length()
+    h = p.call(rmsnorm_rows, x, w, h, 1e-6, BM=2, BD=bd, ONE_TILE=True)
+    y = p.call(rmsnorm_rows, h, w, y, 1e-6, BM=2, BD=bd, ONE_TILE=True)
+    p.output(y)
+    return p
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_run_matches_oracle(target):
+    rng = np.random.default_rng()
+    m, d = int(rng.integers(3, 9)), int(rng.integers(17, 60))
+    x, w = rng.standard_normal((m, d)), rng.standard_normal(d)
+    p = norm_twice(m, d)
+    verify(p)
+    out = run(p, {"x": torch.tensor(x, dtype=torch.float32), "w": torch.tensor(w, dtype=torch.float32)},
+              target=target, passes=["verify"])
+    want = norm.rmsnorm(norm.rmsnorm(x, w, 1e-6), w, 1e-6)
+    np.testing.assert_allclose(out["y"].numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_in_place_update_makes_versions_and_orders_readers_first():
+    p = Program("inplace")
+    acc = p.input("acc", (40,), k.f32)
+    x = p.input("x", (40,), k.f32)
+    out = p.tensor("out", (40,), k.f32)
+    out = p.call(scale_add, acc, x, out, 2.0)          # reads acc (version 0)
+    acc2 = p.call(accumulate, acc, x)                   # then overwrites acc in place
+    p.output(out, acc2)
+    verify(p)
+    assert acc2.id == "%acc.1" and p.writer("%acc.1") == "accumulate"
+    assert "scale_add" in p.op_deps("accumulate")      # write after read
+    assert p.ops() == ["scale_add", "accumulate"]
+    rng = np.random.default_rng()
+    a0, x0 = rng.standard_normal(40), rng.standard_normal(40)
+    got = run(p, {"acc": torch.tensor(a0, dtype=torch.float32), "x": torch.tensor(x0, dtype=torch.float32)})
+    np.testing.assert_allclose(got["out"].numpy(), 2 * a0 + x0, rtol=1e-5)
+    np.testing.assert_allclose(got["acc"].numpy(), a0 + x0, rtol=1e-5)
+
+
+def test_dump_names_every_tensor_and_call():
+    text = dump(norm_twice(4, 32))
+    assert text.startswith("program norm_twice {")
+    for frag in ("input  %x : f32[4, 32]", "weight %w : f32[32]", "%h.1 = rmsnorm_rows(x=%x, w=%w, y=%h",
+                 "%y.1 = rmsnorm_rows_1(x=%h.1", "output %y.1", "ONE_TILE=true"):
+        assert frag in text, frag
+
+
+def test_builder_errors_name_the_problem():
+    p = Program("bad")
+    x = p.input("x", (8,), k.f32)
+    y = p.input("y", (8,), k.f32)
+    o = p.tensor("o", (9,), k.f32)
+    with pytest.raises(K31Error, match="size 9"):
+        p.call(scale_add, x, y, o, 1.0)
+    o16 = p.tensor("o16", (8,), k.bf16)
+    with pytest.raises(K31Error, match="bf16"):
+        p.call(scale_add, x, y, o16, 1.0)
+    o2 = p.tensor("o2", (8,), k.f32)
+    p.call(scale_add, x, y, o2, 1.0)
+    with pytest.raises(K31Error, match="old version"):
+        p.call(scale_add, x, y, o2, 1.0)
+    with pytest.raises(K31Error, match="missing"):
+        p.call(scale_add, x, y)
+    w = p.weight("w", (8,), k.f32)
+    with pytest.raises(K31Error, match="weight"):
+        p.call(accumulate, w, x)
+    with pytest.raises(K31Error, match="already has"):
+        p.input("x", (8,), k.f32)
+
+
+def test_verifier_rules_catch_malformed_graphs():
+    p = norm_twice(4, 32)
+    assert problems(p) == []
+    bad = p.copy()                                           # an unwritten temp read
+    bad.g.remove_node("rmsnorm_rows")
+    bad.order.remove("rmsnorm_rows")
+    assert any(m.startswith("[single_writer]") for m in problems(bad))
+    bad = p.copy()
+    t = bad.tensor_node("%h.1")
+    bad.g.add_edge("rmsnorm_rows", "%y.1", role="write", param="y")      # a second writer
+    assert any("2 writers" in m for m in problems(bad))
+    bad = p.copy()
+    bad.g.add_edge("%y.1", "rmsnorm_rows", role="read", param="x")      # a cycle
+    assert problems(bad)[0].startswith("[acyclic]")
+    bad = p.copy()
+    bad.g.nodes["%h"]["node"] = TensorNode("h", 0, (4, 33), k.f32, "temp")
+    assert any(m.startswith("[signatures]") and "33" in m for m in problems(bad))
+    with pytest.raises(K31Error, match="malformed"):
+        verify(bad)
+    assert t.shape == (4, 32)
+
+
+def test_run_checks_inputs():
+    p = norm_twice(4, 32)
+    with pytest.raises(K31Error, match="missing input"):
+        run(p, {"x": torch.zeros(4, 32)})
+    with pytest.raises(K31Error, match="must be f32"):
+        run(p, {"x": torch.zeros(4, 31), "w": torch.zeros(32)})
+
+
+def test_collectives_on_one_process():
+    p = Program("gather")
+    a = p.input("a", (2, 3), k.f32)
+    b = p.input("b", (2, 3), k.f32)
+    g = p.tensor("g", (4, 3), k.f32)
+    s = p.tensor("s", (2, 3), k.f32)
+    g = p.all_gather([a, b], g, axis=0)
+    s = p.all_reduce([a, b], s)
+    p.output(g, s)
+    verify(p)
+    ta, tb = torch.randn(2, 3), torch.randn(2, 3)
+    out = run(p, {"a": ta, "b": tb})
+    assert torch.equal(out["g"], torch.cat([ta, tb]))
+    torch.testing.assert_close(out["s"], ta + tb)
