@@ -31,9 +31,9 @@ import k31dsl as k
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_tensor, resolve_target
+from k31dsl.ops.kda.gate import GATE_NONE, check_gate_params, gate_value
 
 L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
-GATE_NONE, GATE_SOFTPLUS, GATE_LOWER_BOUND = 0, 1, 2
 
 # BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
 # fla's fused_recurrent_kda uses BV=32 with 4 warps (~3 TB/s on H200 at K=V=128); the others
@@ -64,12 +64,10 @@ def l2_normalize(x, ON):
 
 @k.func
 def log_decay(x, a_log, dt_bias, lower_bound, GATE):
-    """Natural-log decay from the raw gate x (GATE_NONE: x already is the decay)."""
-    if GATE == 1:                                   # Kimi Linear: -exp(A_log) * softplus(x + dt_bias)
-        return -k.exp(a_log) * k.softplus(x + dt_bias)
-    if GATE == 2:                                   # K3 lower bound: lb * sigmoid(exp(A_log) * (x + dt_bias))
-        return lower_bound * k.sigmoid(k.exp(a_log) * (x + dt_bias))
-    return x
+    """Natural-log decay from the raw gate x (5a's gate_value); GATE_NONE: x already is the decay."""
+    if GATE == GATE_NONE:
+        return x
+    return gate_value(x, a_log, dt_bias, lower_bound, GATE)
 
 
 # ---------------------------------------------------------------- kernels
@@ -188,38 +186,15 @@ def _int32(t):
 
 
 def _gate_mode(op, A_log, dt_bias, lower_bound, hv, kdim, device):
-    """(GATE constexpr, a_log [HV] f32, dt_bias [HV, K] f32, lower bound) from the gate arguments."""
-    import math
-
+    """(GATE constexpr, a_log [HV] f32, dt_bias [HV, K] f32, lower bound) from the gate arguments:
+    none of them -> g is the log decay; otherwise ops/kda/gate.py's rules (lower_bound in [-5, 0),
+    A_log None -> exp(A_log) = 1, dt_bias None -> 0)."""
     import torch
     if A_log is None and dt_bias is None and lower_bound is None:
-        mode = GATE_NONE
-    elif lower_bound is not None:
-        if not (isinstance(lower_bound, (int, float)) and math.isfinite(lower_bound) and lower_bound < 0):
-            raise K31Error(f"{op}: lower_bound must be a finite negative number, got {lower_bound!r}",
-                           hint="Kimi K3 uses lower_bound=-5")
-        mode = GATE_LOWER_BOUND
-    elif A_log is None:
-        raise K31Error(f"{op}: the softplus gate needs `A_log` (dt_bias alone is not a gate)",
-                       hint="pass A_log [HV], or lower_bound=... for the lower-bound gate, or nothing "
-                            "when g already is the log-decay")
-    else:
-        mode = GATE_SOFTPLUS
-    if A_log is None:
-        a = torch.zeros(hv, dtype=torch.float32, device=device)
-    else:
-        require_tensor(op, "A_log", A_log)
-        if A_log.numel() != hv:
-            _shape_error(op, "A_log", A_log, [hv], " (one per value head)")
-        a = A_log.reshape(hv).to(torch.float32).contiguous()
-    if dt_bias is None:
-        d = torch.zeros(hv, kdim, dtype=torch.float32, device=device)
-    else:
-        require_tensor(op, "dt_bias", dt_bias)
-        if dt_bias.numel() != hv * kdim:
-            _shape_error(op, "dt_bias", dt_bias, [hv * kdim], " (HV * K, per value head and key channel)")
-        d = dt_bias.reshape(hv, kdim).to(torch.float32).contiguous()
-    return mode, a, d, float(lower_bound if lower_bound is not None else 0.0)
+        z = torch.zeros(hv, dtype=torch.float32, device=device)
+        return GATE_NONE, z, torch.zeros(hv, kdim, dtype=torch.float32, device=device), 0.0
+    a, b, mode, lb = check_gate_params(op, hv, kdim, A_log, dt_bias, lower_bound)
+    return mode, a.to(device), b.to(device), lb
 
 
 def _check_decode_inputs(q, k_, v, g, beta, state_pool, slots):
@@ -269,10 +244,11 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
     state_pool: fp32 [num_slots, HV, K, V]; slots: int32 [N], distinct, the pool row of each
     sequence. T >= 1 tokens per sequence (T > 1: speculative verification). HV is a multiple of H
     (GVA: value head hv reads q/k head hv // (HV / H)).
-    Gate: with none of A_log / dt_bias / lower_bound, g is the natural-log decay; with A_log
-    (softplus form) g is the raw gate, a = -exp(A_log[hv]) * softplus(g + dt_bias); with
-    lower_bound (K3 form) a = lower_bound * sigmoid(exp(A_log[hv]) * (g + dt_bias)) (A_log optional).
-    dt_bias is [HV * K]. scale defaults to K ** -0.5; q and k are L2-normalised in the kernel
+    Gate: with none of A_log / dt_bias / lower_bound, g is the natural-log decay; otherwise g is
+    the raw gate (ops/kda/gate.py): a = -exp(A_log[hv]) * softplus(g + dt_bias) (Kimi Linear), or
+    with lower_bound in [-5, 0) a = lower_bound * sigmoid(exp(A_log[hv]) * (g + dt_bias)) (K3);
+    A_log None means exp(A_log) = 1, dt_bias None means 0.
+    dt_bias is [HV * K] or [HV, K]. scale defaults to K ** -0.5; q and k are L2-normalised in the kernel
     unless use_qk_l2norm=False.
     save_replay: None -> T > 1; True/False; or a KDAReplay of preallocated fp32 buffers to write
     (fixed addresses for CUDA graphs). update_state=False leaves the pool rows untouched (they
@@ -292,12 +268,12 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
             require_tensor("kda_decode", f"save_replay.{name}", buf, (D.f32,))
             if tuple(buf.shape) != shape or not buf.is_contiguous():
                 _shape_error("kda_decode", f"save_replay.{name}", buf, list(shape), " (contiguous fp32)")
+    elif not (save_replay is None or isinstance(save_replay, bool)):
+        raise K31Error(f"kda_decode: save_replay must be None, a bool or a KDAReplay, got {type(save_replay).__name__}")
     elif save_replay or (save_replay is None and t > 1):
         f32 = dict(dtype=torch.float32, device=q.device)
         replay = KDAReplay(torch.empty(n, t, h, kdim, **f32), torch.empty(n, t, hv, vdim, **f32),
                            torch.empty(n, t, hv, kdim, **f32))
-    elif save_replay not in (None, False):
-        raise K31Error(f"kda_decode: save_replay must be None, a bool or a KDAReplay, got {type(save_replay).__name__}")
     o = torch.empty(n, t, hv, vdim, dtype=q.dtype, device=q.device)
     if n == 0:
         return o, replay
