@@ -245,7 +245,8 @@ def _check_scale(op: str, sm_scale):
 def sparse_mla_attention(q, cache, indices, sm_scale, *, target: str | None = None, **config):
     """Sparse MLA attention (MQA mode) over the paged FP8 latent cache.
 
-    q [T, H, 576] bf16/f32 (512 absorbed latent dims, then 64 rope dims); indices [T, topk]
+    q [T, H, 576] bf16/f32 (512 absorbed latent dims, then 64 rope dims; f32 is rounded to bf16,
+    the MMA operand precision, like the dequantized cache side); indices [T, topk]
     int32 physical slots (page * 64 + row), -1 or any value outside the cache is ignored;
     sm_scale explicit. Returns (o [T, H, 512] bf16, lse [T, H] fp32, natural log); a query with
     no valid index gets o = 0 and lse = +inf."""
@@ -288,3 +289,84 @@ def slots_of_positions(positions, block_table, next_n: int = 1, *, target: str |
     if pos.numel():
         slots_of_positions_rows[target](pos, bt, out, next_n)
     return out
+
+
+# ---------------------------------------------------------------- checks against the oracle
+
+def random_latent(n: int, gen, dtype):
+    """Latent rows with a spread of magnitudes per 128-tile (one all-zero tile when n > 2)."""
+    import torch
+    x = torch.randn(n, LATENT, generator=gen) * torch.exp2(torch.randint(-4, 5, (n, 4), generator=gen).float()
+                                                           ).repeat_interleave(TILE, dim=1)
+    if n > 2:
+        x[1, 128:256] = 0
+    return x.to(dtype)
+
+
+def _check_write(target: str, seed: int = 0) -> list[CaseResult]:
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import device_for, load_oracle, mismatches, to_f64
+    ref = load_oracle("dsa_attention")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n, pages, dt, pow2 in ((70, 3, torch.bfloat16, False), (33, 2, torch.float32, True), (5, 1, torch.float16, False)):
+        kv, kr = random_latent(n, g, dt), torch.randn(n, ROPE, generator=g).to(dt)
+        slots = torch.randperm(pages * PAGE, generator=g)[:n].int()
+        slots[n // 2] = -1                                        # padding token: skipped
+        before = torch.randint(0, 256, (pages, PAGE, RECORD), generator=g, dtype=torch.uint8)
+        cache = before.clone().to(dev)
+        mla_cache_write(cache, kv.to(dev), kr.to(dev), slots.to(dev), pow2_scale=pow2, target=target)
+        want = ref.mla_cache_write(before.numpy(), to_f64(kv), to_f64(kr), slots.numpy(), pow2)
+        bad = mismatches(cache.cpu().numpy(), want)
+        out.append(CaseResult(f"write {n} tokens {str(dt)[6:]} into {pages} pages, pow2_scale={pow2}", bad, 0,
+                              bad == 0, "cache bytes differing from the oracle's records"))
+    return out
+
+
+def sfa_errors(o, lse, want_o, want_lse) -> tuple[float, float]:
+    """(max |o - want| / max |want|, max |lse - want| over finite lse; inf when +inf rows differ)."""
+    import numpy as np
+    from k31dsl.ops.testing import to_f64
+    got_o, got_l = to_f64(o), to_f64(lse)
+    lonely = np.isinf(want_lse)
+    if not (np.isinf(got_l) == lonely).all() or (got_l[lonely] < 0).any() or (got_o[lonely] != 0).any():
+        return float("inf"), float("inf")
+    e_o = float(np.abs(got_o - want_o).max() / max(np.abs(want_o).max(), 1e-30)) if want_o.size else 0.0
+    e_l = float(np.abs(got_l[~lonely] - want_lse[~lonely]).max()) if (~lonely).any() else 0.0
+    return e_o, e_l
+
+
+def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
+    import torch
+    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    ref = load_oracle("dsa_attention")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for T, H, K, pages, qdt, scale in ((3, 5, 40, 3, torch.bfloat16, 0.135234), (2, 20, 70, 2, torch.float32, 0.05)):
+        n = pages * PAGE
+        cache = new_mla_cache(pages)
+        mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
+                        torch.arange(n, dtype=torch.int32), target="numpy")
+        q = torch.randn(T, H, LATENT + ROPE, generator=g).to(qdt)
+        idx = torch.randint(-3, n + 5, (T, K), generator=g, dtype=torch.int32)   # -1.. and past the end
+        idx[-1] = -1                                                             # a lonely query
+        o, lse = sparse_mla_attention(q.to(dev), cache.to(dev), idx.to(dev), scale, target=target)
+        lat, rope = ref.mla_cache_decode(cache.numpy())
+        q_mma = ref.round_to(to_f64(q), ref.BF16)                  # the kernel's MMA operand
+        want_o, want_l = ref.sparse_mla_attention(q_mma, lat, rope, idx.numpy(), scale)
+        e_o, e_l = sfa_errors(o, lse, want_o, want_l)
+        name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q"
+        out.append(CaseResult(f"{name}: o", e_o, 2e-2, e_o <= 2e-2, "max abs err / max |o| (bf16 output)"))
+        out.append(CaseResult(f"{name}: lse", e_l, 1e-3, e_l <= 1e-3, "max abs err (natural log)"))
+    return out
+
+
+register(OpSpec("mla_cache_write", "dsa", mla_cache_write, [mla_cache_write_rows],
+                "paged MLA latent cache write: 656 B records (512 E4M3 in 128-tiles + 4 fp32 scales + 64 bf16 rope)",
+                _check_write, exact=True, tags=["dsa", "fp8", "cache"]))
+register(OpSpec("sparse_mla_attention", "dsa", sparse_mla_attention, [sparse_mla_attention_fwd],
+                "sparse MLA attention over the paged FP8 latent cache (physical indices, -1 ignored, lse natural log)",
+                _check_sfa, tags=["dsa", "attention"]))

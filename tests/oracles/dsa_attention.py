@@ -95,4 +95,4 @@ def slots_of_positions(positions, block_table, rows) -> np.ndarray:
 
 
 __all__ = ["mla_records", "mla_cache_write", "mla_cache_decode", "sparse_mla_attention", "slots_of_positions",
-           "E4M3", "F32"]
+           "round_to", "BF16", "E4M3", "F32"]
