@@ -1,0 +1,194 @@
+"""chunk_kda: KDA chunked prefill over torch tensors, fla's shapes and options (research/kda.md
+§2). The kernels are in chunk_kernels.py; this module checks inputs, builds the chunk map for
+varlen, launches the two kernels and registers the op with its check against the fp64 oracle."""
+
+import k31dsl as k
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import require_tensor, resolve_target
+from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.gate import GATE_LOWER, GATE_NONE, check_gate_params
+from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+CHUNK_SIZES = (16, 32, 64)
+SUB_CHUNK = 16
+HEAD_DIMS = (16, 32, 64, 128, 256)
+_MAPS: dict = {}            # (cu_seqlens, chunk) -> (chunk_info, seq_chunks, cu) on a device
+
+
+def _pow2_dim(op: str, name: str, d: int):
+    if d not in HEAD_DIMS:
+        raise K31Error(f"{op}: {name}={d} is not supported", hint=f"head dims must be one of {HEAD_DIMS}")
+
+
+def chunk_map(cu: list[int], bt: int, device):
+    """Per chunk (first token, end of its sequence) and per sequence its first chunk, int32."""
+    import torch
+    key = (tuple(cu), bt, str(device))
+    hit = _MAPS.get(key)
+    if hit is not None:
+        return hit
+    info, seq_chunks = [], [0]
+    for s in range(len(cu) - 1):
+        info += [(t, cu[s + 1]) for t in range(cu[s], cu[s + 1], bt)]
+        seq_chunks.append(len(info))
+    info_t = torch.tensor(info or [(0, 0)], dtype=torch.int32).reshape(-1, 2)[:max(1, len(info))]
+    out = (info_t.to(device), torch.tensor(seq_chunks, dtype=torch.int32, device=device),
+           torch.tensor(cu, dtype=torch.int32, device=device), len(info))
+    if len(_MAPS) > 64:
+        _MAPS.clear()
+    _MAPS[key] = out
+    return out
+
+
+def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size):
+    op = "chunk_kda"
+    for name, t, rank in (("q", q, 4), ("k", kk, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
+        require_tensor(op, name, t)
+        if t.dim() != rank:
+            raise K31Error(f"{op}: `{name}` must have rank {rank}, got shape {list(t.shape)}",
+                           hint="fla shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]")
+    if q.dtype != kk.dtype or q.dtype != v.dtype:
+        raise K31Error(f"{op}: q, k and v must share a dtype, got {q.dtype}, {kk.dtype}, {v.dtype}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if tuple(kk.shape) != (B, T, H, K):
+        raise K31Error(f"{op}: `k` must have the shape of q {list(q.shape)}, got {list(kk.shape)}")
+    if tuple(v.shape[:2]) != (B, T) or HV % H:
+        raise K31Error(f"{op}: `v` must be [B, T, HV, V] with HV a multiple of H={H}, got {list(v.shape)}")
+    if tuple(g.shape) != (B, T, HV, K):
+        raise K31Error(f"{op}: `g` must have shape {[B, T, HV, K]} (per value head, per key channel), "
+                       f"got {list(g.shape)}")
+    if tuple(beta.shape) != (B, T, HV):
+        raise K31Error(f"{op}: `beta` must have shape {[B, T, HV]}, got {list(beta.shape)}")
+    _pow2_dim(op, "K", K)
+    _pow2_dim(op, "V", V)
+    if chunk_size not in CHUNK_SIZES:
+        raise K31Error(f"{op}: chunk_size={chunk_size!r} is not supported", hint=f"use one of {CHUNK_SIZES}")
+    if cu_seqlens is not None:
+        require_tensor(op, "cu_seqlens", cu_seqlens, (k.i32, k.i64))
+        if B != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise K31Error(f"{op}: varlen needs B == 1 and cu_seqlens [N + 1], got q {list(q.shape)}, "
+                           f"cu_seqlens {list(cu_seqlens.shape)}")
+        cu = [int(c) for c in cu_seqlens.tolist()]
+        if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+            raise K31Error(f"{op}: cu_seqlens must rise from 0 to T={T}, got {cu[:8]}{'...' if len(cu) > 8 else ''}")
+    else:
+        cu = [b * T for b in range(B + 1)]
+    n = len(cu) - 1
+    if initial_state is not None:
+        require_tensor(op, "initial_state", initial_state, (k.f32,))
+        if tuple(initial_state.shape) != (n, HV, K, V):
+            raise K31Error(f"{op}: `initial_state` must be fp32 [N, HV, K, V] = {[n, HV, K, V]}, "
+                           f"got {list(initial_state.shape)}")
+    return B, T, H, K, HV, V, cu
+
+
+def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+              use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, target=None):
+    """KDA forward, chunked -> (o [B, T, HV, V] like v, final_state fp32 [N, HV, K, V] or None).
+
+    q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H); g [B, T, HV, K] the natural-log decay,
+    or the raw gate when any of A_log [HV], dt_bias [HV*K], lower_bound is given (then the gate of
+    kda_gate is applied in-kernel); beta [B, T, HV]; initial_state fp32 [N, HV, K, V]; varlen by
+    cu_seqlens [N + 1] with B == 1. scale defaults to K^-0.5; q and k are L2-normalised in-kernel
+    unless use_qk_l2norm=False."""
+    import torch
+    op = "chunk_kda"
+    target = resolve_target(target)
+    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size)
+    gate_in = A_log is not None or dt_bias is not None or lower_bound is not None
+    a_log, bias, mode, lb = check_gate_params(op, HV, K, A_log, dt_bias, lower_bound)
+    mode = mode if gate_in else GATE_NONE
+    scale = K ** -0.5 if scale is None else float(scale)
+    dev = q.device
+    n = len(cu) - 1
+    bt = chunk_size
+    info, seq_chunks, cu_t, nt = chunk_map(cu, bt, dev)
+    mt = torch.bfloat16 if q.dtype != torch.float32 else torch.float32
+    nt1 = max(nt, 1)
+    w = torch.empty(nt1, HV, bt, K, dtype=mt, device=dev)
+    qg, kb = torch.empty_like(w), torch.empty_like(w)
+    u = torch.empty(nt1, HV, bt, V, dtype=mt, device=dev)
+    aqk = torch.empty(nt1, HV, bt, bt, dtype=mt, device=dev)
+    gam = torch.empty(nt1, HV, K, dtype=torch.float32, device=dev)
+    o = torch.empty(B * T, HV, V, dtype=v.dtype, device=dev)
+    ht = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else \
+        torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
+    h0 = initial_state.contiguous() if initial_state is not None else torch.empty(1, 1, 1, 1, dtype=torch.float32,
+                                                                                   device=dev)
+    prec = "ieee" if mt == torch.float32 else "tf32"
+    if nt:
+        flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
+        kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
+                               GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prec,
+                               BT=bt, BC=min(SUB_CHUNK, bt), BK=K, BVV=V)
+    if nt or output_final_state:
+        bv = min(32, V)
+        kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
+                                HAS_H0=initial_state is not None, STORE_HT=bool(output_final_state), PREC=prec,
+                                BT=bt, BK=K, BV=bv)
+    return o.view(B, T, HV, V), (ht if output_final_state else None)
+
+
+# ---------------------------------------------------------------- check against the oracle
+
+def make_inputs(gen, B, T, H, HV, K, V, dtype, gate: str, n_seqs: int = 0, h0: bool = False):
+    """Random KDA inputs (torch, CPU) for one case; gate is "lb" (raw gate, lower bound -5 with
+    A_log/dt_bias), "softplus" (raw gate, large inputs), or "logdecay" (g is the decay itself)."""
+    import torch
+    q = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    kk = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(B, T, HV, generator=gen).to(dtype)
+    kw = {}
+    if gate == "logdecay":
+        g = (-torch.rand(B, T, HV, K, generator=gen) * 2).to(dtype)
+    else:
+        g = (torch.randn(B, T, HV, K, generator=gen) * (8 if gate == "softplus" else 3)).to(dtype)
+        kw = {"A_log": torch.randn(HV, generator=gen) * 0.5, "dt_bias": torch.randn(HV * K, generator=gen)}
+        if gate == "lb":
+            kw["lower_bound"] = -5.0
+    if n_seqs:
+        cuts = torch.randperm(T - 1, generator=gen)[:n_seqs - 1].add(1).sort().values.tolist()
+        kw["cu_seqlens"] = torch.tensor([0] + cuts + [T], dtype=torch.int32)
+    n = n_seqs or B
+    if h0:
+        kw["initial_state"] = torch.randn(n, HV, K, V, generator=gen) * 0.5
+    return (q, kk, v, g, beta), kw
+
+
+CHECK_CASES = [  # B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial state
+    (1, 37, 1, 2, 16, 16, "f32", "lb", 16, 0, True),
+    (2, 9, 2, 2, 16, 32, "f32", "softplus", 16, 0, False),
+    (1, 45, 1, 1, 16, 16, "f32", "logdecay", 32, 3, True),
+    (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False),
+]
+
+
+def _check_chunk(target: str, seed: int = 0) -> list[CaseResult]:
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import device_for, load_oracle, max_rel_err, to_f64
+    ref = load_oracle("kda")
+    dev = device_for(target)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for B, T, H, HV, K, V, dt, gate, bt, ns, h0 in CHECK_CASES:
+        dtype = D.torch_dtype(D.from_name(dt))
+        args, kw = make_inputs(gen, B, T, H, HV, K, V, dtype, gate, ns, h0)
+        o, ht = chunk_kda(*(a.to(dev) for a in args), **{n: t.to(dev) if hasattr(t, "to") else t
+                                                          for n, t in kw.items()},
+                          output_final_state=True, chunk_size=bt, target=target)
+        want_o, want_s = ref.kda(*args, **kw)
+        tol = 1e-4 if dt == "f32" else 2e-2
+        name = f"B={B} T={T} H={H} HV={HV} K={K} V={V} {dt} gate={gate} chunk={bt} seqs={ns or B} h0={h0}"
+        for what, got, want in (("o", o, want_o), ("final state", ht, want_s)):
+            err = max_rel_err(to_f64(got), want, floor=0.1 * max(1e-3, float(np.abs(want).max())))
+            out.append(CaseResult(f"{name}: {what}", err, tol, bool(err <= tol)))
+    return out
+
+
+register(OpSpec(name="chunk_kda", module="kda", fn=chunk_kda, kernels=[kda_chunk_prep, kda_chunk_state],
+                summary="KDA chunked prefill (gate + L2 norm in-kernel, anchored UT solve on chip, fp32 state; varlen, GVA)",
+                check=_check_chunk, tags=["kda"]))

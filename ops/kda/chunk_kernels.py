@@ -1,0 +1,192 @@
+"""The two kernels of chunk_kda (FlashKDA-style: the intra-chunk matrices never leave the chip
+until they are final per-chunk operands of the state pass). Math: research/kda.md §2.1.
+
+Kernel 1, `kda_chunk_prep`, grid (chunk, value head), all chunks in parallel. It walks the chunk
+in sub-chunks of BC (=16) rows, unrolled: L2 norm of q/k, gate (raw -> log decay, in-kernel),
+chunk-local cumsum G, the 16x16 blocks of Aqk = tril(Qt Kh^T) and Akk = strict(beta Kt Kh^T)
+with anchors that are never a future row, the UT solve by block forward substitution
+((I + Akk_cc)^-1 of each diagonal block by row substitution, off-diagonal blocks by dots), and
+writes per chunk: W = Ainv beta Kt, U = Ainv beta V, Qt = scale q exp(G), Kb = k exp(G_C - G),
+Aqk (lower blocks only) and gamma = exp(G_C).
+
+Anchors (research §2.2). Row i in sub-chunk c, column j in sub-chunk c' (G decreasing in rows):
+  * off-diagonal (c' < c): exp(G_i - G_j) = exp(G_i - P_c) * exp(P_c - E_c') * exp(E_c' - G_j)
+    with P_c = G of the row before sub-chunk c and E_c' = G of the last row of c'. All three
+    factors are <= 1 (only underflow, harmless) for any gate.
+  * diagonal (SAFE, lower-bound gate lb >= -5): exp(G_i - P_c) * exp(P_c - G_j); the second factor
+    is at most exp(BC * |lb|) = exp(80) < fp32 max. P_c is a past row, so outputs are causal.
+  * diagonal (not SAFE: softplus gate or a given log decay, unbounded): exp(min(G_i - G_j, 0))
+    elementwise per column (CUDA-core work, 16 columns per sub-chunk), exact for any gate.
+
+Kernel 2, `kda_chunk_state`, grid (V / BV, sequence, value head), sequential over the sequence's
+chunks with the fp32 state S [K, BV] in registers: Vn = U - W S, O = Qt S + tril(Aqk) Vn,
+S <- gamma S + Kb^T Vn. Dots take MT operands (bf16 on the GPU: tensor cores) with fp32
+accumulation, like fla's fwd_h."""
+
+import k31dsl as k
+from k31dsl.ops.common import FLOAT_INPUTS
+from k31dsl.ops.kda.gate import GATE_LOWER, GATE_NONE, GATE_SOFTPLUS, gate_value
+
+L2_EPS = 1e-6
+PRECISIONS = ("ieee", "tf32")
+
+
+@k.func
+def row_of(x, rid, i):
+    """Row i of tile x [R, C] as [C]; exact (the other rows add zeros)."""
+    return k.sum(k.where(rid[:, None] == i, x, 0.0), axis=0)
+
+
+@k.func
+def l2norm_rows(x):
+    return x * k.rsqrt(k.sum(x * x, axis=1) + L2_EPS)[:, None]
+
+
+@k.func
+def unit_lower_inverse(L, rid):
+    """(I + L)^-1 for strictly lower-triangular L [BC, BC]: row i = e_i - sum_{j<i} L_ij row_j."""
+    x = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
+    for i in range(1, rid.shape[0]):
+        li = row_of(L, rid, i)                              # zero at j >= i
+        xi = row_of(x, rid, i) - k.sum(li[:, None] * x, axis=0)
+        x = k.where(rid[:, None] == i, xi[None, :], x)
+    return x
+
+
+@k.func
+def diag_exact(qs, kc, gc, rid):
+    """Diagonal-block scores without a factorisation: columns j of sum_d a_id k_jd exp(G_id - G_jd)
+    for a = qs (Aqk) and a = kc (Akk), exponent clamped at 0 (rows i < j are masked later)."""
+    aq = k.zeros((rid.shape[0], rid.shape[0]), k.f32)
+    ak = k.zeros((rid.shape[0], rid.shape[0]), k.f32)
+    for j in range(rid.shape[0]):
+        kj = row_of(kc, rid, j)
+        gj = row_of(gc, rid, j)
+        p = k.exp(k.minimum(gc - gj[None, :], 0.0)) * kj[None, :]
+        aq = k.where(rid[None, :] == j, k.sum(qs * p, axis=1)[:, None], aq)
+        ak = k.where(rid[None, :] == j, k.sum(kc * p, axis=1)[:, None], ak)
+    return aq, ak
+
+
+PREP_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 64, "num_warps": 4, "num_stages": 1}]
+
+
+@k.kernel(configs=PREP_CONFIGS)
+def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H", "K"],
+                   v: k.Tensor["XT", "T", "HV", "V"], g: k.Tensor["GT", "T", "HV", "K"],
+                   beta: k.Tensor["BETAT", "T", "HV"], a_log: k.Tensor[k.f32, "HV"],
+                   dt_bias: k.Tensor[k.f32, "HV", "K"], chunk_info: k.Tensor[k.i32, "NT", "2"],
+                   w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", "NT", "HV", "BT", "V"],
+                   qg: k.Tensor["MT", "NT", "HV", "BT", "K"], kb: k.Tensor["MT", "NT", "HV", "BT", "K"],
+                   aqk: k.Tensor["MT", "NT", "HV", "BT", "BT"], gam: k.Tensor[k.f32, "NT", "HV", "K"],
+                   scale: k.f32, lb: k.f32,
+                   XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                   BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
+                   GATE: k.constexpr[GATE_NONE, GATE_SOFTPLUS, GATE_LOWER] = GATE_LOWER,
+                   SAFE: k.constexpr = True, L2: k.constexpr = True, PREC: k.constexpr[PRECISIONS] = "tf32",
+                   BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
+    NC = BT // BC
+    for n, hv in k.grid(chunk_info.shape[0], v.shape[1]):
+        t0 = chunk_info[n, 0]
+        t1 = chunk_info[n, 1]
+        h = hv // (v.shape[1] // q.shape[1])
+        alog = a_log[hv]
+        bias = dt_bias[hv, k.span(0, BK)]
+        rid = k.arange(0, BC)
+        gp = k.zeros((BK,), k.f32)          # G of the row before the sub-chunk (0 at the chunk start)
+        gs, kcs, kcols, gends, ws, us = (), (), (), (), (), ()
+        for c in k.static_range(NC):
+            r0 = t0 + c * BC
+            live = (r0 + rid) < t1
+            qc = k.load(q, (k.span(r0, BC), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+            kc = k.load(kk, (k.span(r0, BC), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+            vc = k.load(v, (k.span(r0, BC), hv, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
+            bc = k.load(beta, (k.span(r0, BC), hv), mask=live, other=0.0).to(k.f32)
+            graw = k.load(g, (k.span(r0, BC), hv, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+            if L2:
+                qc = l2norm_rows(qc)
+                kc = l2norm_rows(kc)
+            qc = qc * scale
+            if GATE == GATE_NONE:
+                a = graw
+            else:                           # rows past the sequence decay by exp(0): G stays put
+                a = k.where(live[:, None], gate_value(graw, alog, bias[None, :], lb, GATE), 0.0)
+            gc = gp[None, :] + k.cumsum(a, axis=0)
+            gend = row_of(gc, rid, BC - 1)
+            e = k.exp(gc - gp[None, :])                        # <= 1
+            qe = qc * e
+            ke = kc * e
+            kcol = kc * k.exp(gend[None, :] - gc)              # <= 1
+            if SAFE:
+                kinv = kc * k.exp(gp[None, :] - gc)            # <= exp(BC |lb|)
+                aq_d = k.dot(qe, kinv.T, precision=PREC)
+                ak_d = k.dot(ke, kinv.T, precision=PREC)
+            else:
+                aq_d, ak_d = diag_exact(qc, kc, gc, rid)
+            aq_d = k.where(rid[:, None] >= rid[None, :], aq_d, 0.0)
+            ak_d = k.where(rid[:, None] > rid[None, :], ak_d * bc[:, None], 0.0)
+            aqk[n, hv, k.span(c * BC, BC), k.span(c * BC, BC)] = aq_d.to(MT)
+            rw = bc[:, None] * kc * k.exp(gc)                  # beta Kt
+            ru = bc[:, None] * vc                              # beta V
+            for c2 in k.static_range(c):                       # earlier sub-chunks: block forward substitution
+                f = k.exp(gp - gends[c2])[None, :]             # <= 1
+                aq_o = k.dot(qe * f, kcols[c2].T, precision=PREC)
+                ak_o = k.dot(ke * f, kcols[c2].T, precision=PREC) * bc[:, None]
+                aqk[n, hv, k.span(c * BC, BC), k.span(c2 * BC, BC)] = aq_o.to(MT)
+                rw = rw - k.dot(ak_o, ws[c2], precision=PREC)
+                ru = ru - k.dot(ak_o, us[c2], precision=PREC)
+            ainv = unit_lower_inverse(ak_d, rid)
+            wc = k.dot(ainv, rw, precision=PREC)
+            uc = k.dot(ainv, ru, precision=PREC)
+            w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
+            u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
+            qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * k.exp(gc)).to(MT)
+            gs, kcs, kcols, gends, ws, us = gs + (gc,), kcs + (kc,), kcols + (kcol,), gends + (gend,), ws + (wc,), us + (uc,)
+            gp = gend
+        gam[n, hv, k.span(0, BK)] = k.exp(gp)
+        for c in k.static_range(NC):
+            kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcs[c] * k.exp(gp[None, :] - gs[c])).to(MT)
+
+
+STATE_CONFIGS = [{"BT": 64, "BV": 32, "num_warps": 4, "num_stages": 2},
+                 {"BT": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
+                 {"BT": 64, "BV": 16, "num_warps": 4, "num_stages": 2},
+                 {"BT": 64, "BV": 32, "num_warps": 4, "num_stages": 3},
+                 {"BT": 64, "BV": 64, "num_warps": 8, "num_stages": 2}]
+
+
+@k.kernel(configs=STATE_CONFIGS)
+def kda_chunk_state(w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", "NT", "HV", "BT", "V"],
+                    qg: k.Tensor["MT", "NT", "HV", "BT", "K"], kb: k.Tensor["MT", "NT", "HV", "BT", "K"],
+                    aqk: k.Tensor["MT", "NT", "HV", "BT", "BT"], gam: k.Tensor[k.f32, "NT", "HV", "K"],
+                    seq_chunks: k.Tensor[k.i32, "N1"], cu: k.Tensor[k.i32, "N1"],
+                    h0: k.Tensor[k.f32, "NS", "HS", "KS", "VS"], ht: k.Tensor[k.f32, "NF", "HF", "KF", "VF"],
+                    o: k.Tensor["OT", "T", "HV", "V"],
+                    MT: k.constexpr[k.bf16, k.f32] = k.bf16, OT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                    HAS_H0: k.constexpr = False, STORE_HT: k.constexpr = False,
+                    PREC: k.constexpr[PRECISIONS] = "tf32",
+                    BT: k.constexpr = 64, BK: k.constexpr = 128, BV: k.constexpr = 32):
+    for pv, s, hv in k.grid(k.cdiv(o.shape[2], BV), cu.shape[0] - 1, o.shape[1]):
+        c0 = seq_chunks[s]
+        c1 = seq_chunks[s + 1]
+        t0 = cu[s]
+        t1 = cu[s + 1]
+        cols = pv * BV
+        ii = k.arange(0, BT)
+        if HAS_H0:
+            st = h0[s, hv, k.span(0, BK), k.span(cols, BV)]
+        else:
+            st = k.zeros((BK, BV), k.f32)
+        for c in range(c0, c1):
+            sd = st.to(MT)
+            vn = u[c, hv, k.span(0, BT), k.span(cols, BV)].to(k.f32) - k.dot(w[c, hv, k.span(0, BT), k.span(0, BK)],
+                                                                         sd, precision=PREC)
+            vd = vn.to(MT)
+            a = k.where(ii[:, None] >= ii[None, :], aqk[c, hv, k.span(0, BT), k.span(0, BT)], 0.0)
+            ob = k.dot(qg[c, hv, k.span(0, BT), k.span(0, BK)], sd, precision=PREC) + k.dot(a, vd, precision=PREC)
+            r0 = t0 + (c - c0) * BT
+            k.store(o, (k.span(r0, BT), hv, k.span(cols, BV)), ob.to(OT), mask=(r0 + ii < t1)[:, None])
+            kbt = kb[c, hv, k.span(0, BT), k.span(0, BK)].T
+            st = gam[c, hv, k.span(0, BK)][:, None] * st + k.dot(kbt, vd, precision=PREC)
+        if STORE_HT:
+            ht[s, hv, k.span(0, BK), k.span(cols, BV)] = st
