@@ -28,12 +28,16 @@ from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, requir
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 # Prepare: BD columns per chunk x num_warps. The first config is used without autotuning (CPU).
-# The [SB, NB, BD] accumulator is SB * NB * BD / (32 * num_warps) registers per thread: 32 for
+# The [SB, NB, BD] accumulator is SB * NB * BD / (32 * num_warps) registers per thread: 64 for
 # S = 6 -> 8, n = 8, BD = 128, 4 warps.
-PREPARE_CONFIGS = [{"BD": 128, "num_warps": 4}, {"BD": 256, "num_warps": 8}, {"BD": 128, "num_warps": 8},
-                   {"BD": 256, "num_warps": 4}, {"BD": 512, "num_warps": 8}, {"BD": 64, "num_warps": 4}]
-# Row kernels: BD is the whole row (fixed by the call); configs choose only the warp count, through
-# WARPS, a constexpr the kernels do not read (the autotuner tells configs apart by constexprs).
+# The second sweep re-reads the row (n * D * 4 bytes, 229 KB at n = 8, D = 7168) from L2 only if
+# the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
+# ~30 MB in flight; narrow ones hide latency better. The autotuner decides.
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "num_warps": w}
+                   for bd, w in ((128, 4), (256, 8), (512, 16), (512, 8), (256, 4), (128, 8), (256, 16))]
+# WARPS is a constexpr the kernels do not read: the Triton runtime tells configs apart by their
+# constexprs only, so a config that differs in num_warps alone needs one. Row kernels: BD is the
+# whole row (fixed by the call); configs choose only the warp count.
 ROW_CONFIGS = [{"WARPS": w, "num_warps": w} for w in (4, 8, 16, 2)]
 MAX_ROW = 1 << 16               # whole-row tiles: D up to 65536
 ACC_BUDGET = 8192               # SB * NB * BD elements of the prepare accumulator when BD is forced
@@ -47,7 +51,7 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          l: k.Tensor[k.f32, "S", "T"], eps: k.f32,
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
-                         FINAL: k.constexpr = False):
+                         FINAL: k.constexpr = False, WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     for t in k.grid(v.shape[1]):
         n = v.shape[0]
@@ -84,15 +88,18 @@ def attnres_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor["DT"
                         DT: k.constexpr[FLOAT_INPUTS] = k.bf16, HT: k.constexpr[FLOAT_INPUTS] = k.bf16,
                         BD: k.constexpr = 128, WARPS: k.constexpr = 4):
     for t in k.grid(partial.shape[0]):
+        # every load first (one round trip to memory per row), then the two row reductions
         p = partial[t, k.span(0, BD, other=0.0)] + delta[t, k.span(0, BD, other=0.0)].to(k.f32)
+        num = o[t, k.span(0, BD, other=0.0)]
+        m_old = m[t]
+        l_old = l[t]
         partial[t, k.span(0, BD)] = p
         score = k.sum(p * q[k.span(0, BD, other=0.0)]) * k.rsqrt(k.sum(p * p) / partial.shape[1].to(k.f32) + eps)
-        m_old = m[t]
         m_new = k.maximum(m_old, score)
         a = k.exp(m_old - m_new)
         b = k.exp(score - m_new)
-        inv = 1.0 / (l[t] * a + b)
-        h[t, k.span(0, BD)] = ((o[t, k.span(0, BD, other=0.0)] * a + p * b) * inv).to(HT)
+        inv = 1.0 / (l_old * a + b)
+        h[t, k.span(0, BD)] = ((num * a + p * b) * inv).to(HT)
 
 
 @k.kernel(configs=ROW_CONFIGS)
@@ -253,7 +260,7 @@ def check_update_args(partial, delta, query, o, m, l, norm_weight, eps, norm_eps
 
 
 def attnres_update(partial, delta, query, O, M, L, norm_weight, eps: float = 1e-6, norm_eps: float = 1e-6, *,
-                   out_dtype=None, fused: bool | None = None, target: str | None = None):
+                   out_dtype=None, return_h: bool = True, fused: bool | None = None, target: str | None = None):
     """Phase 2 of Block AttnRes, per layer, fused with the next RMSNorm:
     partial += delta (in place, fp32); score = p . q / rms(p); online-softmax merge with the
     block statistics: m' = max(M, score), h = (O e^(M-m') + p e^(score-m')) / (L e^(M-m') + e^(score-m'));
@@ -261,8 +268,9 @@ def attnres_update(partial, delta, query, O, M, L, norm_weight, eps: float = 1e-
 
     partial: [T, D] fp32 contiguous; delta: [T, D] (bf16); query: [D] effective pseudo-query;
     O [T, D], M [T], L [T]: this layer's slot of attnres_prepare; norm_weight: [D].
-    Returns (h, y) [T, D] in out_dtype (default bf16). `fused` picks the superkernel program
-    (True) or the two kernels in sequence (False); None: fused where the graph passes exist."""
+    Returns (h, y) [T, D] in out_dtype (default bf16), or y alone when return_h=False (then h is
+    an intermediate that the fused program never writes to memory). `fused` picks the superkernel
+    program (True) or the two kernels in sequence (False); None: fused where the graph passes exist."""
     import torch
     target = resolve_target(target)
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
@@ -271,14 +279,14 @@ def attnres_update(partial, delta, query, O, M, L, norm_weight, eps: float = 1e-
     h = torch.empty((t, d), dtype=D.torch_dtype(y_dt), device=partial.device)
     y = torch.empty_like(h)
     if t == 0:
-        return h, y
+        return (h, y) if return_h else y
     args = (delta.contiguous(), query.to(torch.float32).contiguous(), O.contiguous(), M.contiguous(),
             L.contiguous(), norm_weight.contiguous())
-    _run_update(target, partial, *args, h, y, eps, norm_eps, row_block(d), fused)
-    return h, y
+    _run_update(target, partial, *args, h, y, eps, norm_eps, row_block(d), fused, return_h)
+    return (h, y) if return_h else y
 
 
-def _run_update(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd, fused):
+def _run_update(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd, fused, return_h):
     if fused:
         raise K31Error("attnres_update: fused=True needs the graph IR's superkernel pass, not available yet")
     update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd)
