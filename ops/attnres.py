@@ -276,20 +276,64 @@ def attnres_update(partial, delta, query, O, M, L, norm_weight, eps: float = 1e-
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     eps, norm_eps, y_dt = check_update_args(partial, delta, query, O, M, L, norm_weight, eps, norm_eps, out_dtype)
     t, d = partial.shape
-    h = torch.empty((t, d), dtype=D.torch_dtype(y_dt), device=partial.device)
-    y = torch.empty_like(h)
     if t == 0:
-        return (h, y) if return_h else y
+        y = torch.empty((t, d), dtype=D.torch_dtype(y_dt), device=partial.device)
+        return (torch.empty_like(y), y) if return_h else y
     args = (delta.contiguous(), query.to(torch.float32).contiguous(), O.contiguous(), M.contiguous(),
             L.contiguous(), norm_weight.contiguous())
-    _run_update(target, partial, *args, h, y, eps, norm_eps, row_block(d), fused, return_h)
-    return (h, y) if return_h else y
+    if fused is False:
+        h = torch.empty((t, d), dtype=D.torch_dtype(y_dt), device=partial.device)
+        y = torch.empty_like(h)
+        update_unfused(target, partial, *args, h, y, eps, norm_eps, row_block(d))
+        return (h, y) if return_h else y
+    exe = update_executable(target, t, d, D.from_torch(delta.dtype), D.from_torch(norm_weight.dtype), y_dt, eps,
+                            norm_eps, return_h)
+    if fused and len(exe.p.calls()) != 1:
+        raise K31Error("attnres_update: the superkernel pass did not fuse the update and RMSNorm kernels: "
+                       + "; ".join(exe.p.report or ["no report"]), hint="pass fused=False for the two-kernel path")
+    out = exe(dict(zip(("partial", "delta", "query", "O", "M", "L", "norm_weight"), (partial,) + args)))
+    return (out["h"], out["y"]) if return_h else out["y"]
 
 
-def _run_update(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd, fused, return_h):
-    if fused:
-        raise K31Error("attnres_update: fused=True needs the graph IR's superkernel pass, not available yet")
-    update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd)
+def row_warps(bd: int) -> int:
+    """Warps for a whole-row program where no autotuner runs (graph programs): ~16 elements per thread."""
+    return max(1, min(16, bd // 512))
+
+
+def update_program(t: int, d: int, delta_dt, w_dt, out_dt, eps: float, norm_eps: float, return_h: bool = True):
+    """attnres_update as a graph program of two calls: the update kernel writes h (and partial in
+    place), the row RMSNorm reads h. The superkernel pass inlines the second into the first."""
+    from k31dsl.lowering.graph import Program
+    bd = row_block(d)
+    p = Program("attnres_update")
+    partial = p.input("partial", (t, d), k.f32)
+    delta = p.input("delta", (t, d), delta_dt)
+    q = p.weight("query", (d,), k.f32)
+    o = p.input("O", (t, d), k.f32)
+    m = p.input("M", (t,), k.f32)
+    l = p.input("L", (t,), k.f32)
+    w = p.weight("norm_weight", (d,), w_dt)
+    h = p.tensor("h", (t, d), out_dt)
+    y = p.tensor("y", (t, d), out_dt)
+    _, h = p.call(attnres_update_rows, partial, delta, q, o, m, l, h, eps, BD=bd, WARPS=row_warps(bd))
+    y = p.call(rmsnorm_row, h, w, y, norm_eps, BD=bd, WARPS=row_warps(bd))
+    p.output(*((h, y) if return_h else (y,)))
+    return p
+
+
+_EXECUTABLES: dict = {}
+
+
+def update_executable(target: str, t: int, d: int, delta_dt, w_dt, out_dt, eps: float, norm_eps: float,
+                      return_h: bool = True, passes=None):
+    """The compiled program (the target's graph pipeline, or `passes`), cached per shape/dtypes/eps."""
+    from k31dsl.lowering.graph import compile_program
+    key = (target, t, d, delta_dt, w_dt, out_dt, eps, norm_eps, return_h, None if passes is None else tuple(passes))
+    exe = _EXECUTABLES.get(key)
+    if exe is None:
+        prog = update_program(t, d, delta_dt, w_dt, out_dt, eps, norm_eps, return_h)
+        exe = _EXECUTABLES[key] = compile_program(prog, target, passes=passes)
+    return exe
 
 
 def update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd):
