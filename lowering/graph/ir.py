@@ -265,11 +265,13 @@ class Program:
     def node(self, nid: str):
         return self.g.nodes[nid]["node"]
 
-    def ops(self) -> list[str]:
-        """Call and host node ids in execution order (topological, ties in insertion order)."""
-        pos = {n: i for i, n in enumerate(self.order)}
-        topo = nx.lexicographical_topological_sort(self.g, key=lambda n: (pos.get(n, -1), n))
-        return [n for n in topo if n in pos]
+    def ops(self, units: dict | None = None) -> list[str]:
+        """Call and host node ids in execution order: topological, ties in insertion order, the
+        members of one `group` (or of one key of `units`: node id -> unit) kept together."""
+        if units is None:
+            units = {n: ("group", self.node(n).attrs["group"]) for n in self.order
+                     if "group" in self.node(n).attrs}
+        return op_order(self, units)
 
     def calls(self) -> list[str]:
         return [n for n in self.ops() if self.node(n).kind == "call"]
@@ -335,6 +337,99 @@ class Program:
     def __str__(self) -> str:
         from k31dsl.lowering.graph.text import dump
         return dump(self)
+
+    def replay(self, nodes: list, drop_unused: bool = True) -> "Program":
+        """A new program with this one's tensors and outputs and `nodes` (CallNode/HostNode
+        payloads, in an order valid for execution) added again. Tensor ids in their bindings may be
+        of any version: each binds the newest version of its storage at that point, so a pass can
+        replace, merge or drop nodes and rebuild a consistent graph. Temps no node uses any more
+        are dropped."""
+        from k31dsl.lowering.graph.bind import stored_params
+        new = Program(self.name)
+        new.report, new.meta = list(self.report), copy.deepcopy(self.meta)
+        used = set(self.outputs)
+        for n in nodes:
+            ids = [v for v in n.args.values() if isinstance(v, str)] if n.kind == "call" else n.inputs + n.outputs
+            used.update(self.tensor_node(i).storage for i in ids)
+        for st, t in self.storages().items():
+            if t.kind != "temp" or st in used or not drop_unused:
+                new.g.add_node(t.id, node=t)
+                new.latest[st] = t.id
+        for n in nodes:
+            n = copy.copy(n)
+            if n.kind == "call":
+                n.args = {k: (new.latest[self.tensor_node(v).storage] if isinstance(v, str) else v)
+                          for k, v in n.args.items()}
+                new.g.add_node(n.name, node=n)
+                written = stored_params(n.kernel)
+                only = {w for w in written if _only_written(n.kernel, w)}
+                for param, val in n.args.items():
+                    if isinstance(val, str) and param not in only:
+                        new.g.add_edge(val, n.name, role="read", param=param)
+                for param in written:
+                    new.new_version(new.tensor_node(n.args[param]).storage, n.name, param)
+            else:
+                outs = [self.tensor_node(o).storage for o in n.outputs]
+                n.inputs = [new.latest[self.tensor_node(i).storage] for i in n.inputs]
+                n.outputs = []
+                new.g.add_node(n.name, node=n)
+                for i in n.inputs:
+                    new.g.add_edge(i, n.name, role="read", param=None)
+                for st in outs:
+                    n.outputs.append(new.new_version(st, n.name))
+            new.order.append(n.name)
+        new.outputs = list(self.outputs)
+        return new
+
+
+def op_order(p: "Program", units: dict) -> list[str]:
+    """Topological order of the call/host nodes in which the members of each unit are adjacent
+    (the unit's dependencies are the union of its members'); ties go by insertion order."""
+    pos = {n: i for i, n in enumerate(p.order)}
+    unit_of = {n: units.get(n, ("op", n)) for n in p.order}
+    members: dict = {}
+    for n in p.order:
+        members.setdefault(unit_of[n], []).append(n)
+    ug = nx.DiGraph()
+    ug.add_nodes_from(members)
+    for n in p.order:
+        for d in p.op_deps(n):
+            if unit_of[d] != unit_of[n]:
+                ug.add_edge(unit_of[d], unit_of[n])
+    first = {u: min(pos[m] for m in ms) for u, ms in members.items()}
+    out = []
+    for u in nx.lexicographical_topological_sort(ug, key=lambda u: first[u]):
+        ms = members[u]
+        if len(ms) == 1:
+            out.extend(ms)
+            continue
+        sub = nx.DiGraph()
+        sub.add_nodes_from(ms)
+        sub.add_edges_from((d, m) for m in ms for d in p.op_deps(m) if d in ms)
+        out.extend(nx.lexicographical_topological_sort(sub, key=lambda m: pos[m]))
+    return out
+
+
+def would_cycle(p: "Program", nodes: set) -> bool:
+    """True when merging `nodes` into one unit makes a cycle: some other node lies on a
+    dependency path between two of them."""
+    deps = {n: p.op_deps(n) for n in p.order}
+    succ: dict = {n: set() for n in p.order}
+    for n, ds in deps.items():
+        for d in ds:
+            succ[d].add(n)
+    # everything reachable from the set through an outside node
+    stack = [s for n in nodes for s in succ[n] if s not in nodes]
+    seen = set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        if x in nodes:
+            return True
+        seen.add(x)
+        stack.extend(succ[x])
+    return False
 
 
 def _only_written(kernel, param: str) -> bool:

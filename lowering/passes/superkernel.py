@@ -1,5 +1,131 @@
-"""(being written)"""
+"""The `superkernel` graph pass: fuse chains of kernel calls.
+
+For each call and each call that reads what it wrote (in schedule order, repeated until nothing
+changes), the pair is inlined into one kernel when the consumer's program reads only what the same
+program of the producer wrote (lowering/passes/fuse.py): one launch, and the intermediate tile
+never goes through global memory; the intermediate tensor disappears when nothing else reads it.
+A pair that cannot be inlined is put in one launch *group* instead, sub-kernels separated by a
+grid barrier: AscendC emits one entry with SyncAll() between them, Triton captures the group as a
+CUDA graph on a GPU ("graph mode"), NumPy runs it in order. Pairs are never merged when another
+node lies on a dependency path between them (that would make a cycle). Every decision, with the
+reason for a refusal, is appended to `program.report`; `program.meta["superkernel"]` counts.
+"""
+from __future__ import annotations
+
+import itertools
+
+from k31dsl.lowering.graph.ir import CallNode, would_cycle
+from k31dsl.lowering.passes.fuse import Refusal, Side, fuse
+
+
+def _binding(p, node: CallNode) -> dict:
+    out = {}
+    for k, v in node.args.items():
+        out[k] = ("tensor", p.tensor_node(v).storage) if isinstance(v, str) else ("scalar", v)
+    return out
+
+
+def _side(p, nid: str) -> Side:
+    node = p.node(nid)
+    shapes = {st: t.shape for st, t in p.storages().items()}
+    return Side(node.kernel, _binding(p, node), shapes)
+
+
+def consumers(p, nid: str) -> list[str]:
+    """Calls reading a tensor version `nid` writes, in schedule order."""
+    pos = {n: i for i, n in enumerate(p.ops())}
+    out = {r for t in p.writes_of(nid) for r in p.readers(t) if p.node(r).kind == "call"}
+    return sorted(out, key=pos.get)
+
+
+def droppable(p, prod: str, cons: str) -> set[str]:
+    """Storages the producer writes that only the consumer reads, never read or written again and
+    not returned: the fused kernel need not store them at all."""
+    out = set()
+    read_by_prod = {p.tensor_node(t).storage for t in p.reads_of(prod)}
+    for tid in p.writes_of(prod):
+        t = p.tensor_node(tid)
+        if t.kind != "temp" or t.storage in p.outputs or t.storage in read_by_prod:
+            continue
+        if set(p.readers(tid)) != {cons} or p.final(t.storage) != tid:
+            continue
+        out.add(t.storage)
+    return out
+
+
+def fuse_pair(p, prod: str, cons: str):
+    """(new program, message) or raises Refusal."""
+    if would_cycle(p, {prod, cons}):
+        between = sorted(set(p.ops()) - {prod, cons})
+        raise Refusal(f"another node ({', '.join(between[:3])}) depends on `{prod}` and feeds `{cons}`")
+    drop = droppable(p, prod, cons)
+    a, b = p.node(prod), p.node(cons)
+    kernel, origin = fuse(_side(p, prod), _side(p, cons), drop, prod, cons)
+    args = {name: (a if side == "producer" else b).args[pname] for name, (side, pname) in origin.items()}
+    fused_names = a.attrs.get("fused", [prod]) + b.attrs.get("fused", [cons])
+    name = p._unique(kernel.name)
+    cx = {**b.constexprs, **a.constexprs}
+    node = CallNode(name, kernel, None, cx, args, loc=a.loc, attrs={"fused": fused_names})
+    order = p.ops({prod: ("fuse",), cons: ("fuse",)})
+    nodes = []
+    for nid in order:
+        if nid == prod:
+            nodes.append(node)
+        elif nid != cons:
+            nodes.append(p.node(nid))
+    new = p.replay(nodes)
+    forwarded = sorted({p.tensor_node(t).storage for t in p.writes_of(prod)} &
+                       {p.tensor_node(t).storage for t in p.reads_of(cons)})
+    msg = (f"superkernel: fused {prod} + {cons} -> {name}: each program of {cons} reads only the "
+           f"tile of {', '.join(f'`{s}`' for s in forwarded)} that the same program of {prod} stored "
+           f"(forwarded on chip{'; ' + ', '.join(f'`{s}`' for s in sorted(drop)) + ' no longer stored' if drop else ''})")
+    return new, msg
 
 
 def superkernel(program):
-    return program
+    p = program.copy()
+    refused: dict[tuple, str] = {}
+    fused = 0
+    changed = True
+    while changed:
+        changed = False
+        for prod in p.calls():
+            for cons in consumers(p, prod):
+                if (prod, cons) in refused:
+                    continue
+                try:
+                    p, msg = fuse_pair(p, prod, cons)
+                except Refusal as why:
+                    refused[(prod, cons)] = str(why)
+                    continue
+                p.report.append(msg)
+                fused += 1
+                changed = True
+                break
+            if changed:
+                break
+    groups: dict[str, set] = {}
+    group_of: dict[str, str] = {}
+    counter = itertools.count()
+    for (prod, cons), why in refused.items():
+        if prod not in p.g or cons not in p.g:
+            continue
+        members = groups.get(group_of.get(prod), {prod}) | groups.get(group_of.get(cons), {cons})
+        if would_cycle(p, members):
+            p.report.append(f"superkernel: kept {prod} and {cons} apart and in separate launches: {why}; "
+                            "grouping them would put another node inside the launch")
+            continue
+        gid = group_of.get(prod) or group_of.get(cons) or f"g{next(counter)}"
+        for old in {group_of.get(prod), group_of.get(cons)} - {None, gid}:
+            groups.pop(old, None)
+        groups[gid] = members
+        for m in members:
+            group_of[m] = gid
+        p.report.append(f"superkernel: did not inline {cons} into {prod}: {why}; both run in launch "
+                        f"group {gid} with a grid barrier between them")
+    for gid, members in groups.items():
+        for m in members:
+            p.node(m).attrs["group"] = gid
+    p.meta["superkernel"] = {"fused": fused, "groups": {g: sorted(m) for g, m in groups.items()},
+                             "calls_before": len(program.calls()), "calls_after": len(p.calls())}
+    return p

@@ -1,0 +1,176 @@
+"""Graph passes: each preserves results (pass on vs off, numpy and the Triton interpreter), and
+does what it claims: superkernel fuses where program-local dependence holds and refuses (with a
+reason) where it does not; nz_layout round trips and keeps matmuls equal; streams splits
+independent chains; memory_plan never aliases live buffers."""
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl.lowering.graph import Program, compile_program, run
+from k31dsl.lowering.passes.superkernel import superkernel
+from k31dsl.ops.attnres import attnres_update_rows, rmsnorm_row
+from k31dsl.ops.common import rmsnorm_rows
+
+TARGETS = ["numpy", "triton"]
+
+
+@k.kernel
+def row_scale(x: k.Tensor[k.f32, "T", "D"], y: k.Tensor[k.f32, "T", "D"], a: k.f32, BD: k.constexpr = 64):
+    for t in k.grid(x.shape[0]):
+        y[t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)] * a
+
+
+@k.kernel
+def row_shift(x: k.Tensor[k.f32, "T", "D"], y: k.Tensor[k.f32, "T", "D"], BD: k.constexpr = 64):
+    for t in k.grid(x.shape[0]):
+        y[t, k.span(0, BD)] = x[t + 1, k.span(0, BD, other=0.0)]
+
+
+@k.kernel
+def pair_sum(x: k.Tensor[k.f32, "T", "D"], y: k.Tensor[k.f32, "T", "D"], BT: k.constexpr = 2,
+             BD: k.constexpr = 64):
+    for i in k.grid(k.cdiv(x.shape[0], BT)):
+        y[k.span(i * BT, BT), k.span(0, BD)] = x[k.span(i * BT, BT, other=0.0), k.span(0, BD, other=0.0)] + 1.0
+
+
+@k.kernel
+def row_add(x: k.Tensor[k.f32, "T", "D"], z: k.Tensor[k.f32, "T", "D"], y: k.Tensor[k.f32, "T", "D"],
+            BD: k.constexpr = 64):
+    for t in k.grid(x.shape[0]):
+        y[t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)] + z[t, k.span(0, BD, other=0.0)]
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+def on_off(p, passes, inputs, target):
+    """Outputs with the passes and without them."""
+    off = run(p, {n: v.clone() for n, v in inputs.items()}, target=target, passes=["verify"])
+    on = run(p, {n: v.clone() for n, v in inputs.items()}, target=target, passes=["verify", *passes])
+    return on, off
+
+
+def assert_same(on, off, tol=0.0):
+    assert on.keys() == off.keys()
+    for n in on:
+        torch.testing.assert_close(on[n].float(), off[n].float(), rtol=tol, atol=tol, msg=n)
+
+
+# ---------------------------------------------------------------- superkernel
+
+def two_rows(consumer, T=5, D=40, **cx):
+    p = Program("two")
+    x = p.input("x", (T, D), k.f32)
+    h = p.tensor("h", (T, D), k.f32)
+    y = p.tensor("y", (T, D), k.f32)
+    h = p.call(row_scale, x, h, 3.0)
+    y = p.call(consumer, h, y, **cx)
+    p.output(y)
+    return p
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_superkernel_fuses_attnres_update_with_rmsnorm(target):
+    T, D = int(np.random.randint(1, 7)), int(np.random.randint(9, 60))
+    p = Program("update_norm")
+    ins = dict(partial=rand(T, D), delta=rand(T, D, dtype=torch.bfloat16), q=rand(D), o=rand(T, D),
+               m=rand(T), l=torch.rand(T) + 1.0, w=rand(D))
+    part = p.input("partial", (T, D), k.f32)
+    args = [p.input(n, tuple(ins[n].shape), k.bf16 if n == "delta" else k.f32) for n in ("delta", "q", "o", "m", "l")]
+    w = p.weight("w", (D,), k.f32)
+    h = p.tensor("h", (T, D), k.bf16)
+    y = p.tensor("y", (T, D), k.bf16)
+    bd = max(16, 1 << (D - 1).bit_length())
+    part, h = p.call(attnres_update_rows, part, *args, h, 1e-6, BD=bd)
+    y = p.call(rmsnorm_row, h, w, y, 1e-5, BD=bd)
+    p.output(y, part)
+    fused = superkernel(p)
+    assert len(p.calls()) == 2 and len(fused.calls()) == 1
+    assert fused.meta["superkernel"]["fused"] == 1
+    assert "fused attnres_update_rows + rmsnorm_row" in fused.report[-1]
+    assert "%h" not in fused.g                         # the intermediate never reaches memory
+    ex = compile_program(p, target, passes=["verify", "superkernel"])
+    on = ex({n: v.clone() for n, v in ins.items()})
+    assert ex.launches == 1
+    _, off = on_off(p, [], ins, target)
+    assert_same(on, off)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_superkernel_fuses_a_chain_of_three(target):
+    T, D = 6, 33
+    p = Program("chain")
+    x = p.input("x", (T, D), k.f32)
+    w = p.weight("w", (D,), k.f32)
+    a, b, c = (p.tensor(n, (T, D), k.f32) for n in "abc")
+    a = p.call(rmsnorm_rows, x, w, a, 1e-6, BM=2, BD=64, ONE_TILE=True)
+    b = p.call(rmsnorm_rows, a, w, b, 1e-6, BM=2, BD=64, ONE_TILE=True)
+    c = p.call(rmsnorm_rows, b, w, c, 1e-6, BM=2, BD=64, ONE_TILE=True)
+    p.output(a, c)                                     # `a` stays stored: it is returned
+    s = superkernel(p)
+    assert len(s.calls()) == 1 and s.node(s.calls()[0]).attrs["fused"] == ["rmsnorm_rows", "rmsnorm_rows_1", "rmsnorm_rows_2"]
+    assert "%a.1" in s.g and "%b" not in s.g
+    on, off = on_off(p, ["superkernel"], {"x": rand(T, D), "w": rand(D)}, target)
+    assert_same(on, off, 1e-6)
+
+
+def _refused(p):
+    s = superkernel(p)
+    assert len(s.calls()) == len(p.calls()), "nothing may be fused here"
+    groups = s.meta["superkernel"]["groups"]
+    return s, " ".join(s.report), groups
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_superkernel_refuses_a_read_of_another_programs_row(target):
+    s, report, groups = _refused(two_rows(row_shift))
+    assert "reads `h` at [t + 1, 0:0 + 64]" in report and "other programs write the rest" in report
+    assert "ops/" not in report and "test_passes.py:" in report          # the load's own line
+    assert list(groups.values()) == [["row_scale", "row_shift"]]         # one launch, grid barrier
+    on, off = on_off(two_rows(row_shift), ["superkernel"], {"x": rand(5, 40)}, target)
+    assert_same(on, off)
+
+
+def test_superkernel_refuses_different_grids():
+    _, report, groups = _refused(two_rows(pair_sum))
+    assert "grids differ: `row_scale` launches [5] programs, `pair_sum` [3]" in report
+    assert len(groups) == 1
+
+
+def test_superkernel_refuses_a_producer_that_stores_in_a_loop():
+    p = Program("looped")
+    x = p.input("x", (4, 40), k.f32)
+    w = p.weight("w", (40,), k.f32)
+    h = p.tensor("h", (4, 40), k.f32)
+    y = p.tensor("y", (4, 40), k.f32)
+    h = p.call(rmsnorm_rows, x, w, h, 1e-6, BM=1, BD=16, ONE_TILE=False)
+    y = p.call(row_scale, h, y, 2.0)
+    p.output(y)
+    _, report, _ = _refused(p)
+    assert "stores inside a loop" in report
+
+
+def test_superkernel_refuses_when_another_node_lies_between():
+    p = Program("diamond")
+    x = p.input("x", (5, 40), k.f32)
+    h, g, y = (p.tensor(n, (5, 40), k.f32) for n in "hgy")
+    h = p.call(row_scale, x, h, 2.0)
+    g = p.all_reduce([h, x], g)                        # a host op between producer and consumer
+    y = p.call(row_add, h, g, y)
+    p.output(y)
+    _, report, groups = _refused(p)
+    assert "all_reduce" in report and "depends on `row_scale` and feeds `row_add`" in report
+    assert groups == {}
+
+
+def test_superkernel_refuses_a_consumer_writing_what_the_producer_reads():
+    p = Program("war")
+    x = p.input("x", (5, 40), k.f32)
+    h = p.tensor("h", (5, 40), k.f32)
+    h = p.call(row_scale, x, h, 2.0)
+    x = p.call(row_scale, h, x, 0.5)                   # overwrites the producer's input
+    p.output(x)
+    _, report, _ = _refused(p)
+    assert "writes `x`, which `row_scale` also reads" in report
