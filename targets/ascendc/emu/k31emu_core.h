@@ -1,5 +1,6 @@
 // k31emu core: positions and capacities, errors, per-block memory, blocks as threads, SyncAll.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>

@@ -1,0 +1,108 @@
+// Tiled matmul through the k31emu cube path: GM -> L1 (ND->NZ), L1 -> L0A/L0B (LoadData),
+// Mmad into L0C accumulating over K tiles, Fixpipe L0C -> GM (ND).  C[M,N] = A[M,K] @ B,
+// where B is given as [K,N] (2-byte types: transposing LoadData) or as B^T [N,K] (any type).
+#include "kernel_operator.h"
+using namespace AscendC;
+
+template <class T>
+class Matmul {
+  TPipe pipe;
+  TQue<TPosition::A1, 1> qa1;
+  TQue<TPosition::B1, 1> qb1;
+  TQue<TPosition::A2, 1> qa2;
+  TQue<TPosition::B2, 1> qb2;
+  TQue<TPosition::CO1, 1> qc;
+  GlobalTensor<T> a, b;
+  GlobalTensor<float> c;
+  uint32_t M, N, K, tm, tn, tk;
+  bool bT;
+  static constexpr uint32_t C0 = 32 / sizeof(T);
+  static uint32_t up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+
+ public:
+  __aicore__ void Init(GM_ADDR pa, GM_ADDR pb, GM_ADDR pc, uint32_t m, uint32_t n, uint32_t k,
+                       uint32_t tm_, uint32_t tn_, uint32_t tk_, bool bTransposed) {
+    M = m; N = n; K = k; tm = tm_; tn = tn_; tk = tk_; bT = bTransposed;
+    a.SetGlobalBuffer((__gm__ T*)pa, uint64_t(M) * K);
+    b.SetGlobalBuffer((__gm__ T*)pb, uint64_t(K) * N);
+    c.SetGlobalBuffer((__gm__ float*)pc, uint64_t(M) * N);
+    pipe.InitBuffer(qa1, 1, tm * tk * sizeof(T));
+    pipe.InitBuffer(qb1, 1, tk * tn * sizeof(T));
+    pipe.InitBuffer(qa2, 1, tm * tk * sizeof(T));
+    pipe.InitBuffer(qb2, 1, tk * tn * sizeof(T));
+    pipe.InitBuffer(qc, 1, tm * tn * sizeof(float));
+  }
+  __aicore__ void Process() {
+    uint32_t mt = (M + tm - 1) / tm, nt = (N + tn - 1) / tn;
+    for (uint32_t t = GetBlockIdx(); t < mt * nt; t += GetBlockNum()) Tile((t / nt) * tm, (t % nt) * tn);
+  }
+  __aicore__ void Tile(uint32_t m0, uint32_t n0) {
+    uint32_t mm = M - m0 < tm ? M - m0 : tm, nn = N - n0 < tn ? N - n0 : tn;
+    uint32_t M1 = up(mm, 16) / 16, N1 = up(nn, 16) / 16;
+    LocalTensor<float> acc = qc.AllocTensor<float>();
+    for (uint32_t k0 = 0; k0 < K; k0 += tk) {
+      uint32_t kk = K - k0 < tk ? K - k0 : tk, K1 = up(kk, C0) / C0;
+      // A tile [mm, kk] -> L1 Nz (fractal columns of ceil16(mm) rows)
+      LocalTensor<T> a1 = qa1.AllocTensor<T>();
+      DataCopy(a1, a[uint64_t(m0) * K + k0], Nd2NzParams(1, mm, kk, 0, K, up(mm, 16), 1, 0));
+      qa1.EnQue(a1);
+      LocalTensor<T> b1 = qb1.AllocTensor<T>();
+      if (bT)  // B^T tile [nn, kk]: its Nz fractals are already the Zn fractals of B
+        DataCopy(b1, b[uint64_t(n0) * K + k0], Nd2NzParams(1, nn, kk, 0, K, up(nn, 16), 1, 0));
+      else     // B tile [kk, nn]
+        DataCopy(b1, b[uint64_t(k0) * N + n0], Nd2NzParams(1, kk, nn, 0, N, up(kk, 16), 1, 0));
+      qb1.EnQue(b1);
+      a1 = qa1.DeQue<T>();
+      LocalTensor<T> a2 = qa2.AllocTensor<T>();
+      for (uint32_t i = 0; i < M1; ++i)  // Nz -> Zz: one fractal row per LoadData
+        LoadData(a2[i * K1 * 16 * C0], a1, LoadData2DParams(i, K1, M1, 0, 0, false));
+      qa1.FreeTensor(a1);
+      qa2.EnQue(a2);
+      b1 = qb1.DeQue<T>();
+      LocalTensor<T> b2 = qb2.AllocTensor<T>();
+      if (bT) {
+        LoadData(b2, b1, LoadData2DParams(0, K1 * N1, 1, 0, 0, false));
+      } else {
+        uint32_t Kp = up(kk, 16) / 16;
+        for (uint32_t i = 0; i < Kp; ++i)  // Nz of B -> Zn: transpose each 16x16 fractal
+          LoadData(b2[i * N1 * 256], b1, LoadData2DParams(i, N1, Kp, 0, 0, true));
+      }
+      qb1.FreeTensor(b1);
+      qb2.EnQue(b2);
+      a2 = qa2.DeQue<T>();
+      b2 = qb2.DeQue<T>();
+      MmadParams mp;
+      mp.m = mm; mp.n = nn; mp.k = kk; mp.cmatrixInitVal = (k0 == 0);
+      Mmad(acc, a2, b2, mp);
+      qa2.FreeTensor(a2);
+      qb2.FreeTensor(b2);
+    }
+    qc.EnQue(acc);
+    acc = qc.DeQue<float>();
+    FixpipeParamsV220 fp(nn, mm, up(mm, 16), N, false);
+    Fixpipe(c[uint64_t(m0) * N + n0], acc, fp);
+    qc.FreeTensor(acc);
+  }
+};
+
+template <class T>
+static int run(uint32_t blockDim, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+               uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return k31emu::Launch(blockDim, [&] {
+    Matmul<T> op;
+    op.Init(a, b, c, m, n, k, tm, tn, tk, bT != 0);
+    op.Process();
+  });
+}
+extern "C" int run_mm_half(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+                           uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return run<half>(bd, a, b, c, m, n, k, tm, tn, tk, bT);
+}
+extern "C" int run_mm_bf16(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+                           uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return run<bfloat16_t>(bd, a, b, c, m, n, k, tm, tn, tk, bT);
+}
+extern "C" int run_mm_f32(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+                          uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return run<float>(bd, a, b, c, m, n, k, tm, tn, tk, bT);
+}
