@@ -196,6 +196,10 @@ inline int Launch(uint32_t blockDim, const std::function<void()>& fn) {
   return 0;
 }
 
+// Names the emitter asked for (targets/ascendc/emu/REQUESTS.md).
+inline int RunBlocks(uint32_t blockDim, const std::function<void()>& fn) { return Launch(blockDim, fn); }
+inline const char* LastError() { return last_error().c_str(); }
+
 inline CoreMem& core() {
   BlockCtx& c = ctx();
   if (!c.mem) throw Error("AscendC API used outside k31emu::Launch (no block is running)");

@@ -24,6 +24,13 @@ template <class T> using calc_t = typename std::conditional<std::is_integral<T>:
 template <class T> calc_t<T> ld(T v) { return static_cast<calc_t<T>>(v); }
 template <class T> T st(calc_t<T> v) { return static_cast<T>(v); }
 
+// Max/Min family: a NaN operand gives NaN (the hardware's NaN rule is not documented; this is
+// the rule k31dsl's IR asks for, so a kernel relying on it is flagged in README.md).
+template <class C> C nan_or(C a, C b, C r) {
+  if constexpr (std::is_floating_point<C>::value) { if (a != a) return a; if (b != b) return b; }
+  return r;
+}
+
 #define K31_NO_BF16(T, OP) \
   static_assert(!k31emu::is_bf16<T>, OP ": bfloat16_t has no vector arithmetic on A2/A3; Cast to float first")
 
@@ -59,8 +66,8 @@ K31_BINARY(Add, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a + 
 K31_BINARY(Sub, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a - b)
 K31_BINARY(Mul, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a * b)
 K31_BINARY(Div, k31emu::is_float<T>, "supports half/float", a / b)
-K31_BINARY(Max, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a > b ? a : b)
-K31_BINARY(Min, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a < b ? a : b)
+K31_BINARY(Max, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", k31emu::nan_or(a, b, a > b ? a : b))
+K31_BINARY(Min, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", k31emu::nan_or(a, b, a < b ? a : b))
 #undef K31_BINARY
 
 #define K31_LOGIC(NAME, EXPR)                                                                    \
@@ -101,8 +108,8 @@ void Not(const LocalTensor<T>& dst, const LocalTensor<T>& src, uint32_t count) {
   }
 K31_SCALAR(Adds, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a + s)
 K31_SCALAR(Muls, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a * s)
-K31_SCALAR(Maxs, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a > s ? a : s)
-K31_SCALAR(Mins, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a < s ? a : s)
+K31_SCALAR(Maxs, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", k31emu::nan_or(a, s, a > s ? a : s))
+K31_SCALAR(Mins, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", k31emu::nan_or(a, s, a < s ? a : s))
 K31_SCALAR(ShiftLeft, std::is_integral<T>::value, "supports integer types", a << s)
 K31_SCALAR(ShiftRight, std::is_integral<T>::value, "supports integer types", a >> s)
 #undef K31_SCALAR
@@ -225,8 +232,11 @@ void reduce_best(const char* op, const LocalTensor<T>& dst, const LocalTensor<T>
   k31emu::vec_out(work, 0, op, "work");
   if (count == 0) k31emu::fail(op, ": count is 0");
   uint32_t best = 0;
-  for (uint32_t i = 1; i < count; ++i)
-    if (better(static_cast<float>(src.ptr()[i]), static_cast<float>(src.ptr()[best]))) best = i;
+  for (uint32_t i = 1; i < count; ++i) {
+    float v = static_cast<float>(src.ptr()[i]), b = static_cast<float>(src.ptr()[best]);
+    if (b != b) break;  // NaN propagates: the first NaN wins
+    if (v != v || better(v, b)) best = i;
+  }
   dst.ptr()[0] = src.ptr()[best];
   if (calIndex) {
     using I = typename std::conditional<sizeof(T) == 2, uint16_t, uint32_t>::type;
