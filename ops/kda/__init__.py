@@ -2,3 +2,5 @@
 helper), decode / rollback / context-parallel summaries (part B)."""
 from k31dsl.ops.kda.gate import kda_gate  # noqa: F401
 from k31dsl.ops.kda.chunk import chunk_kda  # noqa: F401
+from k31dsl.ops.kda.decode import KDAReplay, kda_decode, kda_rollback  # noqa: F401
+from k31dsl.ops.kda.cp import kda_cp_merge, kda_cp_summary  # noqa: F401

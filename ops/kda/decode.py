@@ -32,6 +32,7 @@ from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_tensor, resolve_target
 from k31dsl.ops.kda.gate import GATE_NONE, check_gate_params, gate_value
+from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 
@@ -331,3 +332,78 @@ def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, target=None
                                   replay.u.contiguous(), replay.g.contiguous(), _int32(accepted),
                                   BK=max(16, next_pow2(kdim)))
     return state_pool
+
+
+# ---------------------------------------------------------------- checks against the oracle
+
+def _rel(got, want) -> float:
+    import numpy as np
+    from k31dsl.ops.testing import to_f64
+    want = np.asarray(want, np.float64)
+    return float(np.abs(to_f64(got) - want).max() / max(float(np.abs(want).max()), 1e-30))
+
+
+def _decode_case(g, dev, n, t, h, hv, kdim, vdim, num_slots, dtype, lb):
+    import torch
+    r = lambda *s: torch.randn(*s, generator=g)          # noqa: E731
+    c = dict(q=r(n, t, h, kdim).to(dtype), k=r(n, t, h, kdim).to(dtype), v=r(n, t, hv, vdim).to(dtype),
+             g=(r(n, t, hv, kdim) * 3).to(dtype), beta=torch.sigmoid(r(n, t, hv)))
+    gate = dict(A_log=(r(hv) * 0.5).to(dev), dt_bias=r(hv * kdim).to(dev), lower_bound=lb)
+    pool = r(num_slots, hv, kdim, vdim) * 0.5
+    slots = torch.randperm(num_slots, generator=g)[:n].to(torch.int32)
+    return {key: val.to(dev) for key, val in c.items()}, gate, pool, slots
+
+
+def _check_decode(target: str, seed: int = 0) -> list:
+    """T=1 (bf16, lower-bound gate, GVA) and T=3 (f32, softplus gate) against the recurrence."""
+    import torch
+    from k31dsl.ops.testing import device_for, load_oracle
+    ref = load_oracle("kda")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n, t, h, hv, kdim, vdim, dtype, lb in ((3, 1, 1, 2, 20, 40, torch.bfloat16, -5.0),
+                                               (2, 3, 2, 2, 16, 24, torch.float32, None)):
+        c, gate, pool, slots = _decode_case(g, dev, n, t, h, hv, kdim, vdim, 5, dtype, lb)
+        new = pool.clone().to(dev)
+        o, _ = kda_decode(c["q"], c["k"], c["v"], c["g"], c["beta"], new, slots.to(dev), target=target, **gate)
+        want_o, want_s = ref.kda(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=pool[slots.long()], **gate)
+        name = f"N={n} T={t} H={h} HV={hv} K={kdim} V={vdim} {str(dtype)[6:]}, lower_bound={lb}"
+        tol = 1e-4 if dtype == torch.float32 else 1e-2
+        err_o, err_s = _rel(o, want_o), _rel(new.cpu()[slots.long()], want_s)
+        out += [CaseResult(f"{name}: o", err_o, tol, err_o <= tol, "max |err| / max |o|"),
+                CaseResult(f"{name}: state", err_s, 1e-4, err_s <= 1e-4, "max |err| / max |S|")]
+    return out
+
+
+def _check_rollback(target: str, seed: int = 0) -> list:
+    """Verify T=3 with the pool as checkpoint, commit accepted = [2, 0, 3]: state == recurrence
+    over the accepted prefix."""
+    import torch
+    from k31dsl.ops.testing import device_for, load_oracle
+    ref = load_oracle("kda")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    c, gate, pool, slots = _decode_case(g, dev, 3, 3, 1, 2, 16, 24, 6, torch.float32, -5.0)
+    new = pool.clone().to(dev)
+    _, rep = kda_decode(c["q"], c["k"], c["v"], c["g"], c["beta"], new, slots.to(dev), save_replay=True,
+                        update_state=False, target=target, **gate)
+    accepted = [2, 0, 3]
+    kda_rollback(new, slots.to(dev), None, rep, torch.tensor(accepted, dtype=torch.int32, device=dev), target=target)
+    out = []
+    for i, acc in enumerate(accepted):
+        one = {key: val[i:i + 1, :acc] for key, val in c.items()}
+        _, want_s = ref.kda(one["q"], one["k"], one["v"], one["g"], one["beta"],
+                            initial_state=pool[slots[i:i + 1].long()], **gate)
+        err = _rel(new.cpu()[slots[i].long()], want_s[0])
+        out.append(CaseResult(f"T=3 verify, accepted={acc}: state", err, 1e-4, err <= 1e-4))
+    return out
+
+
+register(OpSpec(name="kda_decode", module="kda", fn=kda_decode, kernels=[kda_decode_step],
+                summary="KDA decode: fused L2 norm + gate + delta rule + output over an fp32 state pool "
+                        "(in place, T>=1 tokens, replay data for speculative verification)",
+                check=_check_decode, tags=["kda"]))
+register(OpSpec(name="kda_rollback", module="kda", fn=kda_rollback, kernels=[kda_replay_prefix],
+                summary="KDA spec-decode rollback: replay the accepted prefix (k, u, g) onto the checkpoint",
+                check=_check_rollback, tags=["kda"]))
