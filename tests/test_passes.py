@@ -174,3 +174,121 @@ def test_superkernel_refuses_a_consumer_writing_what_the_producer_reads():
     p.output(x)
     _, report, _ = _refused(p)
     assert "writes `x`, which `row_scale` also reads" in report
+
+
+# ---------------------------------------------------------------- streams
+
+def indexer_prolog_shaped(T=4, D=40):
+    """Three independent chains from one input joining at the end (the DSA indexer prolog's
+    shape: Q projection+quant is the longest, K norm+quant and the head weights run beside it)."""
+    p = Program("prolog")
+    x = p.input("x", (T, D), k.f32)
+    q1, q2, q3, k1, k2, w1, j, out = (p.tensor(n, (T, D), k.f32) for n in ("q1", "q2", "q3", "k1", "k2", "w1", "j", "out"))
+    q1 = p.call(row_scale, x, q1, 2.0)
+    k1 = p.call(row_scale, x, k1, -1.0)
+    w1 = p.call(row_scale, x, w1, 0.5)
+    q2 = p.call(row_scale, q1, q2, 3.0)
+    k2 = p.call(row_scale, k1, k2, 1.5)
+    q3 = p.call(row_scale, q2, q3, -2.0)
+    j = p.call(row_add, q3, k2, j)
+    out = p.call(row_add, j, w1, out)
+    p.output(out)
+    return p
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_streams_put_the_indexer_prolog_chains_on_three_streams(target):
+    from k31dsl.lowering.passes.streams import streams
+    p = indexer_prolog_shaped()
+    s = streams(p)
+    stream = {n: s.node(n).attrs["stream"] for n in s.ops()}
+    assert s.meta["streams"]["count"] == 3
+    q_chain = ["row_scale", "row_scale_3", "row_scale_5", "row_add", "row_add_1"]
+    assert s.meta["streams"]["critical_path"] == q_chain and all(stream[n] == 0 for n in q_chain)
+    assert stream["row_scale_1"] == stream["row_scale_4"] != stream["row_scale_2"]
+    assert {stream["row_scale_1"], stream["row_scale_2"]} == {1, 2}
+    # exactly the two cross-stream edges carry events, recorded by the producer, awaited by the consumer
+    assert [(prod, cons) for _, prod, cons in s.meta["streams"]["events"]] == [("row_scale_4", "row_add"),
+                                                                                 ("row_scale_2", "row_add_1")]
+    for name, prod, cons in s.meta["streams"]["events"]:
+        assert name in s.node(prod).attrs["record"] and name in s.node(cons).attrs["wait"]
+    on, off = on_off(p, ["streams"], {"x": rand(4, 40)}, target)
+    assert_same(on, off)
+
+
+def test_streams_limit_and_single_chain():
+    from k31dsl.lowering.passes.streams import streams, with_max_streams
+    s = with_max_streams(2)(indexer_prolog_shaped())
+    assert s.meta["streams"]["count"] == 2
+    chain = streams(two_rows(row_scale, a=1.0))
+    assert chain.meta["streams"] == {"count": 1, "critical_path": ["row_scale", "row_scale_1"], "events": []}
+
+
+# ---------------------------------------------------------------- memory plan
+
+def random_program(rng, n_ops: int):
+    """A random DAG of row kernels over temps of a few sizes; outputs are a random subset."""
+    p = Program("rand")
+    widths = [16, 24, 40]
+    live = {}
+    for i, d in enumerate(widths):
+        live.setdefault(d, []).append(p.input(f"x{i}", (3, d), k.f32))
+    made = []
+    for i in range(n_ops):
+        d = int(rng.choice(widths))
+        srcs = live[d]
+        out = p.tensor(f"t{i}", (3, d), k.f32)
+        if len(srcs) >= 2 and rng.random() < 0.5:
+            a, b = rng.choice(len(srcs), 2, replace=False)
+            out = p.call(row_add, srcs[a], srcs[b], out)
+        else:
+            out = p.call(row_scale, srcs[int(rng.integers(len(srcs)))], out, float(rng.uniform(-2, 2)))
+        live[d].append(out)
+        made.append(out)
+    p.output(*[made[i] for i in rng.choice(len(made), max(1, n_ops // 4), replace=False)])
+    return p
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memory_plan_never_aliases_live_buffers(seed):
+    import networkx as nx
+    from k31dsl.lowering.passes.memory_plan import memory_plan, op_dag, uses
+    from k31dsl.lowering.passes.streams import streams
+    rng = np.random.default_rng(np.random.SeedSequence().entropy + seed)
+    p = random_program(rng, int(rng.integers(5, 14)))
+    planned = memory_plan(streams(p))
+    plan = planned.meta["memory_plan"]
+    use, dag = uses(planned), op_dag(planned)
+    anc = {n: nx.ancestors(dag, n) for n in dag}
+    by_buffer: dict = {}
+    for s, b in plan["assign"].items():
+        by_buffer.setdefault(b, []).append(s)
+        assert planned.storages()[s].nbytes <= plan["buffers"][b]
+        assert s not in planned.outputs
+    for b, held in by_buffer.items():
+        for i, s in enumerate(held):
+            for o in held[:i]:          # one of the two lifetimes ends before the other starts
+                first, second = (o, s) if all(use[o] <= anc[n] for n in use[s]) else (s, o)
+                assert all(use[first] <= anc[n] for n in use[second]), (b, o, s)
+    assert plan["bytes_after"] <= plan["bytes_before"] and plan["bytes_after"] >= plan["peak_live"]
+    inputs = {f"x{i}": rand(3, d) for i, d in enumerate([16, 24, 40])}
+    on, off = on_off(p, ["streams", "memory_plan"], inputs, "numpy")
+    assert_same(on, off)
+
+
+def test_memory_plan_reuses_a_chain_and_reports_bytes():
+    from k31dsl.lowering.passes.memory_plan import memory_plan
+    p = Program("chain")
+    x = p.input("x", (4, 40), k.f32)
+    ts = [p.tensor(f"t{i}", (4, 40), k.f32) for i in range(5)]
+    cur = x
+    for t in ts:
+        cur = p.call(row_scale, cur, t, 1.5)
+    p.output(cur)
+    planned = memory_plan(p)
+    plan = planned.meta["memory_plan"]
+    assert plan["bytes_before"] == 4 * 4 * 40 * 4 and plan["bytes_after"] == 2 * 4 * 40 * 4
+    assert len(plan["buffers"]) == 2 and plan["peak_live"] == 1280
+    assert "2560 bytes -> 1280 bytes" in planned.report[-1]
+    on, off = on_off(p, ["memory_plan"], {"x": rand(4, 40)}, "triton")
+    assert_same(on, off)
