@@ -333,6 +333,12 @@ def update_executable(target: str, t: int, d: int, delta_dt, w_dt, out_dt, eps: 
     if exe is None:
         prog = update_program(t, d, delta_dt, w_dt, out_dt, eps, norm_eps, return_h)
         exe = _EXECUTABLES[key] = compile_program(prog, target, passes=passes)
+        for nid in exe.p.calls():
+            kern = exe.p.node(nid).kernel
+            if not kern.configs and "WARPS" in kern.constexprs:
+                # a fused kernel comes without configs; keep the warp count its parts were given
+                w = kern.constexprs["WARPS"]
+                kern.configs = [{"WARPS": w, "num_warps": w}]
     return exe
 
 

@@ -140,6 +140,58 @@ def test_empty_token_dim():
     assert ar.attnres(torch.zeros(2, 0, 8), torch.zeros(8), target="numpy").shape == (0, 8)
 
 
+# ---------------------------------------------------------------- the superkernel fusion
+
+def _update_args(rng, t, d):
+    return (_t(rng.standard_normal((t, d))), _t(rng.standard_normal((t, d)), torch.bfloat16),
+            _t(rng.standard_normal(d) * 2 / np.sqrt(d)), _t(rng.standard_normal((t, d))), _t(rng.standard_normal(t)),
+            _t(rng.random(t) + 1), _t(1 + 0.2 * rng.standard_normal(d), torch.bfloat16))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("return_h", [True, False])
+def test_update_program_is_fused_into_one_kernel(target, return_h):
+    """The graph pipeline's superkernel pass inlines the row RMSNorm into the update kernel; h is
+    forwarded on chip, and not stored at all when it is not an output."""
+    from k31dsl.lowering.graph.bind import stored_params
+    exe = ar.update_executable(target, 5, 100, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, return_h)
+    calls = exe.p.calls()
+    assert len(calls) == 1, exe.p.report
+    kern = exe.p.node(calls[0]).kernel
+    assert "fused attnres_update_rows + rmsnorm_row" in " ".join(exe.p.report)
+    assert ("h" in stored_params(kern)) == return_h
+    assert set(stored_params(kern)) >= {"partial", "y"}
+    unfused = ar.update_executable(target, 5, 100, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, return_h,
+                                   passes=["build", "verify"])
+    assert len(unfused.p.calls()) == 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("t, d", [(3, 96), (6, 200), (1, 1)])
+def test_fused_update_equals_two_kernels(target, t, d):
+    """Fused (one kernel, h on chip) and unfused (h through memory) give identical bits: the fused
+    kernel forwards exactly the stored bf16 h."""
+    rng = _rng()
+    a = _update_args(rng, t, d)
+    b = tuple(x.clone() for x in a)
+    h1, y1 = ar.attnres_update(*a, 1e-6, 1e-5, fused=True, target=target)
+    h2, y2 = ar.attnres_update(*b, 1e-6, 1e-5, fused=False, target=target)
+    assert torch.equal(h1, h2) and torch.equal(y1, y2) and torch.equal(a[0], b[0])
+    y3 = ar.attnres_update(*(x.clone() for x in b), 1e-6, 1e-5, fused=True, return_h=False, target=target)
+    assert torch.equal(y3, ar.attnres_update(*(x.clone() for x in b), 1e-6, 1e-5, fused=False, return_h=False,
+                                             target=target))
+
+
+def test_fused_program_launches_once_per_step():
+    rng = _rng()
+    args = _update_args(rng, 4, 48)
+    exe = ar.update_executable("numpy", 4, 48, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, True)
+    before = exe.launches
+    for _ in range(3):
+        ar.attnres_update(*args, 1e-6, 1e-6, target="numpy")
+    assert exe.launches - before == 3
+
+
 def _upd(**over):
     t, d = 4, 16
     kw = dict(partial=torch.zeros(t, d), delta=torch.zeros(t, d, dtype=torch.bfloat16), query=torch.zeros(d),
@@ -198,6 +250,17 @@ UPDATE_ROW = _Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
 RMSNORM_ROW = _Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
 
 
+class _FusedUpdate:
+    """The superkernel pass's fused update + RMSNorm kernel at D = 7168."""
+
+    def ir(self):
+        exe = ar.update_executable("numpy", 2, 7168, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, False)
+        return exe.p.node(exe.p.calls()[0]).kernel
+
+
+FUSED_UPDATE = _FusedUpdate()
+
+
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["PREPARE_BENCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW"], tmp_path,
-                               index_types=("int32",))
+    assert_compiles_for_hopper(__file__, ["PREPARE_BENCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW", "FUSED_UPDATE"],
+                               tmp_path, index_types=("int32",))
