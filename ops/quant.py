@@ -39,6 +39,23 @@ QUANT_CONFIGS = [{"BM": 8, "BN": 128, "num_warps": 4}, {"BM": 4, "BN": 1024, "nu
 # at each call; FLOOR/TILE/POW2 are passed only when they differ from the default. Configs set
 # only BM/BN, so the Triton runtime autotunes every variant (the call's constexprs are merged in).
 
+@k.func
+def mxfp8_groups(xg, FLOOR=False):
+    """MXFP8 of an f32 tile [BM, G, 32] (groups on the last axis) -> (E4M3 codes [BM, G, 32],
+    E8M0 scales [BM, G]); the rules of the module docstring. Other kernels quantize with it too."""
+    amax = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)           # |x| bits, ordered like |x|
+    biased = amax >> 23
+    if FLOOR:       # floor(log2 amax) - 8
+        e = biased - 135
+    else:           # ceil(log2(amax / 448)): one more when the mantissa exceeds 1.75
+        e = biased - 135 + ((amax & 0x7FFFFF) > 0x600000).to(k.i32)
+    e = k.maximum(e, -127)                                           # zero/subnormal amax: byte 0
+    bad = amax >= 0x7F800000                                         # NaN or Inf in the group
+    inv = ((127 - e) << 23).bitcast(k.f32)                           # 2^-e from bits, exact
+    y = k.where(bad[:, :, None], float("nan"), xg * inv[:, :, None])
+    return y.to(k.f8e4m3), k.where(bad, 255, e + 127).to(k.u8).bitcast(k.e8m0)
+
+
 @k.kernel(configs=QUANT_CONFIGS)
 def mxfp8_quantize_rows(x: k.Tensor["XT", "M", "D"], q: k.Tensor[k.f8e4m3, "M", "D"],
                         s: k.Tensor[k.e8m0, "M", "cdiv(D, 32)"], XT: k.constexpr[FLOAT_INPUTS] = k.bf16,
@@ -46,19 +63,9 @@ def mxfp8_quantize_rows(x: k.Tensor["XT", "M", "D"], q: k.Tensor[k.f8e4m3, "M", 
     G = BN // 32
     for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(x.shape[1], BN)):
         xt = x[k.span(pm * BM, BM), k.span(pn * BN, BN, other=0.0)].to(k.f32)
-        xg = k.reshape(xt, (BM, G, 32))
-        amax = k.max(xg.bitcast(k.i32) & 0x7FFFFFFF, axis=2)       # |x| bits, ordered like |x|
-        biased = amax >> 23
-        if FLOOR:       # floor(log2 amax) - 8
-            e = biased - 135
-        else:           # ceil(log2(amax / 448)): one more when the mantissa exceeds 1.75
-            e = biased - 135 + ((amax & 0x7FFFFF) > 0x600000).to(k.i32)
-        e = k.maximum(e, -127)                                       # zero/subnormal amax: byte 0
-        bad = amax >= 0x7F800000                                     # NaN or Inf in the group
-        s[k.span(pm * BM, BM), k.span(pn * G, G)] = k.where(bad, 255, e + 127).to(k.u8).bitcast(k.e8m0)
-        inv = ((127 - e) << 23).bitcast(k.f32)                       # 2^-e from bits, exact
-        y = k.where(bad[:, :, None], float("nan"), xg * inv[:, :, None])
-        q[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(y, (BM, BN)).to(k.f8e4m3)
+        codes, scales = mxfp8_groups(k.reshape(xt, (BM, G, 32)), FLOOR)
+        s[k.span(pm * BM, BM), k.span(pn * G, G)] = scales
+        q[k.span(pm * BM, BM), k.span(pn * BN, BN)] = k.reshape(codes, (BM, BN))
 
 
 @k.kernel(configs=QUANT_CONFIGS)
