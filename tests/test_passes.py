@@ -292,3 +292,86 @@ def test_memory_plan_reuses_a_chain_and_reports_bytes():
     assert "2560 bytes -> 1280 bytes" in planned.report[-1]
     on, off = on_off(p, ["memory_plan"], {"x": rand(4, 40)}, "triton")
     assert_same(on, off)
+
+
+# ---------------------------------------------------------------- nz layout
+
+@k.kernel
+def matmul_w(a: k.Tensor[k.f32, "M", "K"], b: k.Tensor["BT", "K", "N"], c: k.Tensor[k.f32, "M", "N"],
+             BT: k.constexpr = k.f32, BM: k.constexpr = 16, BN: k.constexpr = 16, BK: k.constexpr = 16):
+    for i, j in k.grid(k.cdiv(a.shape[0], BM), k.cdiv(b.shape[1], BN)):
+        acc = k.zeros((BM, BN), k.f32)
+        for kk in range(k.cdiv(a.shape[1], BK)):
+            x = a[k.span(i * BM, BM, other=0.0), k.span(kk * BK, BK, other=0.0)]
+            acc += k.dot(x, b[k.span(kk * BK, BK, other=0.0), k.span(j * BN, BN, other=0.0)].to(k.f32))
+        c[k.span(i * BM, BM), k.span(j * BN, BN)] = acc
+
+
+NZ_DTYPES = [(k.f32, torch.float32, 8), (k.bf16, torch.bfloat16, 16), (k.f16, torch.float16, 16),
+             (k.f8e4m3, torch.float8_e4m3fn, 32), (k.i32, torch.int32, 8), (k.u8, torch.uint8, 32)]
+
+
+@pytest.mark.parametrize("kdt,tdt,n0", NZ_DTYPES, ids=[d[0].name for d in NZ_DTYPES])
+def test_nz_round_trip_and_fractal_index(kdt, tdt, n0):
+    from k31dsl.lowering.passes.nz_layout import nd_to_nz, nz_shape, nz_to_nd
+    rng = np.random.default_rng()
+    K, N = int(rng.integers(1, 50)), int(rng.integers(1, 70))
+    nd = torch.tensor(rng.integers(1, 100, (K, N))).to(tdt)
+    nz = nd_to_nz(nd)
+    n1, k1 = -(-N // n0), -(-K // 16)
+    assert tuple(nz.shape) == nz_shape(K, N, kdt) == (n1, k1, 16, n0) and nz.dtype == tdt
+    back = nz_to_nd(nz, (K, N))
+    assert torch.equal(back.view(torch.uint8), nd.view(torch.uint8))
+    raw, want = nz.view(torch.uint8).reshape(n1, k1, 16, -1), nd.view(torch.uint8)
+    size = nd.element_size()
+    for _ in range(20):       # NZ[n1, k1, k0, n0] = ND[k1*16 + k0, n1*N0 + n0]; padding is zero
+        a, b, c, d = (int(rng.integers(s)) for s in (n1, k1, 16, n0))
+        r, col = b * 16 + c, a * n0 + d
+        got = raw[a, b, c, d * size:(d + 1) * size]
+        assert torch.equal(got, want[r, col * size:(col + 1) * size] if r < K and col < N else torch.zeros_like(got))
+
+
+def nz_program(M, K, N, dt):
+    p = Program("mm")
+    a = p.input("a", (M, K), k.f32)
+    b = p.weight("b", (K, N), dt)
+    c = p.tensor("c", (M, N), k.f32)
+    c = p.call(matmul_w, a, b, c)
+    p.output(c)
+    return p
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("kdt,tdt", [(k.f32, torch.float32), (k.bf16, torch.bfloat16)], ids=["f32", "bf16"])
+def test_nz_matmul_equals_nd(target, kdt, tdt):
+    from k31dsl.lowering.passes.nz_layout import nz_layout
+    rng = np.random.default_rng()
+    M, K, N = int(rng.integers(1, 20)), int(rng.integers(1, 50)), int(rng.integers(1, 40))
+    p = nz_program(M, K, N, kdt)
+    q = nz_layout(p)
+    assert "%b_nz" in q.g and q.node("to_nz_b").op == "to_nz" and "mm.b <- b" in q.report[-1]
+    assert q.tensor_node("%b_nz").layout == "NZ"
+    a, b = rand(M, K), rand(K, N, dtype=tdt)
+    ex = compile_program(p, target, passes=["verify", "nz_layout"])
+    on = ex({"a": a, "b": b})["c"].clone()
+    off = run(p, {"a": a, "b": b}, target=target, passes=["verify"])["c"]
+    torch.testing.assert_close(on, off, rtol=0, atol=0)
+    want = a.double() @ b.double()
+    torch.testing.assert_close(on.double(), want, rtol=1e-4, atol=1e-4)
+    converted = ex._static["b_nz"]
+    ex({"a": rand(M, K), "b": b})                       # same weight: converted once, reused
+    assert ex._static["b_nz"] is converted
+    ex({"a": a, "b": b.clone()})                         # a new weight tensor: converted again
+    assert ex._static["b_nz"] is not converted
+
+
+def test_nz_layout_leaves_weights_not_feeding_dot():
+    from k31dsl.lowering.passes.nz_layout import nz_layout
+    p = Program("rows")
+    x = p.input("x", (4, 40), k.f32)
+    w = p.weight("w", (40,), k.f32)
+    y = p.tensor("y", (4, 40), k.f32)
+    y = p.call(rmsnorm_rows, x, w, y, 1e-6, BM=2, BD=64, ONE_TILE=True)
+    p.output(y)
+    q = nz_layout(p)
+    assert "%w_nz" not in q.g and len(q.ops()) == 1
