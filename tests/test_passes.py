@@ -349,7 +349,7 @@ def test_nz_matmul_equals_nd(target, kdt, tdt):
     M, K, N = int(rng.integers(1, 20)), int(rng.integers(1, 50)), int(rng.integers(1, 40))
     p = nz_program(M, K, N, kdt)
     q = nz_layout(p)
-    assert "%b_nz" in q.g and q.node("to_nz_b").op == "to_nz" and "mm.b <- b" in q.report[-1]
+    assert "%b_nz" in q.g and q.node("to_nz_b").op == "to_nz" and "matmul_w.b <- b" in q.report[-1]
     assert q.tensor_node("%b_nz").layout == "NZ"
     a, b = rand(M, K), rand(K, N, dtype=tdt)
     ex = compile_program(p, target, passes=["verify", "nz_layout"])
