@@ -63,7 +63,7 @@ def kda_range_summary(kk: k.Tensor["XT", "TT", "H", "K"], v: k.Tensor["XT", "TT"
 
 @k.kernel(configs=[{"BV": 32, "num_warps": 4}, {"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 4}])
 def kda_merge_summaries(m: k.Tensor[k.f32, "R", "L", "K", "K"], e: k.Tensor[k.f32, "R", "L", "K", "V"],
-                        s0: k.Tensor[k.f32, "L0", "K", "V"], h0: k.Tensor[k.f32, "R", "L", "K", "V"],
+                        s0: k.Tensor[k.f32, "L0", "K0", "V0"], h0: k.Tensor[k.f32, "R", "L", "K", "V"],
                         fin: k.Tensor[k.f32, "L", "K", "V"], HAS_INIT: k.constexpr = True,
                         BK: k.constexpr = 128, BV: k.constexpr = 32):
     for lead, pv in k.grid(m.shape[1], k.cdiv(e.shape[3], BV)):
