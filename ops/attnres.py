@@ -27,14 +27,17 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, require_tensor, resolve_target
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
-# Prepare: BD columns per chunk x num_warps. The first config is used without autotuning (CPU).
-# The [SB, NB, BD] accumulator is SB * NB * BD / (32 * num_warps) registers per thread: 64 for
-# S = 6 -> 8, n = 8, BD = 128, 4 warps.
+# Prepare: BD columns per chunk, warps, and the two sweep variants (see the kernel). The first
+# config is the one used without autotuning (CPU). The [SB, NB, BD] accumulator costs
+# SB * NB * BD / (32 * num_warps) registers per thread: 64 for S = 6 -> 8, n = 8, BD = 128, 4 warps.
 # The second sweep re-reads the row (n * D * 4 bytes, 229 KB at n = 8, D = 7168) from L2 only if
 # the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
-# ~30 MB in flight; narrow ones hide latency better. The autotuner decides.
-PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "num_warps": w}
-                   for bd, w in ((128, 4), (256, 8), (512, 16), (512, 8), (256, 4), (128, 8), (256, 16))]
+# ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
+# re-read more from DRAM. The autotuner decides.
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "num_warps": w}
+                   for bd, w, re, un in ((128, 4, False, False), (256, 8, False, True), (512, 16, False, True),
+                                         (512, 16, True, True), (1024, 16, True, True), (512, 8, True, True),
+                                         (256, 4, False, True), (256, 8, False, False), (1024, 8, True, False))]
 # WARPS is a constexpr the kernels do not read: the Triton runtime tells configs apart by their
 # constexprs only, so a config that differs in num_warps alone needs one. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count.
@@ -51,21 +54,34 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          l: k.Tensor[k.f32, "S", "T"], eps: k.f32,
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
-                         FINAL: k.constexpr = False, WARPS: k.constexpr = 4):
+                         FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
+                         UNROLL_SRC: k.constexpr = False, WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
+    # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
+    # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
+    # row load and one [SB, BD] multiply-add each (no reduction across threads).
     for t in k.grid(v.shape[1]):
         n = v.shape[0]
         d = v.shape[2]
         chunks = k.cdiv(d, BD)
         sq = k.zeros((NB, BD), k.f32)
-        qv = k.zeros((SB, NB, BD), k.f32)
+        if REDUCE_EACH:
+            qv = k.zeros((SB, NB), k.f32)
+        else:
+            qv = k.zeros((SB, NB, BD), k.f32)
         for j in range(chunks):
             x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
             qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
             sq += x * x
-            qv += qt[:, None, :] * x[None, :, :]
+            if REDUCE_EACH:
+                qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
+            else:
+                qv += qt[:, None, :] * x[None, :, :]
         inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
-        z = k.sum(qv, axis=2) * inv_rms[None, :]                              # [SB, NB]
+        if REDUCE_EACH:
+            z = qv * inv_rms[None, :]                                         # [SB, NB]
+        else:
+            z = k.sum(qv, axis=2) * inv_rms[None, :]
         z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
         zmax = k.max(z, axis=1)
         e = k.exp(z - zmax[:, None])
@@ -77,8 +93,16 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
             l[k.span(0, SB), t] = esum
         for jj in range(chunks):
             j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
-            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
-            o[k.span(0, SB), t, k.span(j * BD, BD)] = k.sum(e[:, :, None] * x[None, :, :], axis=1).to(OT)
+            if UNROLL_SRC:
+                acc = k.zeros((SB, BD), k.f32)
+                for i in k.static_range(NB):
+                    wi = k.sum(k.where((k.arange(NB) == i)[None, :], e, 0.0), axis=1)     # e[:, i]
+                    xi = v[i, t, k.span(j * BD, BD, other=0.0)].to(k.f32)               # 0 past n
+                    acc += wi[:, None] * xi[None, :]
+            else:
+                x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+                acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
+            o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
 
 
 @k.kernel(configs=ROW_CONFIGS)
