@@ -1,0 +1,190 @@
+"""Where every tile of an AscendC kernel lives, decided before any code is written.
+
+Ops are numbered in program order (a `for` also gets an end number after its body). Tiles that
+are views of another (expand, reshape, same-width bitcast) share their root's buffer; a `for`
+gives each carried tile one buffer (its result's) for the whole loop. A root is live from its
+definition to its last use, lifted to the end of the outermost loop that holds the use but not
+the definition. Roots are placed:
+
+  "in"   a load's result: its own TQue<VECIN, depth> (AllocTensor at the load, FreeTensor after
+         the last use) — the DMA of the next program overlaps compute on a real core when depth 2;
+  "out"  a computed tile whose only use is an unmasked store: built directly in a
+         TQue<VECOUT, depth> buffer, enqueued and copied out by the store;
+  "pool" everything else: a fixed offset in one TBuf<VECCALC>, first-fit by liveness.
+
+`mode` shrinks the footprint when UB is short: "double" (queues of depth 2), "single" (depth 1),
+"pool" (no per-site queues: every tile in the liveness pool)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from k31dsl.dsl.ir import Block, Kernel, Op, TileType, Value
+from k31dsl.targets.ascendc import cexpr
+
+ALIAS_OPS = ("expand", "reshape")
+
+
+def ceil32(n: int) -> int:
+    return (n + 31) // 32 * 32
+
+
+def tile_bytes(v: Value) -> int:
+    return ceil32(v.type.numel * cexpr.itemsize(v.type.dtype))
+
+
+def is_tile(v: Value) -> bool:
+    return isinstance(v.type, TileType) and not v.type.is_scalar
+
+
+def row_aligned(t: TileType) -> bool:
+    """Whether each row (last axis) of a dense tile starts 32-byte aligned in UB."""
+    return (t.shape[-1] * cexpr.itemsize(t.dtype)) % 32 == 0
+
+
+@dataclass
+class Root:
+    uid: int
+    value: Value
+    kind: str                      # "in", "out", "pool"
+    start: int
+    end: int = -1
+    offset: int = 0                # pool byte offset
+    loc: object = None
+
+    @property
+    def bytes(self) -> int:
+        return tile_bytes(self.value)
+
+
+@dataclass
+class Plan:
+    mode: str
+    pos: dict = field(default_factory=dict)        # id(op) -> number
+    end: dict = field(default_factory=dict)        # id(for op) -> number after its body
+    chain: dict = field(default_factory=dict)      # id(op) -> enclosing for ops, outermost first
+    defs: dict = field(default_factory=dict)       # uid -> defining op (None: param / block arg)
+    root: dict = field(default_factory=dict)       # uid -> root uid
+    roots: dict = field(default_factory=dict)      # root uid -> Root
+    uses: dict = field(default_factory=dict)       # uid -> [op]
+    frees: dict = field(default_factory=dict)      # position -> [Root] (queue tiles to free)
+    pool_bytes: int = 0
+
+    def root_of(self, v: Value) -> Root | None:
+        return self.roots.get(self.root.get(v.uid, v.uid))
+
+
+def _number(plan: Plan, block: Block, chain: tuple, counter: list):
+    for op in block.ops:
+        plan.pos[id(op)] = counter[0]
+        plan.chain[id(op)] = chain
+        counter[0] += 1
+        for r in op.results:
+            plan.defs[r.uid] = op
+        for x in op.operands:
+            plan.uses.setdefault(x.uid, []).append(op)
+        for region in op.regions:
+            for a in region.args:
+                plan.defs[a.uid] = op
+            _number(plan, region, chain + (op,), counter)
+        if op.name == "for":
+            plan.end[id(op)] = counter[0]
+            counter[0] += 1
+
+
+def _lifted(plan: Plan, def_op: Op, use: Op) -> int:
+    """The use's position, or the end of the outermost loop holding the use but not the
+    definition (a carried buffer is defined by its own loop, so it lives through it)."""
+    outer = set(map(id, plan.chain.get(id(def_op), ())))
+    for f in plan.chain[id(use)]:
+        if id(f) not in outer:
+            return plan.end[id(f)]
+    return plan.pos[id(use)]
+
+
+def build_plan(kernel: Kernel, mode: str = "double") -> Plan:
+    plan = Plan(mode)
+    _number(plan, kernel.body, (), [0])
+    # roots: views share their operand's root; carried tiles share the for result's root
+    for op in _walk(kernel.body):
+        if not (is_tile(op.result) if len(op.results) == 1 else False) or not op.operands \
+                or not is_tile(op.operands[0]):
+            pass
+        elif op.name in ALIAS_OPS or (op.name == "bitcast" and
+                                    cexpr.itemsize(op.result.type.dtype) ==
+                                    cexpr.itemsize(op.operands[0].type.dtype)):
+            plan.root[op.result.uid] = plan.root.get(op.operands[0].uid, op.operands[0].uid)
+        if op.name == "for":
+            for arg, res in zip(op.regions[0].args[1:], op.results):
+                plan.root[arg.uid] = res.uid
+    for op in _walk(kernel.body):
+        for r in op.results:
+            if not is_tile(r) or plan.root.get(r.uid, r.uid) != r.uid:
+                continue
+            kind = "pool"
+            if mode != "pool" and op.name == "load" and row_aligned(r.type):
+                kind = "in"
+            plan.roots[r.uid] = Root(r.uid, r, kind, plan.pos[id(op)], loc=op.loc)
+    # last uses, lifted out of loops the definition is not in
+    members: dict[int, list[int]] = {}
+    for uid, ru in plan.root.items():
+        members.setdefault(ru, []).append(uid)
+    for ru, root in plan.roots.items():
+        def_op = plan.defs[ru]
+        end = root.start
+        for uid in [ru] + members.get(ru, []):
+            for use in plan.uses.get(uid, []):
+                end = max(end, _lifted(plan, def_op, use))
+        if def_op.name == "for":
+            end = max(end, plan.end[id(def_op)])
+        root.end = end
+    # computed tiles stored once, unmasked, as they are: build them in the VECOUT buffer
+    if mode != "pool":
+        for ru, root in plan.roots.items():
+            users = [u for uid in [ru] + members.get(ru, []) for u in plan.uses.get(uid, [])]
+            def_op = plan.defs[ru]
+            if (len(users) == 1 and users[0].name == "store" and not users[0].attrs["mask"]
+                    and not members.get(ru) and def_op.name not in ("load", "for")
+                    and users[0].operands[1 + len(users[0].attrs["index"])] is root.value
+                    and row_aligned(root.value.type)
+                    and plan.chain[id(users[0])] == plan.chain[id(def_op)]):
+                root.kind = "out"
+    for root in plan.roots.values():
+        if root.kind == "in":
+            plan.frees.setdefault(root.end, []).append(root)
+    _place_pool(plan)
+    return plan
+
+
+def _walk(block: Block):
+    for op in block.ops:
+        yield op
+        for region in op.regions:
+            yield from _walk(region)
+
+
+def _place_pool(plan: Plan):
+    """First-fit offsets by liveness (intervals are inclusive: an op's result never shares bytes
+    with its operands)."""
+    placed: list[Root] = []
+    for root in sorted((r for r in plan.roots.values() if r.kind == "pool"), key=lambda r: (r.start, -r.bytes)):
+        busy = sorted((p.offset, p.offset + p.bytes) for p in placed
+                      if not (p.end < root.start or root.end < p.start))
+        off = 0
+        for lo, hi in busy:
+            if off + root.bytes <= lo:
+                break
+            off = max(off, hi)
+        root.offset = off
+        placed.append(root)
+        plan.pool_bytes = max(plan.pool_bytes, off + root.bytes)
+
+
+def live_at_peak(plan: Plan) -> list[Root]:
+    """The pool tiles live at the position where the pool is fullest."""
+    best, best_pos = -1, 0
+    points = sorted({r.start for r in plan.roots.values()})
+    for p in points:
+        total = sum(r.bytes for r in plan.roots.values() if r.kind == "pool" and r.start <= p <= r.end)
+        if total > best:
+            best, best_pos = total, p
+    return [r for r in plan.roots.values() if r.kind == "pool" and r.start <= best_pos <= r.end]
