@@ -327,6 +327,43 @@ def cmd_selftest(args) -> int:
     return 0 if ok else 1
 
 
+# ---------------------------------------------------------------- graph programs and the cache
+
+def cmd_explain(args) -> int:
+    from k31dsl.lowering.graph.explain import draw, explain, load_programs
+    require_target(args.target)
+    programs = load_programs(args.path)
+    for i, prog in enumerate(programs):
+        texts, final = explain(prog, args.target, args.dump_after, args.kernels)
+        for title, text in texts:
+            _show(title, text, ".txt")
+        if args.png:
+            png = Path(args.png)
+            if len(programs) > 1:
+                png = png.with_name(f"{png.stem}_{prog.name}{png.suffix or '.png'}")
+            draw(final, str(png))
+            _console(stderr=True).print(f"wrote {png}")
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from k31dsl.lowering.cache import default_cache
+    cache = default_cache()
+    if args.action == "clear":
+        n = cache.clear()
+        print(f"removed {n} entries from {cache.root}")
+        return 0
+    info = cache.info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"cache: {info['root']} (k31dsl {info['version']})")
+    print(f"entries: {info['entries']}, {info['bytes']} bytes")
+    for kind, k in sorted(info["kinds"].items()):
+        print(f"  {kind}: {k['entries']} entries, {k['bytes']} bytes")
+    return 0
+
+
 # ---------------------------------------------------------------- version
 
 def cmd_version(args) -> int:
@@ -359,6 +396,8 @@ examples:
   k31dsl check --target numpy                            check every op against its oracle
   k31dsl check mxfp8_quantize --target triton --seed 3
   k31dsl selftest                                        compile + check everything, every target
+  k31dsl explain step.py --target triton                 a graph program after each pass
+  k31dsl cache info                                      the compile cache
 
 `k31dsl COMMAND --help` explains each command."""
 
@@ -405,6 +444,40 @@ its check is bit-exact.
 examples:
   k31dsl ops
   k31dsl ops --json"""
+
+
+EXPLAIN_HELP = """\
+Show a graph program (kernel calls, host ops and tensors; lowering/graph) after each graph pass
+of the target's pipeline: superkernel fusion and launch groups, NZ weights, streams and events,
+the memory plan, with each pass's report (what it fused, why it refused) as `#` lines.
+
+A Python file defines programs as module-level Program objects, or as functions without
+parameters returning one, decorated with @program:
+
+    import k31dsl as k
+    from k31dsl.lowering.graph import Program, program
+
+    @program
+    def step():
+        p = Program("step")
+        x = p.input("x", (8, 64), k.f32)
+        ...                              # p.call(kernel, args..., CONSTEXPR=...)
+        return p
+
+examples:
+  k31dsl explain step.py --target numpy                   every program, after every pass
+  k31dsl explain step.py::step --target triton --dump-after superkernel
+  k31dsl explain step.py --target ascendc --png step.png  also draw it (streams, fused groups coloured)
+  k31dsl explain step.py --target numpy --kernels         also print fused kernels' IR"""
+
+CACHE_HELP = """\
+The compile cache holds generated modules and builds keyed by a hash of IR text, target, options
+and the k31dsl version ($K31_CACHE_DIR, default ~/.cache/k31dsl). Damaged entries are rebuilt.
+
+examples:
+  k31dsl cache info
+  k31dsl cache info --json
+  k31dsl cache clear"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -454,6 +527,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra", metavar="MODULE", action="append", default=[],
                    help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
     p.set_defaults(func=cmd_selftest)
+
+    p = sub.add_parser("explain", help="show a graph program after each pass", description=EXPLAIN_HELP,
+                       formatter_class=fmt)
+    p.add_argument("path", metavar="PATH[::PROGRAM]", help="a .py file defining programs; ::PROGRAM picks one")
+    p.add_argument("--target", "-t", required=True, choices=TARGETS)
+    p.add_argument("--dump-after", metavar="PASS", help="only the graph after this pass")
+    p.add_argument("--png", metavar="FILE", help="draw the final graph (or the --dump-after one) to FILE")
+    p.add_argument("--kernels", action="store_true", help="also print the IR of fused kernels")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("cache", help="inspect or clear the compile cache", description=CACHE_HELP,
+                       formatter_class=fmt)
+    p.add_argument("action", choices=("info", "clear"))
+    p.add_argument("--json", action="store_true", help="info as JSON")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("version", help="print the version", description="Print k31dsl's version.")
     p.add_argument("--verbose", "-v", action="store_true", help="also dependencies and targets")

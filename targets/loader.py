@@ -1,7 +1,7 @@
-"""Writing generated Python modules to disk and importing them. Files go to the generated-code
-directory (`K31_CACHE_DIR`, default ~/.cache/k31dsl) under their content hash, written
-atomically, so concurrent processes and repeated compiles reuse them; Triton needs a real file
-to read kernel source from."""
+"""Writing generated Python modules to disk and importing them. Files go to the compile cache
+(lowering/cache.py: `K31_CACHE_DIR`, default ~/.cache/k31dsl) under kind "gen", named by their
+content hash, written atomically with a checksum, so concurrent processes and repeated compiles
+reuse them and a damaged file is rewritten; Triton needs a real file to read kernel source from."""
 from __future__ import annotations
 
 import hashlib
@@ -13,12 +13,8 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("K31_CACHE_DIR")
-    if root:
-        base = Path(root)
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "k31dsl"
-    return base
+    from k31dsl.lowering.cache import cache_dir as root
+    return root()
 
 
 def gen_dir() -> Path:
@@ -45,9 +41,8 @@ def load_module(source: str, stem: str):
     name = f"k31gen_{stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
-    path = gen_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != source:
-        write_atomic(path, source)
+    from k31dsl.lowering.cache import default_cache, key
+    path = default_cache().get_or_build("gen", f"{name}.py", lambda: source, key(ir_text=source, target=stem))
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
