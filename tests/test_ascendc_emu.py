@@ -116,3 +116,266 @@ def test_bf16_vector_arithmetic_is_a_compile_error():
            'void f(LocalTensor<bfloat16_t> a) { Add(a, a, a, 16); }\n')
     with pytest.raises(K31Error, match="bfloat16_t has no vector arithmetic on A2/A3; Cast to float first"):
         build.build(src, name="bf16_add")
+
+
+# ---------------------------------------------------------------- Cast, reductions, Compare/Select
+@pytest.fixture(scope="module")
+def ops():
+    return _lib("ops_ok")
+
+
+NONE, RINT, FLOOR, CEIL, ROUND, TRUNC, ODD = range(7)
+
+
+def _neighbours16(bits: np.ndarray, up: bool) -> np.ndarray:
+    """Next 16-bit float pattern toward +inf (up) or -inf, for finite non-NaN inputs."""
+    b = bits.astype(np.int32)
+    neg = (b & 0x8000) != 0
+    zero = (b & 0x7FFF) == 0
+    if up:
+        out = np.where(neg, b - 1, b + 1)
+        out = np.where(zero, 0x0001, out)
+    else:
+        out = np.where(neg, b + 1, b - 1)
+        out = np.where(zero, 0x8001, out)
+    return out.astype(np.uint16)
+
+
+def _round16(x: np.ndarray, dt, mode: int) -> np.ndarray:
+    """Reference narrowing float32 -> 16-bit float with an AscendC round mode, written from the
+    definitions: take the nearest-even result, find the two representable neighbours of x, pick."""
+    rne = x.astype(dt)
+    if mode in (NONE, RINT):
+        return rne.view(np.uint16)
+    bits = rne.view(np.uint16)
+    v = rne.astype(np.float64)
+    xd = x.astype(np.float64)
+    exact = v == xd
+    lo_b = np.where(v < xd, bits, _neighbours16(bits, up=False))
+    hi_b = np.where(v > xd, bits, _neighbours16(bits, up=True))
+    lo = lo_b.view(dt).astype(np.float64)
+    hi = hi_b.view(dt).astype(np.float64)
+    if mode == FLOOR:
+        pick = lo_b
+    elif mode == CEIL:
+        pick = hi_b
+    elif mode == TRUNC:
+        pick = np.where(np.abs(lo) < np.abs(hi), lo_b, hi_b)
+    elif mode == ROUND:
+        dlo, dhi = xd - lo, hi - xd
+        away = np.where(np.abs(lo) > np.abs(hi), lo_b, hi_b)
+        pick = np.where(dlo < dhi, lo_b, np.where(dhi < dlo, hi_b, away))
+    else:  # ODD
+        pick = np.where(lo_b & 1, lo_b, hi_b)
+    return np.where(exact, bits, pick).astype(np.uint16)
+
+
+def _float_inputs(rng, dt, n):
+    """Random float32 values in dt's range: plain values, exact ties between neighbours of dt,
+    tiny (subnormal) values, exact values, signed zeros."""
+    import ml_dtypes
+    info = ml_dtypes.finfo(dt)
+    plain = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 14, n))).astype(np.float32)
+    base = rng.standard_normal(n).astype(np.float32).astype(dt)
+    nxt = _neighbours16(base.view(np.uint16), up=True).view(dt)
+    ties = ((base.astype(np.float64) + nxt.astype(np.float64)) / 2).astype(np.float32)
+    tiny = (rng.standard_normal(n // 4) * float(info.smallest_subnormal) * 50).astype(np.float32)
+    x = np.concatenate([plain, ties, tiny, base.astype(np.float32), np.float32([0.0, -0.0, 1.0, -2.5])])
+    return x[np.abs(x) < float(info.max) / 2]
+
+
+@pytest.mark.parametrize("dst", ["bf16", "half"])
+@pytest.mark.parametrize("mode", [NONE, RINT, FLOOR, CEIL, ROUND, TRUNC, ODD])
+def test_cast_f32_to_16bit_round_modes(ops, dst, mode):
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dst == "bf16" else np.float16
+    rng = np.random.default_rng(100 + mode)
+    x = _float_inputs(rng, dt, 3000)
+    out = np.zeros(x.size, np.uint16)
+    _call(ops, "run_cast", 0 if dst == "bf16" else 1, mode, x.size, x, out)
+    want = _round16(x, dt, mode)
+    bad = np.nonzero(out != want)[0]
+    assert bad.size == 0, f"{bad.size} mismatches, e.g. x={x[bad[:3]]!r} got={out[bad[:3]]} want={want[bad[:3]]}"
+
+
+@pytest.mark.parametrize("dst", ["bf16", "half"])
+def test_cast_f32_to_16bit_overflow_and_nan(ops, dst):
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dst == "bf16" else np.float16
+    big = float(ml_dtypes.finfo(dt).max)
+    with np.errstate(over="ignore"):
+        x = np.float32([big * 1.001, -big * 1.001, big * 4, np.inf, -np.inf, np.nan, 3e38, -3e38])
+        want = x.astype(dt)
+    out = np.zeros(x.size, np.uint16)
+    _call(ops, "run_cast", 0 if dst == "bf16" else 1, RINT, x.size, x, out)
+    got = out.view(dt)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got[ok].astype(np.float64), want[ok].astype(np.float64))
+    out_f = np.zeros(x.size, np.uint16)
+    _call(ops, "run_cast", 0 if dst == "bf16" else 1, FLOOR, x.size, x, out_f)  # floor: +big -> max
+    assert out_f.view(dt).astype(np.float64)[0] == big and np.isinf(out_f.view(dt).astype(np.float64)[1])
+
+
+@pytest.mark.parametrize("mode", [RINT, FLOOR, CEIL, ROUND, TRUNC])
+def test_cast_f32_to_int32(ops, mode):
+    rng = np.random.default_rng(7 + mode)
+    x = np.concatenate([(rng.standard_normal(2000) * 1000).astype(np.float32),
+                        np.float32([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3e9, -3e9, np.nan, 2.0**31, -2.0**31])])
+    out = np.zeros(x.size, np.int32)
+    _call(ops, "run_cast", 2, mode, x.size, x, out)
+    xd = x.astype(np.float64)
+    r = {RINT: np.rint, FLOOR: np.floor, CEIL: np.ceil, TRUNC: np.trunc,
+         ROUND: lambda v: np.sign(v) * np.floor(np.abs(v) + 0.5)}[mode](xd)
+    want = np.clip(np.nan_to_num(r, nan=0.0), -2.0**31, 2.0**31 - 1).astype(np.int64)
+    np.testing.assert_array_equal(out.astype(np.int64), want)
+
+
+def test_cast_widening_and_int_paths(ops):
+    import ml_dtypes
+    rng = np.random.default_rng(3)
+    n = 2500
+    b = rng.standard_normal(n).astype(ml_dtypes.bfloat16)
+    out = np.zeros(n, np.float32)
+    _call(ops, "run_cast", 3, NONE, n, b, out)
+    np.testing.assert_array_equal(out, b.astype(np.float32))
+    h = rng.standard_normal(n).astype(np.float16)
+    _call(ops, "run_cast", 4, NONE, n, h, out)
+    np.testing.assert_array_equal(out, h.astype(np.float32))
+    i = rng.integers(-2**31, 2**31 - 1, n, dtype=np.int64).astype(np.int32)
+    _call(ops, "run_cast", 5, NONE, n, i, out)  # int32 -> float: nearest even
+    np.testing.assert_array_equal(out, i.astype(np.float32))
+    hs = (rng.standard_normal(n) * 100).astype(np.float16)
+    o8 = np.zeros(n, np.int8)
+    _call(ops, "run_cast", 6, TRUNC, n, hs, o8)  # half -> int8 saturates
+    np.testing.assert_array_equal(o8, np.clip(np.trunc(hs.astype(np.float64)), -128, 127).astype(np.int8))
+    u8 = rng.integers(0, 256, n, dtype=np.int64).astype(np.uint8)
+    oh = np.zeros(n, np.float16)
+    _call(ops, "run_cast", 7, NONE, n, u8, oh)
+    np.testing.assert_array_equal(oh, u8.astype(np.float16))
+
+
+def test_cast_odd_rejected_for_widening(ops):
+    h = np.ones(16, np.float16)
+    out = np.zeros(16, np.float32)
+    with pytest.raises(K31Error, match="CAST_ODD applies to narrowing float casts only"):
+        _call(ops, "run_cast", 4, ODD, 16, h, out)
+
+
+@pytest.mark.parametrize("is_half", [0, 1])
+@pytest.mark.parametrize("n", [1, 77, 4096])
+def test_reduce_sum_max_min(ops, is_half, n):
+    rng = np.random.default_rng(n + is_half)
+    dt = np.float16 if is_half else np.float32
+    x = rng.standard_normal(n).astype(dt)
+    out = np.zeros(5, np.float32)
+    _call(ops, "run_reduce", is_half, n, x, out)
+    xd = x.astype(np.float64)
+    tol = 2e-2 if is_half else 1e-5
+    np.testing.assert_allclose(out[0], xd.sum(), rtol=tol, atol=tol * np.sqrt(n))
+    assert out[1] == xd.max() and out[2] == np.argmax(xd)
+    assert out[3] == xd.min() and out[4] == np.argmin(xd)
+
+
+def test_reduce_max_propagates_nan(ops):
+    x = np.float32([1, 2, np.nan, 5, 3, 4, 0, 1])
+    out = np.zeros(5, np.float32)
+    _call(ops, "run_reduce", 0, x.size, x, out)
+    assert np.isnan(out[0]) and np.isnan(out[1]) and np.isnan(out[3])
+
+
+CMP = {"LT": np.less, "GT": np.greater, "EQ": np.equal, "LE": np.less_equal, "GE": np.greater_equal,
+       "NE": np.not_equal}
+
+
+@pytest.mark.parametrize("mode", list(CMP))
+def test_compare_select(ops, mode):
+    rng = np.random.default_rng(len(mode) * 31 + ord(mode[0]))
+    n = 333
+    a = rng.integers(-3, 4, n).astype(np.float32)
+    b = rng.integers(-3, 4, n).astype(np.float32)
+    sel = np.full(n, np.nan, np.float32)
+    zer = np.full(n, np.nan, np.float32)
+    mask = np.zeros(128, np.uint8)
+    _call(ops, "run_cmpsel", list(CMP).index(mode), n, a, b, sel, zer, mask)
+    c = CMP[mode](a, b)
+    np.testing.assert_array_equal(np.unpackbits(mask, bitorder="little")[:n].astype(bool), c)
+    np.testing.assert_array_equal(sel, np.where(c, a, b))
+    np.testing.assert_array_equal(zer, np.where(c, a, 0.0).astype(np.float32))
+
+
+@pytest.mark.parametrize("blocks,rounds", [(8, 3), (48, 2)])
+def test_syncall_is_a_real_barrier(ops, blocks, rounds):
+    ws = np.zeros(blocks, np.int32)
+    out = np.zeros(blocks * rounds, np.int32)
+    _call(ops, "run_syncall", blocks, rounds, ws, out)
+    want = np.repeat([(r + 1) * blocks * (blocks + 1) // 2 for r in range(rounds)], blocks)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_syncall_needs_resident_blocks(ops):
+    ws = np.zeros(100, np.int32)
+    out = np.zeros(100, np.int32)
+    with pytest.raises(K31Error, match="SyncAll needs every block running at once"):
+        _call(ops, "run_syncall", 100, 1, ws, out)
+
+
+# ---------------------------------------------------------------- DataCopyPad / DataCopyParams units
+def _pad_in_model(src, count, len_b, src_stride, dst_stride, left, right, is_pad, pad):
+    """UB image (uint32 words) after DataCopyPad GM->UB, from the documented rules; 0xFFFFFFFF
+    marks values the hardware leaves unspecified (the emulator's poison)."""
+    ub = np.full(1024, np.float32(12345.0)).view(np.uint32).copy()
+    sw = src.view(np.uint32)
+    lb, rb = left * 4, right * 4
+    row = -(-(lb + len_b + rb) // 32) * 32
+    aligned = (lb + len_b + rb) % 32 == 0
+    pad_w = np.float32(pad).view(np.uint32)
+    for i in range(count):
+        d0 = i * (row + dst_stride * 32) // 4
+        s0 = i * (len_b + src_stride) // 4
+        words = row // 4
+        img = np.full(words, 0xFFFFFFFF, np.uint32)
+        img[left:left + len_b // 4] = sw[s0:s0 + len_b // 4]
+        if is_pad:
+            img[:left] = pad_w
+            tail_end = words if (left or right or aligned) else left + len_b // 4 + right
+            img[left + len_b // 4:tail_end] = pad_w
+        if not left and not right and not aligned:
+            img[len_b // 4:] = sw[s0]
+        ub[d0:d0 + words] = img
+    return ub
+
+
+@pytest.mark.parametrize("count,len_b,src_stride,dst_stride,left,right,is_pad", [
+    (1, 20, 0, 0, 0, 0, 0),       # ragged: dummy = first element
+    (3, 20, 8, 1, 0, 0, 1),       # GM stride in bytes, UB stride in 32-byte blocks
+    (4, 36, 4, 0, 2, 1, 1),       # left/right padding with paddingValue
+    (2, 32, 0, 2, 2, 6, 1),       # padded row exactly 64 B
+    (2, 12, 20, 0, 1, 1, 0),      # paddings without isPad: unspecified (poison)
+])
+def test_datacopypad_gm_to_ub_layout(ops, count, len_b, src_stride, dst_stride, left, right, is_pad):
+    import ctypes
+    src = np.arange(1, 1025, dtype=np.float32)
+    ub = np.zeros(1024, np.float32)
+    _call(ops, "run_pad_in", count, len_b, src_stride, dst_stride, left, right, is_pad,
+          ctypes.c_float(-7.0), src, ub)
+    want = _pad_in_model(src, count, len_b, src_stride, dst_stride, left, right, is_pad, -7.0)
+    np.testing.assert_array_equal(ub.view(np.uint32), want)
+
+
+@pytest.mark.parametrize("ext,count,length,src_stride,dst_stride", [
+    (1, 3, 20, 1, 12),   # DataCopyPad UB->GM: blockLen bytes, UB stride blocks, GM stride bytes
+    (1, 5, 44, 0, 0),
+    (0, 3, 2, 1, 3),     # DataCopyParams: everything in 32-byte blocks
+])
+def test_strided_copy_out(ops, ext, count, length, src_stride, dst_stride):
+    src = np.arange(1, 1025, dtype=np.float32)
+    gm = np.full(2048, -1.0, np.float32)
+    _call(ops, "run_pad_out", ext, count, length, src_stride, dst_stride, src, gm)
+    want = np.full(2048, -1.0, np.float32)
+    len_b = length if ext else length * 32
+    s_step = (-(-len_b // 32) * 32 + src_stride * 32) if ext else (len_b + src_stride * 32)
+    d_step = (len_b + dst_stride) if ext else (len_b + dst_stride * 32)
+    for i in range(count):
+        want[i * d_step // 4:(i * d_step + len_b) // 4] = src[i * s_step // 4:(i * s_step + len_b) // 4]
+    np.testing.assert_array_equal(gm, want)

@@ -128,7 +128,7 @@ inline float f32_from_double(double d, int mode) {
 // Storage types with value semantics: arithmetic promotes to float (like the scalar unit),
 // assignment from float rounds to nearest even.
 struct half {
-  uint16_t bits = 0;
+  uint16_t bits;  // no initializer: keeps the type trivial (memcpy-able) like a built-in float
   half() = default;
   half(float f) : bits(k31emu::f32_to_half_rne(f)) {}
   half(double d) : bits(k31emu::half_from_double(d, 0)) {}
@@ -138,7 +138,7 @@ struct half {
   static half from_bits(uint16_t b) { half h; h.bits = b; return h; }
 };
 struct bfloat16_t {
-  uint16_t bits = 0;
+  uint16_t bits;
   bfloat16_t() = default;
   bfloat16_t(float f) : bits(k31emu::bf16_rne(f)) {}
   bfloat16_t(double d) : bits(k31emu::bf16_from_double(d, 0)) {}
