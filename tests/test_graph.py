@@ -148,3 +148,72 @@ def test_collectives_on_one_process():
     out = run(p, {"a": ta, "b": tb})
     assert torch.equal(out["g"], torch.cat([ta, tb]))
     torch.testing.assert_close(out["s"], ta + tb)
+
+
+def test_graphs_doc_runs(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    from test_docs import run_markdown
+    doc = Path(__file__).resolve().parent.parent / "docs" / "graphs.md"
+    assert run_markdown(doc, tmp_path, capsys, monkeypatch) >= 4
+
+
+EXPLAIN_SRC = '''
+import k31dsl as k
+from k31dsl.lowering.graph import Program, program
+from k31dsl.ops.common import rmsnorm_rows
+
+@k.kernel
+def row_scale(x: k.Tensor[k.f32, "T", "D"], y: k.Tensor[k.f32, "T", "D"], a: k.f32, BD: k.constexpr = 64):
+    for t in k.grid(x.shape[0]):
+        y[t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)] * a
+
+@program
+def branches():
+    p = Program("branches")
+    x = p.input("x", (4, 40), k.f32)
+    a, b, c = (p.tensor(n, (4, 40), k.f32) for n in "abc")
+    a = p.call(row_scale, x, a, 2.0)
+    b = p.call(row_scale, x, b, 3.0)
+    b = p.call(row_scale, a, b, 1.0)
+    c = p.call(row_scale, b, c, 0.5)
+    p.output(c)
+    return p
+
+single = Program("single")
+_x = single.input("x", (4, 40), k.f32)
+_y = single.tensor("y", (4, 40), k.f32)
+single.output(single.call(row_scale, _x, _y, 2.0))
+'''
+
+
+def test_explain_prints_every_pass_and_draws(tmp_path, capsys):
+    from k31dsl.cli import main
+    src = tmp_path / "progs.py"
+    src.write_text(EXPLAIN_SRC)
+    assert main(["explain", str(src), "--target", "triton"]) == 0
+    out = capsys.readouterr().out
+    for name in ("build", "verify", "superkernel", "streams", "memory_plan"):
+        assert f"program `branches` after pass `{name}` (triton)" in out
+        assert f"program `single` after pass `{name}` (triton)" in out
+    assert "# memory_plan:" in out and "# superkernel:" in out
+    png = tmp_path / "g.png"
+    assert main(["explain", f"{src}::branches", "--target", "ascendc", "--dump-after", "streams",
+                 "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("after pass") == 1 and "single" not in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_explain_errors(tmp_path, capsys):
+    from k31dsl.cli import main
+    src = tmp_path / "progs.py"
+    src.write_text(EXPLAIN_SRC)
+    assert main(["explain", f"{src}::nope", "--target", "numpy"]) == 1
+    assert "no program named `nope`" in capsys.readouterr().err
+    assert main(["explain", str(src), "--target", "numpy", "--dump-after", "fuse"]) == 1
+    assert "the passes are: build, verify, superkernel" in capsys.readouterr().err
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    assert main(["explain", str(empty), "--target", "numpy"]) == 1
+    assert "@k31dsl.lowering.graph.program" in capsys.readouterr().err
