@@ -310,13 +310,21 @@ def attnres_update(partial, delta, query, O, M, L, norm_weight, eps: float = 1e-
         y = torch.empty_like(h)
         update_unfused(target, partial, *args, h, y, eps, norm_eps, row_block(d))
         return (h, y) if return_h else y
-    exe = update_executable(target, t, d, D.from_torch(delta.dtype), D.from_torch(norm_weight.dtype), y_dt, eps,
-                            norm_eps, return_h)
-    if fused and len(exe.p.calls()) != 1:
-        raise K31Error("attnres_update: the superkernel pass did not fuse the update and RMSNorm kernels: "
-                       + "; ".join(exe.p.report or ["no report"]), hint="pass fused=False for the two-kernel path")
-    out = exe(dict(zip(("partial", "delta", "query", "O", "M", "L", "norm_weight"), (partial,) + args)))
-    return (out["h"], out["y"]) if return_h else out["y"]
+    dts = (D.from_torch(delta.dtype), D.from_torch(norm_weight.dtype), y_dt)
+    inputs = dict(zip(("partial", "delta", "query", "O", "M", "L", "norm_weight"), (partial,) + args))
+    launch = fused_launcher(target, t, d, *dts, eps, norm_eps, return_h)
+    if launch is None:
+        exe = update_executable(target, t, d, *dts, eps, norm_eps, return_h)
+        if fused:
+            raise K31Error("attnres_update: the superkernel pass did not fuse the update and RMSNorm kernels: "
+                           + "; ".join(exe.p.report or ["no report"]), hint="pass fused=False for the two-kernel path")
+        out = exe(inputs)
+        return (out["h"], out["y"]) if return_h else out["y"]
+    inputs["y"] = torch.empty((t, d), dtype=D.torch_dtype(y_dt), device=partial.device)
+    if return_h:
+        inputs["h"] = torch.empty_like(inputs["y"])
+    launch(inputs)
+    return (inputs["h"], inputs["y"]) if return_h else inputs["y"]
 
 
 def row_warps(bd: int) -> int:
@@ -364,6 +372,31 @@ def update_executable(target: str, t: int, d: int, delta_dt, w_dt, out_dt, eps: 
                 w = kern.constexprs["WARPS"]
                 kern.configs = [{"WARPS": w, "num_warps": w}]
     return exe
+
+
+_FUSED: dict = {}
+
+
+def fused_launcher(target: str, t: int, d: int, delta_dt, w_dt, out_dt, eps: float, norm_eps: float,
+                   return_h: bool = True):
+    """When the target's graph pipeline leaves attnres_update's program as one kernel (the
+    superkernel pass fused it), a function {tensor name: tensor} -> None that launches it directly
+    (no per-call buffer planning: the host path stays short at decode sizes). None when the
+    program was not fused. Keyed by T too: the fused kernel bakes the program's static shapes into
+    the bounds of the forwarded tile."""
+    key = (target, t, d, delta_dt, w_dt, out_dt, eps, norm_eps, return_h)
+    if key not in _FUSED:
+        exe = update_executable(target, t, d, delta_dt, w_dt, out_dt, eps, norm_eps, return_h)
+        ops = exe.p.ops()
+        if len(ops) != 1 or exe.p.node(ops[0]).kind != "call":
+            _FUSED[key] = None
+        else:
+            node = exe.p.node(ops[0])
+            launch = exe.launcher(ops[0])
+            binding = [(True, exe.p.tensor_node(v).storage) if isinstance(v, str) else (False, v)
+                       for v in (node.args[prm.name] for prm in node.kernel.params)]
+            _FUSED[key] = lambda tensors: launch(*[tensors[b] if is_t else b for is_t, b in binding])
+    return _FUSED[key]
 
 
 def update_unfused(target, partial, delta, q, o, m, l, w, h, y, eps, norm_eps, bd):

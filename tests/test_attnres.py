@@ -199,13 +199,30 @@ def test_fused_update_equals_two_kernels(target, t, d):
 
 
 def test_fused_program_launches_once_per_step():
+    """Through the program executor: one launch per step fused, two with the superkernel pass off."""
     rng = _rng()
-    args = _update_args(rng, 4, 48)
-    exe = ar.update_executable("numpy", 4, 48, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, True)
-    before = exe.launches
-    for _ in range(3):
-        ar.attnres_update(*args, 1e-6, 1e-6, target="numpy")
-    assert exe.launches - before == 3
+    a = _update_args(rng, 4, 48)
+    inputs = dict(zip(("partial", "delta", "query", "O", "M", "L", "norm_weight"), a))
+    fused = ar.update_executable("numpy", 4, 48, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, True)
+    plain = ar.update_executable("numpy", 4, 48, k.bf16, k.bf16, k.bf16, 1e-6, 1e-6, True, passes=["build", "verify"])
+    counts = []
+    for exe in (fused, plain):
+        before = exe.launches
+        outs = [exe(dict(inputs, partial=a[0].clone())) for _ in range(3)]
+        counts.append(exe.launches - before)
+        assert all(torch.equal(o["y"], outs[0]["y"]) for o in outs)
+    assert counts == [3, 6]
+    api = ar.attnres_update(*(x.clone() for x in a), 1e-6, 1e-6, target="numpy")    # the direct launcher
+    assert torch.equal(api[0], outs[0]["h"]) and torch.equal(api[1], outs[0]["y"])
+
+
+def test_fused_launchers_per_t_do_not_mix():
+    """Calls with different T after each other (each gets its own fused program)."""
+    rng = _rng()
+    for t in (3, 1, 5, 3):
+        a = _update_args(rng, t, 40)
+        b = tuple(x.clone() for x in a)
+        assert torch.equal(ar.attnres_update(*a, target="numpy")[1], ar.attnres_update(*b, fused=False, target="numpy")[1])
 
 
 def _upd(**over):
