@@ -379,3 +379,40 @@ def test_strided_copy_out(ops, ext, count, length, src_stride, dst_stride):
     for i in range(count):
         want[i * d_step // 4:(i * d_step + len_b) // 4] = src[i * s_step // 4:(i * s_step + len_b) // 4]
     np.testing.assert_array_equal(gm, want)
+
+
+# ---------------------------------------------------------------- build.py
+TINY = ('#include "kernel_operator.h"\n'
+        'extern "C" int run_tiny(GM_ADDR out) { return k31emu::Launch(2, [&] {\n'
+        '  AscendC::GlobalTensor<int32_t> g; g.SetGlobalBuffer((__gm__ int32_t*)out, 2);\n'
+        '  g.SetValue(AscendC::GetBlockIdx(), 10 + AscendC::GetBlockIdx()); }); }\n')
+
+
+def test_build_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
+    from k31dsl.targets.ascendc import build
+    monkeypatch.setenv("K31_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_loaded", {})
+    lib = build.build(TINY, name="tiny")
+    out = np.zeros(2, np.int32)
+    build.call(lib, "run_tiny", out)
+    assert out.tolist() == [10, 11]
+    (so,) = (tmp_path / "ascendc").glob("tiny-*.so")
+    bad = so.with_suffix(".tmp")  # a new inode: the loaded mapping must not change under us
+    bad.write_bytes(so.read_bytes()[:100])
+    bad.replace(so)  # as if a crash had left a truncated file
+    monkeypatch.setattr(build, "_loaded", {})
+    lib2 = build.build(TINY, name="tiny")
+    assert so.stat().st_size > 100
+    out[:] = 0
+    build.call(lib2, "run_tiny", out)
+    assert out.tolist() == [10, 11]
+
+
+def test_build_compile_error_shows_diagnostics(tmp_path, monkeypatch):
+    from k31dsl.targets.ascendc import build
+    monkeypatch.setenv("K31_CACHE_DIR", str(tmp_path))
+    src = '#include "kernel_operator.h"\nvoid f() { AscendC::NoSuchApi(1); }\n'
+    with pytest.raises(K31Error) as err:
+        build.build(src, name="broken")
+    msg = str(err.value)
+    assert "g++ could not compile" in msg and "NoSuchApi" in msg and "broken-" in msg

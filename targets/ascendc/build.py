@@ -1,10 +1,11 @@
 """Build AscendC C++ (generated or hand-written) against the k31emu CPU emulation header into a
 shared library and load it with ctypes.
 
-Libraries are cached under `<K31_CACHE_DIR or ~/.cache/k31dsl>/ascendc/` by the content hash of
-the sources, the compiler flags, the compiler version and every emulator header, so an edit to
-any of them rebuilds.  The .so is compiled to a temporary name and renamed into place, so
-concurrent processes never load a half-written file; a cached .so that fails to load is rebuilt.
+Libraries live in the shared compile cache (lowering/cache.py: `<K31_CACHE_DIR or
+~/.cache/k31dsl>/ascendc/`, atomic writes, a checksum per entry, a lock per build) under the
+content hash of the sources, the compiler flags, the compiler version and every emulator header,
+so an edit to any of them rebuilds.  Concurrent processes never load a half-written file; a
+cached .so that is corrupt (checksum) or fails to load is rebuilt.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..loader import cache_dir
-from ...dsl.errors import K31Error
+from k31dsl.dsl.errors import K31Error
+from k31dsl.lowering.cache import default_cache
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 BASE_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-pthread")
@@ -50,10 +51,7 @@ def _header_digest() -> str:
     return h.hexdigest()
 
 
-def lib_dir() -> Path:
-    d = cache_dir() / "ascendc"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+KIND = "ascendc"
 
 
 def _key(sources: Sequence[str], flags: Sequence[str], cxx: str) -> str:
@@ -67,11 +65,10 @@ def _key(sources: Sequence[str], flags: Sequence[str], cxx: str) -> str:
     return h.hexdigest()[:24]
 
 
-def _compile(src_paths: list[Path], so: Path, flags: Sequence[str], cxx: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=".tmp-", suffix=".so")
-    os.close(fd)
-    cmd = [cxx, *flags, "-I", str(EMU_DIR), *map(str, src_paths), "-o", tmp]
-    try:
+def _compile(src_paths: list[Path], flags: Sequence[str], cxx: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="k31emu-") as tmpdir:
+        out = Path(tmpdir) / "lib.so"
+        cmd = [cxx, *flags, "-I", str(EMU_DIR), *map(str, src_paths), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).splitlines()
@@ -81,11 +78,8 @@ def _compile(src_paths: list[Path], so: Path, flags: Sequence[str], cxx: str) ->
             raise K31Error(
                 "g++ could not compile the AscendC kernel against the k31emu emulator:\n"
                 + "\n".join(shown),
-                hint=f"source: {' '.join(map(str, src_paths))}; command: {' '.join(cmd)}")
-        os.replace(tmp, so)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+                hint=f"source: {' '.join(map(str, src_paths))}; flags: {' '.join(flags)}")
+        return out.read_bytes()
 
 
 def build(sources: str | Iterable[str], name: str = "kernel",
@@ -98,26 +92,16 @@ def build(sources: str | Iterable[str], name: str = "kernel",
     key = _key(srcs, flags, cxx)
     if key in _loaded:
         return _loaded[key]
-    d = lib_dir()
+    cache = default_cache()
     stem = "".join(c if c.isalnum() or c == "_" else "_" for c in name)[:40] or "kernel"
-    so = d / f"{stem}-{key}.so"
-    src_paths = []
-    for i, text in enumerate(srcs):
-        p = d / f"{stem}-{key}-{i}.cpp"
-        if not p.exists() or p.read_text() != text:
-            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".cpp")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, p)
-        src_paths.append(p)
-    lib = None
-    if so.exists():
-        try:
-            lib = ctypes.CDLL(str(so))
-        except OSError:
-            lib = None  # truncated or corrupt: rebuild below
-    if lib is None:
-        _compile(src_paths, so, flags, cxx)
+    src_paths = [cache.get_or_build(KIND, f"{stem}-{key}-{i}.cpp", lambda t=text: t, key)
+                 for i, text in enumerate(srcs)]
+    so_name = f"{stem}-{key}.so"
+    so = cache.get_or_build(KIND, so_name, lambda: _compile(src_paths, flags, cxx), key)
+    try:
+        lib = ctypes.CDLL(str(so))
+    except OSError:  # intact bytes that still do not load (e.g. another toolchain's): rebuild once
+        so = cache.write(KIND, so_name, _compile(src_paths, flags, cxx), key)
         lib = ctypes.CDLL(str(so))
     lib.k31emu_last_error.restype = ctypes.c_char_p
     lib.k31emu_last_error.argtypes = []
