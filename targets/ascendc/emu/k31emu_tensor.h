@@ -253,19 +253,31 @@ LocalTensor<T> view(Slot& s, uint32_t byte_off, uint32_t count) {
 
 namespace AscendC {
 
+// Scalar accessors are hot in generated code: the common path is a few compares, the
+// diagnostics live in the out-of-line checks.
 template <class T>
 T LocalTensor<T>::GetValue(uint32_t i) const {
-  k31emu::need_live(*this, "GetValue", "the tensor");
-  if (i >= size_) k31emu::fail("GetValue(", i, "): beyond the tensor's ", size_, " elements");
-  k31emu::need_written_bytes(*this, uint64_t(i) * sizeof(T), sizeof(T), "GetValue", "the tensor");
+  const uint8_t* w = shadow_ ? written() + uint64_t(i) * sizeof(T) : nullptr;
+  bool ok = slot_ && gen_ == slot_->gen && slot_->state != k31emu::FREE && slot_->state != k31emu::ENQUEUED &&
+            i < size_;
+  if (ok) for (size_t b = 0; b < sizeof(T); ++b) ok &= w[b] != 0;
+  if (__builtin_expect(!ok, 0)) {
+    k31emu::need_live(*this, "GetValue", "the tensor");
+    if (i >= size_) k31emu::fail("GetValue(", i, "): beyond the tensor's ", size_, " elements");
+    k31emu::need_written_bytes(*this, uint64_t(i) * sizeof(T), sizeof(T), "GetValue", "the tensor");
+  }
   return ptr()[i];
 }
 template <class T>
 void LocalTensor<T>::SetValue(uint32_t i, T v) const {
-  k31emu::need_live(*this, "SetValue", "the tensor");
-  if (i >= size_) k31emu::fail("SetValue(", i, "): beyond the tensor's ", size_, " elements");
+  if (__builtin_expect(!(slot_ && gen_ == slot_->gen && slot_->state != k31emu::FREE &&
+                         slot_->state != k31emu::ENQUEUED && i < size_), 0)) {
+    k31emu::need_live(*this, "SetValue", "the tensor");
+    k31emu::fail("SetValue(", i, "): beyond the tensor's ", size_, " elements");
+  }
   ptr()[i] = v;
-  k31emu::mark_bytes(*this, uint64_t(i) * sizeof(T), sizeof(T));
+  uint8_t* w = written() + uint64_t(i) * sizeof(T);
+  for (size_t b = 0; b < sizeof(T); ++b) w[b] = 1;
 }
 
 template <TPosition kPos, int32_t kDepth = 1, int32_t kMask = 0>
