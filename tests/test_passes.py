@@ -375,3 +375,96 @@ def test_nz_layout_leaves_weights_not_feeding_dot():
     p.output(y)
     q = nz_layout(p)
     assert "%w_nz" not in q.g and len(q.ops()) == 1
+
+
+def test_superkernel_groups_only_linear_chains():
+    p = Program("fan")
+    x = p.input("x", (5, 40), k.f32)
+    a, b, c = (p.tensor(n, (5, 40), k.f32) for n in "abc")
+    a = p.call(row_scale, x, a, 2.0)
+    b = p.call(row_shift, a, b)                        # refused (another program's row) ...
+    c = p.call(row_shift, a, c)                        # ... twice: `a` feeds two branches
+    p.output(b, c)
+    s, report, groups = _refused(p)
+    assert groups == {} and report.count("not grouped either") == 2
+
+
+# ---------------------------------------------------------------- the AscendC program: host code, groups, emulator
+
+def test_ascendc_host_code_has_streams_events_and_group_entries():
+    from k31dsl.targets.ascendc.program import host_files
+    p = compile_program(indexer_prolog_shaped(), "ascendc", passes=["verify", "streams", "memory_plan"]).p
+    host = host_files(p)["prolog_host.cpp"]
+    assert host.count("aclrtCreateStream(&s[") == 2 and "aclrtStream s[3] = {stream0};" in host
+    assert host.count("<<<") == 8 and "row_add<<<static_cast<uint32_t>(td6.blockDim), nullptr, s[0]>>>" in host
+    for name, prod, cons in p.meta["streams"]["events"]:      # record after the producer's launch, wait before the consumer's
+        rec, wait = host.index(f"aclrtRecordEvent({name}, s["), host.index(f"aclrtStreamWaitEvent(s[0], {name})")
+        assert host.index(f"// {prod}\n") < rec < host.index(f"// {cons}\n") < wait
+    assert "aclrtStreamWaitEvent(stream0, join1)" in host and host.rstrip().endswith("}")
+    assert "buffer b0" in host                                # the memory plan's shared buffers
+    g = compile_program(two_rows(row_shift), "ascendc").p
+    files = host_files(g)
+    entry = files["two_groups.cpp"]
+    assert entry.index("K31Kernel_row_scale") < entry.index("AscendC::SyncAll();") < entry.index("K31Kernel_row_shift")
+    assert "k31_group_two_g0<<<static_cast<uint32_t>(std::max<int64_t>({td0.blockDim, td1.blockDim}))" in files["two_host.cpp"]
+
+
+def test_ascendc_runs_the_fused_update_on_the_emulator():
+    T, D = 3, 24
+    p = Program("update_norm")
+    ins = dict(partial=rand(T, D), delta=rand(T, D, dtype=torch.bfloat16), q=rand(D), o=rand(T, D),
+               m=rand(T), l=torch.rand(T) + 1.0, w=rand(D))
+    part = p.input("partial", (T, D), k.f32)
+    args = [p.input(n, tuple(ins[n].shape), k.bf16 if n == "delta" else k.f32) for n in ("delta", "q", "o", "m", "l")]
+    w = p.weight("w", (D,), k.f32)
+    h, y = p.tensor("h", (T, D), k.bf16), p.tensor("y", (T, D), k.bf16)
+    part, h = p.call(attnres_update_rows, part, *args, h, 1e-6, BD=32)
+    y = p.call(rmsnorm_row, h, w, y, 1e-6, BD=32)
+    p.output(y, part)
+    ex = compile_program(p, "ascendc")
+    on = ex({n: v.clone() for n, v in ins.items()})
+    assert ex.launches == 1
+    off = run(p, {n: v.clone() for n, v in ins.items()}, target="numpy", passes=["verify"])
+    torch.testing.assert_close(on["partial"], off["partial"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(on["y"].float(), off["y"].float(), rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------- kernels the passes make compile for sm_90
+
+class PassKernel:
+    """A KernelDef stand-in (hopper.compile_gpu_module calls `.ir()`) for a kernel a pass built."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def ir(self):
+        return self.make()
+
+
+def _fused_update_kernel():
+    p = Program("u")
+    T, D = 4, 40
+    part = p.input("partial", (T, D), k.f32)
+    args = [p.input(n, (T, D), k.bf16) if n == "delta" else p.input(n, (D,) if n == "q" else (T,) if n in "ml" else (T, D), k.f32)
+            for n in ("delta", "q", "o", "m", "l")]
+    h, y = p.tensor("h", (T, D), k.bf16), p.tensor("y", (T, D), k.bf16)
+    part, h = p.call(attnres_update_rows, part, *args, h, 1e-6, BD=64)
+    y = p.call(rmsnorm_row, h, p.weight("w", (D,), k.f32), y, 1e-6, BD=64)
+    p.output(y)
+    s = superkernel(p)
+    return s.node(s.calls()[0]).kernel
+
+
+def _nz_matmul_kernel():
+    from k31dsl.lowering.passes.nz_layout import nz_layout
+    s = nz_layout(nz_program(20, 40, 24, k.bf16))
+    return s.node(s.calls()[0]).kernel
+
+
+FUSED_UPDATE_NORM = PassKernel(_fused_update_kernel)
+NZ_MATMUL = PassKernel(_nz_matmul_kernel)
+
+
+def test_pass_kernels_compile_for_hopper(tmp_path):
+    from hopper import assert_compiles_for_hopper
+    assert_compiles_for_hopper(__file__, ["FUSED_UPDATE_NORM", "NZ_MATMUL"], tmp_path, index_types=("int32",))

@@ -4,8 +4,9 @@ For each call and each call that reads what it wrote (in schedule order, repeate
 changes), the pair is inlined into one kernel when the consumer's program reads only what the same
 program of the producer wrote (lowering/passes/fuse.py): one launch, and the intermediate tile
 never goes through global memory; the intermediate tensor disappears when nothing else reads it.
-A pair that cannot be inlined is put in one launch *group* instead, sub-kernels separated by a
-grid barrier: AscendC emits one entry with SyncAll() between them, Triton captures the group as a
+A pair that cannot be inlined is put in one launch *group* instead when it is a link of a linear
+chain (the producer feeds only the consumer, the consumer depends only on the chain), sub-kernels
+separated by a grid barrier: AscendC emits one entry with SyncAll() between them, Triton captures the group as a
 CUDA graph on a GPU ("graph mode"), NumPy runs it in order. Pairs are never merged when another
 node lies on a dependency path between them (that would make a cycle). Every decision, with the
 reason for a refusal, is appended to `program.report`; `program.meta["superkernel"]` counts.
@@ -111,6 +112,10 @@ def superkernel(program):
         if prod not in p.g or cons not in p.g:
             continue
         members = groups.get(group_of.get(prod), {prod}) | groups.get(group_of.get(cons), {cons})
+        if consumers(p, prod) != [cons] or not {d for d in p.op_deps(cons)} <= members:
+            p.report.append(f"superkernel: did not inline {cons} into {prod}: {why}; not grouped either "
+                            "(a branch or join: the streams pass may run its parts side by side)")
+            continue
         if would_cycle(p, members):
             p.report.append(f"superkernel: kept {prod} and {cons} apart and in separate launches: {why}; "
                             "grouping them would put another node inside the launch")
