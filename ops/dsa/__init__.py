@@ -1,1 +1,7 @@
-"""(filled in by its issue)"""
+"""DSA ops (DeepSeek sparse attention): the indexer side (prolog, paged MXFP8 key cache,
+Lightning Indexer, exact top-k) and the attention side (MLA latent cache, sparse MLA attention,
+fused LI + SFA decode)."""
+from k31dsl.ops.dsa.indexer import (PAGE, PAGE_BYTES, indexer_cache_views, indexer_cache_write,  # noqa: F401
+                                    lightning_indexer, new_indexer_cache)
+from k31dsl.ops.dsa.prolog import hadamard_matrix, indexer_prolog  # noqa: F401
+from k31dsl.ops.dsa.topk import topk  # noqa: F401

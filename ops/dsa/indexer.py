@@ -87,23 +87,27 @@ def indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, NQ, H
 
 # ---------------------------------------------------------------- kernels
 
+@k.func
+def store_keys(cache, slots, codes, scales, BT):
+    """Write BT tokens' codes (f8e4m3 [BT, 128]) and scales (e8m0 [BT, 4]) into the flat byte
+    view of the indexer cache at `slots` (i32 [BT]; < 0 skips the token)."""
+    ok = slots >= 0
+    base = (slots // PAGE) * PAGE_BYTES
+    off = slots % PAGE
+    cidx = k.reshape(base[:, None] + off[:, None] * 128 + k.arange(128)[None, :], (BT * 128,))
+    k.store(cache, (cidx,), k.reshape(codes.bitcast(k.u8), (BT * 128,)),
+            mask=k.reshape(k.broadcast_to(ok[:, None], (BT, 128)), (BT * 128,)))
+    sidx = k.reshape(base[:, None] + CODE_BYTES + off[:, None] * 4 + k.arange(4)[None, :], (BT * 4,))
+    k.store(cache, (sidx,), k.reshape(scales.bitcast(k.u8), (BT * 4,)),
+            mask=k.reshape(k.broadcast_to(ok[:, None], (BT, 4)), (BT * 4,)))
+
+
 @k.kernel
-def indexer_cache_write_rows(k_codes: k.Tensor[k.f8e4m3, "T", "D"], k_scales: k.Tensor[k.e8m0, "T", "D // 32"],
-                             slots: k.Tensor[k.i32, "T"], cache: k.Tensor[k.u8, "NB"],
-                             BT: k.constexpr = 16, D: k.constexpr = 128):
-    # The flat byte view of the cache; a slot < 0 is a padding token and writes nothing.
-    G = D // 32
+def indexer_cache_write_rows(k_codes: k.Tensor[k.f8e4m3, "T", "128"], k_scales: k.Tensor[k.e8m0, "T", "4"],
+                             slots: k.Tensor[k.i32, "T"], cache: k.Tensor[k.u8, "NB"], BT: k.constexpr = 16):
     for pt in k.grid(k.cdiv(k_codes.shape[0], BT)):
-        sl = slots[k.span(pt * BT, BT, other=-1)]
-        ok = sl >= 0
-        base = (sl // 64) * (64 * (D + G))
-        off = sl % 64
-        cidx = k.reshape(base[:, None] + off[:, None] * D + k.arange(D)[None, :], (BT * D,))
-        codes = k_codes[k.span(pt * BT, BT), k.span(0, D)].bitcast(k.u8)
-        k.store(cache, (cidx,), k.reshape(codes, (BT * D,)), mask=k.reshape(k.broadcast_to(ok[:, None], (BT, D)), (BT * D,)))
-        sidx = k.reshape(base[:, None] + 64 * D + off[:, None] * G + k.arange(G)[None, :], (BT * G,))
-        sc = k_scales[k.span(pt * BT, BT), k.span(0, G)].bitcast(k.u8)
-        k.store(cache, (sidx,), k.reshape(sc, (BT * G,)), mask=k.reshape(k.broadcast_to(ok[:, None], (BT, G)), (BT * G,)))
+        store_keys(cache, slots[k.span(pt * BT, BT, other=-1)], k_codes[k.span(pt * BT, BT), k.span(0, 128)],
+                   k_scales[k.span(pt * BT, BT), k.span(0, 4)], BT)
 
 
 LI_CONFIGS = [{"NQ": 1, "PB": 1, "num_warps": 4}]

@@ -125,3 +125,26 @@ def topk(scores, k):
         order = sorted(valid.tolist(), key=lambda i: (-row[i], i))[:k]
         out[r, :len(order)] = order
     return out
+
+
+def cache_write(cache_bytes, codes, scale_bytes, slots):
+    """The cache bytes after writing token t's codes/scales at slots[t] (slots < 0 skipped)."""
+    out = np.array(cache_bytes, np.uint8, copy=True)
+    for t, slot in enumerate(np.asarray(slots)):
+        if slot < 0:
+            continue
+        page, off = divmod(int(slot), PAGE)
+        out[page, off * D:(off + 1) * D] = codes[t]
+        out[page, PAGE * D + off * G:PAGE * D + (off + 1) * G] = scale_bytes[t]
+    return out
+
+
+def mx_roundtrip_ratio(xhat, x, scale_bytes, rel_slack=2.0 ** -12):
+    """Worst |xhat - x| / bound for MXFP8 values xhat of exact values x (both [..., 128]):
+    bound = 2^-4 (|x| + e) + e + 2^-10 s per element, with s the group scale (half an E4M3 step in
+    the normal range, half the subnormal step below it) and e = rel_slack * max|x| of the vector
+    (the fp32 arithmetic of the kernel before rounding). Saturation cannot happen with RCEIL."""
+    s = np.repeat(e8m0_decode(np.asarray(scale_bytes, np.uint8)), 32, axis=-1)
+    e = rel_slack * np.abs(x).max(axis=-1, keepdims=True)
+    bound = 2.0 ** -4 * (np.abs(x) + e) + e + 2.0 ** -10 * s
+    return float((np.abs(xhat - x) / bound).max()) if x.size else 0.0

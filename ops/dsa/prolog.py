@@ -1,0 +1,218 @@
+"""DSA indexer prolog: three independent chains from one layer's inputs (research/dsa.md §1.2).
+
+  q chain   q = qr @ wq_b^T -> [T, H, 128]; RoPE on dims [0, 64) (NeoX half-split); orthonormal
+            Hadamard over the 128 dims; MXFP8 -> q_codes [T, H, 128], q_scales [T, H, 4]
+  k chain   k = LayerNorm(x @ wk^T) (weight, bias, eps); RoPE; Hadamard; MXFP8; written into the
+            paged indexer cache at slot_mapping (layout: ops/dsa/indexer.py)
+  w chain   head weights = (x @ weights_proj^T) * H^-1/2, fp32 [T, H]
+
+Each chain is one fused kernel: the projection accumulates three column blocks (rope halves
+[0, 32), [32, 64) and the rest [64, 128)) so that RoPE pairs meet lane by lane, then the Hadamard
+rotation is three k.dots against row blocks of the orthonormal Sylvester matrix, and the MXFP8
+groups use quant.mxfp8_groups (RCEIL). Everything after the bf16 projection is fp32.
+RoPE tables: cos/sin fp32 [T, 32] (per token, already gathered at its position); the caller
+builds them (YaRN or plain) — NeoX pairs (i, i + 32) share frequency i.
+
+`indexer_prolog` runs the chains as a graph of three independent calls; on Triton with CUDA
+each gets its own stream (events join them), elsewhere they run in order.
+"""
+from __future__ import annotations
+
+import math
+
+import k31dsl as k
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import FLOAT_INPUTS, require_tensor, resolve_target
+from k31dsl.ops.dsa.indexer import GROUPS, HEAD_DIM, _check_cache, _int_vector, store_keys
+from k31dsl.ops.quant import mxfp8_groups
+
+ROPE_HALF = 32
+
+
+# ---------------------------------------------------------------- shared pieces (@k.func)
+
+@k.func
+def project3(a, w, r0, row0, BM, BK):
+    """a[r0:r0+BM, :] @ w[row0:row0+128, :]^T as three f32 column blocks [BM,32], [BM,32], [BM,64]."""
+    p1 = k.zeros((BM, 32), k.f32)
+    p2 = k.zeros((BM, 32), k.f32)
+    p3 = k.zeros((BM, 64), k.f32)
+    for kk in range(k.cdiv(a.shape[1], BK)):
+        at = a[k.span(r0, BM), k.span(kk * BK, BK, other=0.0)]
+        p1 += k.dot(at, w[k.span(row0, 32), k.span(kk * BK, BK, other=0.0)].T)
+        p2 += k.dot(at, w[k.span(row0 + 32, 32), k.span(kk * BK, BK, other=0.0)].T)
+        p3 += k.dot(at, w[k.span(row0 + 64, 64), k.span(kk * BK, BK, other=0.0)].T)
+    return p1, p2, p3
+
+
+@k.func
+def rope_hadamard_mx(p1, p2, p3, cos, sin, had, r0, BM):
+    """NeoX RoPE on (p1, p2), then [p1 p2 p3] @ had (orthonormal), then MXFP8:
+    (codes f8e4m3 [BM, 4, 32], scales e8m0 [BM, 4])."""
+    c = cos[k.span(r0, BM), k.span(0, 32, other=1.0)]
+    s = sin[k.span(r0, BM), k.span(0, 32, other=0.0)]
+    x1 = p1 * c - p2 * s
+    x2 = p2 * c + p1 * s
+    y = k.dot(x1, had[k.span(0, 32), k.span(0, 128)])
+    y += k.dot(x2, had[k.span(32, 32), k.span(0, 128)])
+    y += k.dot(p3, had[k.span(64, 64), k.span(0, 128)])
+    return mxfp8_groups(k.reshape(y, (BM, 4, 32)))
+
+
+# ---------------------------------------------------------------- the three chains
+
+PROJ_CONFIGS = [{"BM": 16, "BK": 64, "num_warps": 4}]
+
+
+@k.kernel(configs=PROJ_CONFIGS)
+def indexer_q_chain(qr: k.Tensor["AT", "T", "QL"], wq_b: k.Tensor["WT", "HD", "QL"], cos: k.Tensor[k.f32, "T", "R"],
+                    sin: k.Tensor[k.f32, "T", "R"], had: k.Tensor[k.f32, "128", "128"],
+                    q_codes: k.Tensor[k.f8e4m3, "T", "H", "128"], q_scales: k.Tensor[k.e8m0, "T", "H", "4"],
+                    AT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                    BM: k.constexpr = 16, BK: k.constexpr = 64):
+    for pm, h in k.grid(k.cdiv(qr.shape[0], BM), q_codes.shape[1]):
+        p1, p2, p3 = project3(qr, wq_b, pm * BM, h * 128, BM, BK)
+        codes, scales = rope_hadamard_mx(p1, p2, p3, cos, sin, had, pm * BM, BM)
+        q_codes[k.span(pm * BM, BM), h, k.span(0, 128)] = k.reshape(codes, (BM, 128))
+        q_scales[k.span(pm * BM, BM), h, k.span(0, 4)] = scales
+
+
+@k.kernel(configs=PROJ_CONFIGS)
+def indexer_k_chain(x: k.Tensor["AT", "T", "DM"], wk: k.Tensor["WT", "128", "DM"], ln_w: k.Tensor[k.f32, "128"],
+                    ln_b: k.Tensor[k.f32, "128"], cos: k.Tensor[k.f32, "T", "R"], sin: k.Tensor[k.f32, "T", "R"],
+                    had: k.Tensor[k.f32, "128", "128"], slots: k.Tensor[k.i32, "T"], cache: k.Tensor[k.u8, "NB"],
+                    eps: k.f32, AT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                    BM: k.constexpr = 16, BK: k.constexpr = 64):
+    for pm in k.grid(k.cdiv(x.shape[0], BM)):
+        p1, p2, p3 = project3(x, wk, pm * BM, 0, BM, BK)
+        mean = (k.sum(p1, axis=1) + k.sum(p2, axis=1) + k.sum(p3, axis=1)) / 128.0
+        d1 = p1 - mean[:, None]
+        d2 = p2 - mean[:, None]
+        d3 = p3 - mean[:, None]
+        var = (k.sum(d1 * d1, axis=1) + k.sum(d2 * d2, axis=1) + k.sum(d3 * d3, axis=1)) / 128.0
+        r = k.rsqrt(var + eps)[:, None]
+        n1 = d1 * r * ln_w[k.span(0, 32)][None, :] + ln_b[k.span(0, 32)][None, :]
+        n2 = d2 * r * ln_w[k.span(32, 32)][None, :] + ln_b[k.span(32, 32)][None, :]
+        n3 = d3 * r * ln_w[k.span(64, 64)][None, :] + ln_b[k.span(64, 64)][None, :]
+        codes, scales = rope_hadamard_mx(n1, n2, n3, cos, sin, had, pm * BM, BM)
+        sl = slots[k.span(pm * BM, BM, other=-1)]
+        store_keys(cache, sl, k.reshape(codes, (BM, 128)), scales, BM)
+
+
+@k.kernel(configs=PROJ_CONFIGS)
+def indexer_head_weights(x: k.Tensor["AT", "T", "DM"], wp: k.Tensor["WT", "H", "DM"], w: k.Tensor[k.f32, "T", "H"],
+                         scale: k.f32, AT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                         H: k.constexpr = 64, BM: k.constexpr = 16, BK: k.constexpr = 64):
+    for pm in k.grid(k.cdiv(x.shape[0], BM)):
+        acc = k.zeros((BM, H), k.f32)
+        for kk in range(k.cdiv(x.shape[1], BK)):
+            acc += k.dot(x[k.span(pm * BM, BM), k.span(kk * BK, BK, other=0.0)],
+                         wp[k.span(0, H), k.span(kk * BK, BK, other=0.0)].T)
+        w[k.span(pm * BM, BM), k.span(0, H)] = acc * scale
+
+
+# ---------------------------------------------------------------- public function
+
+_HADAMARD: dict = {}
+
+
+def hadamard_matrix(device=None):
+    """The orthonormal 128 x 128 Sylvester Hadamard matrix (fp32, symmetric), cached per device."""
+    import torch
+    key = str(device)
+    if key not in _HADAMARD:
+        h = torch.ones(1, 1)
+        while h.shape[0] < HEAD_DIM:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        _HADAMARD[key] = (h * HEAD_DIM ** -0.5).to(device=device, dtype=torch.float32).contiguous()
+    return _HADAMARD[key]
+
+
+def _shape(op, name, t, want):
+    if tuple(t.shape) != tuple(want):
+        raise K31Error(f"{op}: `{name}` must have shape {list(want)}, got {list(t.shape)}")
+
+
+def prolog_calls(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping,
+                 eps: float = 1e-6, *, target: str | None = None):
+    """Check the inputs and allocate the outputs; returns (calls, (q_codes, q_scales, weights)) with
+    calls = {"q": fn, "k": fn, "w": fn}, three independent zero-argument launches."""
+    import torch
+    target = resolve_target(target)
+    op = "indexer_prolog"
+    for name, t in (("x", x), ("qr", qr), ("wq_b", wq_b), ("wk", wk), ("weights_proj", weights_proj)):
+        require_tensor(op, name, t, FLOAT_INPUTS, 2)
+    for name, t in (("k_norm_w", k_norm_w), ("k_norm_b", k_norm_b), ("cos", cos), ("sin", sin)):
+        require_tensor(op, name, t, (k.f32,))
+    _check_cache(op, cache)
+    t, dm = x.shape
+    h = weights_proj.shape[0]
+    if h & (h - 1) or not 16 <= h <= 128:
+        raise K31Error(f"{op}: weights_proj has {h} rows (heads); a power of two in [16, 128] is needed")
+    _shape(op, "qr", qr, (t, qr.shape[1]))
+    _shape(op, "wq_b", wq_b, (h * HEAD_DIM, qr.shape[1]))
+    _shape(op, "wk", wk, (HEAD_DIM, dm))
+    _shape(op, "weights_proj", weights_proj, (h, dm))
+    _shape(op, "k_norm_w", k_norm_w, (HEAD_DIM,))
+    _shape(op, "k_norm_b", k_norm_b, (HEAD_DIM,))
+    _shape(op, "cos", cos, (t, ROPE_HALF))
+    _shape(op, "sin", sin, (t, ROPE_HALF))
+    slots = _int_vector(op, "slot_mapping", slot_mapping, t)
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise K31Error(f"{op}: eps must be a finite number > 0, got {eps!r}")
+    dev = x.device
+    bm = {"BM": min(64, max(16, 1 << max(0, (t - 1).bit_length())))}      # token rows per program
+    q_codes = torch.empty((t, h, HEAD_DIM), dtype=torch.float8_e4m3fn, device=dev)
+    q_scales = torch.empty((t, h, GROUPS), dtype=torch.float8_e8m0fnu, device=dev)
+    weights = torch.empty((t, h), dtype=torch.float32, device=dev)
+    had = hadamard_matrix(dev)
+    x, qr, cos, sin = x.contiguous(), qr.contiguous(), cos.contiguous(), sin.contiguous()
+    flat = cache.view(-1)
+
+    def q_call():
+        indexer_q_chain[target](qr, wq_b.contiguous(), cos, sin, had, q_codes, q_scales, **bm)
+
+    def k_call():
+        indexer_k_chain[target](x, wk.contiguous(), k_norm_w.contiguous(), k_norm_b.contiguous(), cos, sin, had,
+                                slots, flat, float(eps), **bm)
+
+    def w_call():
+        indexer_head_weights[target](x, weights_proj.contiguous(), weights, float(h ** -0.5), H=h, **bm)
+
+    if t == 0:
+        return {}, (q_codes, q_scales, weights)
+    return {"q": q_call, "k": k_call, "w": w_call}, (q_codes, q_scales, weights)
+
+
+def indexer_prolog(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping,
+                   eps: float = 1e-6, *, streams: bool = True, target: str | None = None):
+    """The indexer prolog of one layer -> (q_codes f8e4m3 [T, H, 128], q_scales e8m0 [T, H, 4],
+    weights fp32 [T, H]); the keys go into `cache` (uint8 [pages, 8448]) at slot_mapping.
+
+    x [T, dim] and qr [T, q_lora] bf16/f16/f32; wq_b [H*128, q_lora], wk [128, dim],
+    weights_proj [H, dim] (torch Linear layout [out, in]); k_norm_w/k_norm_b fp32 [128];
+    cos/sin fp32 [T, 32] (NeoX RoPE tables at each token's position); slot_mapping int32 [T]
+    (< 0: padding, not written). streams=False runs the chains in order on the current stream."""
+    calls, outs = prolog_calls(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache,
+                               slot_mapping, eps, target=target)
+    run_independent(list(calls.values()), streams and resolve_target(target) == "triton" and x.is_cuda)
+    return outs
+
+
+def run_independent(calls, on_streams: bool):
+    """Run independent launches: each on its own CUDA stream (joined back with events) or in order."""
+    if not on_streams or len(calls) < 2:
+        for c in calls:
+            c()
+        return
+    import torch
+    main = torch.cuda.current_stream()
+    streams = [torch.cuda.Stream() for _ in calls[1:]]
+    for s in streams:
+        s.wait_stream(main)
+    calls[0]()
+    for s, c in zip(streams, calls[1:]):
+        with torch.cuda.stream(s):
+            c()
+    for s in streams:
+        main.wait_stream(s)
