@@ -135,6 +135,30 @@ def test_spec_verify_then_rollback_equals_decoding_accepted(target, mode):
         assert torch.equal(pool[rest], case["pool"][rest])
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_state_v_first_layout(target):
+    """Pool [num_slots, HV, V, K]: a decode step and a verify + commit match the oracle (states
+    transposed), and the commit equals decoding the accepted tokens bit for bit."""
+    seed = _seed()
+    case = make_case(seed, n=3, t=3, h=1, hv=2, kdim=16, vdim=24, gate="lower_bound", num_slots=5)
+    slots = case["slots"].long()
+    pool_vk = case["pool"].transpose(2, 3).contiguous()
+    o, rep, _ = decode(case, target, pool=pool_vk, save_replay=True, update_state=False, state_v_first=True)
+    want_o, _ = oracle(case)
+    assert rel(o, want_o) < 1e-4, seed
+    accepted = [1, 3, 0]
+    kda_rollback(pool_vk, case["slots"], None, rep, torch.tensor(accepted, dtype=torch.int32),
+                 state_v_first=True, target=target)
+    for n, acc in enumerate(accepted):
+        one = {key: (val[n:n + 1] if key in ("q", "k", "v", "g", "beta", "slots") else val) for key, val in case.items()}
+        _, want_s = oracle(one, acc)
+        assert rel(pool_vk[slots[n]].transpose(1, 2), want_s[0]) < 1e-4, (seed, n)
+        if acc:
+            fresh = case["pool"].transpose(2, 3).contiguous()
+            decode(one, target, pool=fresh, tokens=acc, state_v_first=True)
+            assert torch.equal(pool_vk[slots[n]], fresh[slots[n]]), (seed, n)
+
+
 def test_replay_buffers_and_flags():
     """A preallocated KDAReplay is filled in place; save_replay=False; no L2 norm; a custom scale."""
     ref = load_oracle("kda")
@@ -207,6 +231,7 @@ def _rollback_args(**over):
     (dict(lower_bound=-9.0), "lower_bound"),
     (dict(A_log=torch.zeros(3)), "A_log"),
     (dict(save_replay="yes"), "save_replay"),
+    (dict(state_v_first=True), "`state_pool` has K=40 but q has K=20"),
     (dict(save_replay=KDAReplay(torch.zeros(3, 1, 2, 20), torch.zeros(3, 1, 4, 40), torch.zeros(3, 1, 4, 16))),
      "save_replay.g"),
 ])
@@ -245,9 +270,12 @@ class Specialised:
 decode_plain = Specialised(kda_decode_step)
 decode_lb_replay = Specialised(kda_decode_step, GATE=2, REPLAY=True, GT=__import__("k31dsl").bf16)
 decode_verify = Specialised(kda_decode_step, GATE=1, REPLAY=True, UPDATE=False, BV=64)
+decode_v_first = Specialised(kda_decode_step, GATE=2, VFIRST=True)
 rollback = Specialised(kda_replay_prefix)
+rollback_v_first = Specialised(kda_replay_prefix, VFIRST=True)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
-    assert_compiles_for_hopper(__file__, ["decode_plain", "decode_lb_replay", "decode_verify", "rollback"], tmp_path)
+    assert_compiles_for_hopper(__file__, ["decode_plain", "decode_lb_replay", "decode_verify", "decode_v_first",
+                                          "rollback", "rollback_v_first"], tmp_path)

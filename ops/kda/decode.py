@@ -76,14 +76,14 @@ def log_decay(x, a_log, dt_bias, lower_bound, GATE):
 @k.kernel(configs=DECODE_CONFIGS)
 def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N", "T", "H", "K"],
                     v: k.Tensor["XT", "N", "T", "HV", "V"], g: k.Tensor["GT", "N", "T", "HV", "K"],
-                    beta: k.Tensor["BT", "N", "T", "HV"], pool: k.Tensor[k.f32, "S", "HV", "K", "V"],
+                    beta: k.Tensor["BT", "N", "T", "HV"], pool: k.Tensor[k.f32, "S", "HV", "P2", "P3"],
                     slots: k.Tensor[k.i32, "N"], o: k.Tensor["XT", "N", "T", "HV", "V"],
                     a_log: k.Tensor[k.f32, "HV"], dt_bias: k.Tensor[k.f32, "HV", "K"],
                     rk: k.Tensor[k.f32, "RN", "RT", "RH", "RK"], ru: k.Tensor[k.f32, "RN", "RT", "RHV", "RV"],
                     rg: k.Tensor[k.f32, "RN", "RT", "RHV", "RK"], scale: k.f32, lower_bound: k.f32,
                     XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                     BT: k.constexpr[FLOAT_INPUTS] = k.f32, GATE: k.constexpr = 0, L2NORM: k.constexpr = True,
-                    REPLAY: k.constexpr = False, UPDATE: k.constexpr = True,
+                    REPLAY: k.constexpr = False, UPDATE: k.constexpr = True, VFIRST: k.constexpr = False,
                     BK: k.constexpr = 128, BV: k.constexpr = 32):
     for nh, pv in k.grid(q.shape[0] * v.shape[2], k.cdiv(v.shape[3], BV)):
         nhv = v.shape[2]
@@ -92,7 +92,10 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
         group = nhv // q.shape[2]
         h = hv // group
         slot = slots[n]
-        s = pool[slot, hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        if VFIRST:          # pool [S, HV, V, K]: the tile is [BV, BK], K contiguous
+            s = pool[slot, hv, k.span(pv * BV, BV, other=0.0), k.span(0, BK, other=0.0)]
+        else:
+            s = pool[slot, hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
         alog = 0.0
         dtb = k.zeros((BK,), k.f32)
         if GATE != 0:
@@ -104,38 +107,56 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
             a = log_decay(g[n, t, hv, k.span(0, BK, other=0.0)].to(k.f32), alog, dtb, lower_bound, GATE)
             vt = v[n, t, hv, k.span(pv * BV, BV, other=0.0)].to(k.f32)
             b = beta[n, t, hv].to(k.f32)
-            s = s * k.exp(a)[:, None]
-            u = b * (vt - k.sum(s * kt[:, None], axis=0))
-            ot = k.sum(s * qt[:, None], axis=0) + u * k.sum(kt * qt)
-            s = s + kt[:, None] * u[None, :]
+            if VFIRST:
+                s = s * k.exp(a)[None, :]
+                u = b * (vt - k.sum(s * kt[None, :], axis=1))
+                ot = k.sum(s * qt[None, :], axis=1) + u * k.sum(kt * qt)
+                s = s + u[:, None] * kt[None, :]
+            else:
+                s = s * k.exp(a)[:, None]
+                u = b * (vt - k.sum(s * kt[:, None], axis=0))
+                ot = k.sum(s * qt[:, None], axis=0) + u * k.sum(kt * qt)
+                s = s + kt[:, None] * u[None, :]
             o[n, t, hv, k.span(pv * BV, BV)] = ot.to(XT)
             if REPLAY:
                 ru[n, t, hv, k.span(pv * BV, BV)] = u
                 k.store(rg, (n, t, hv, k.span(0, BK)), a, mask=pv == 0)
                 k.store(rk, (n, t, h, k.span(0, BK)), kt, mask=(pv == 0) & (hv % group == 0))
-        if UPDATE:
+        if UPDATE and VFIRST:
+            pool[slot, hv, k.span(pv * BV, BV), k.span(0, BK)] = s
+        if UPDATE and not VFIRST:
             pool[slot, hv, k.span(0, BK), k.span(pv * BV, BV)] = s
 
 
 @k.kernel(configs=ROLLBACK_CONFIGS)
-def kda_replay_prefix(pool: k.Tensor[k.f32, "S", "HV", "K", "V"], slots: k.Tensor[k.i32, "N"],
-                      ckpt: k.Tensor[k.f32, "C", "HV", "K", "V"], ckpt_rows: k.Tensor[k.i32, "N"],
+def kda_replay_prefix(pool: k.Tensor[k.f32, "S", "HV", "P2", "P3"], slots: k.Tensor[k.i32, "N"],
+                      ckpt: k.Tensor[k.f32, "C", "HV", "P2", "P3"], ckpt_rows: k.Tensor[k.i32, "N"],
                       rk: k.Tensor[k.f32, "N", "T", "H", "K"], ru: k.Tensor[k.f32, "N", "T", "HV", "V"],
                       rg: k.Tensor[k.f32, "N", "T", "HV", "K"], accepted: k.Tensor[k.i32, "N"],
-                      BK: k.constexpr = 128, BV: k.constexpr = 32):
+                      VFIRST: k.constexpr = False, BK: k.constexpr = 128, BV: k.constexpr = 32):
     for nh, pv in k.grid(rk.shape[0] * ru.shape[2], k.cdiv(ru.shape[3], BV)):
         nhv = ru.shape[2]
         n = nh // nhv
         hv = nh % nhv
         h = hv // (nhv // rk.shape[2])
-        s = ckpt[ckpt_rows[n], hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        if VFIRST:
+            s = ckpt[ckpt_rows[n], hv, k.span(pv * BV, BV, other=0.0), k.span(0, BK, other=0.0)]
+        else:
+            s = ckpt[ckpt_rows[n], hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
         for t in range(k.minimum(accepted[n], rk.shape[1])):
             a = rg[n, t, hv, k.span(0, BK, other=0.0)]
             kt = rk[n, t, h, k.span(0, BK, other=0.0)]
             u = ru[n, t, hv, k.span(pv * BV, BV, other=0.0)]
-            s = s * k.exp(a)[:, None]                 # the decode kernel's operations, in its order
-            s = s + kt[:, None] * u[None, :]
-        pool[slots[n], hv, k.span(0, BK), k.span(pv * BV, BV)] = s
+            if VFIRST:                               # the decode kernel's operations, in its order
+                s = s * k.exp(a)[None, :]
+                s = s + u[:, None] * kt[None, :]
+            else:
+                s = s * k.exp(a)[:, None]
+                s = s + kt[:, None] * u[None, :]
+        if VFIRST:
+            pool[slots[n], hv, k.span(pv * BV, BV), k.span(0, BK)] = s
+        else:
+            pool[slots[n], hv, k.span(0, BK), k.span(pv * BV, BV)] = s
 
 
 # ---------------------------------------------------------------- host-side checks
@@ -144,13 +165,17 @@ def _shape_error(op, name, t, want, why=""):
     raise K31Error(f"{op}: `{name}` must have shape {want}{why}, got {list(t.shape)}")
 
 
-def _require_f32_state(op, state_pool):
+def _require_f32_state(op, state_pool, v_first=False):
+    """(HV, K, V) of an fp32 pool [num_slots, HV, K, V] ([num_slots, HV, V, K] when v_first)."""
     require_tensor(op, "state_pool", state_pool, (k.f32,))
     if state_pool.dim() != 4:
-        raise K31Error(f"{op}: `state_pool` must be [num_slots, HV, K, V] fp32, got shape {list(state_pool.shape)}")
+        layout = "[num_slots, HV, V, K]" if v_first else "[num_slots, HV, K, V]"
+        raise K31Error(f"{op}: `state_pool` must be {layout} fp32, got shape {list(state_pool.shape)}")
     if not state_pool.is_contiguous():
         raise K31Error(f"{op}: `state_pool` must be contiguous (it is updated in place)",
                        hint="allocate the pool with torch.zeros(num_slots, HV, K, V, dtype=torch.float32)")
+    _, hv, a, b = state_pool.shape
+    return (hv, b, a) if v_first else (hv, a, b)
 
 
 def _capturing() -> bool:
@@ -198,7 +223,7 @@ def _gate_mode(op, A_log, dt_bias, lower_bound, hv, kdim, device):
     return mode, a.to(device), b.to(device), lb
 
 
-def _check_decode_inputs(q, k_, v, g, beta, state_pool, slots):
+def _check_decode_inputs(q, k_, v, g, beta, state_pool, slots, v_first):
     op = "kda_decode"
     for name, t in (("q", q), ("k", k_), ("v", v), ("g", g), ("beta", beta)):
         require_tensor(op, name, t)
@@ -206,8 +231,7 @@ def _check_decode_inputs(q, k_, v, g, beta, state_pool, slots):
         raise K31Error(f"{op}: `q` must be [N, T, H, K] (T >= 1 tokens per sequence), got shape {list(q.shape)}",
                        hint="for one token per sequence use q[:, None]")
     n, t, h, kdim = q.shape
-    _require_f32_state(op, state_pool)
-    _, hv, ks, vdim = state_pool.shape
+    hv, ks, vdim = _require_f32_state(op, state_pool, v_first)
     if tuple(k_.shape) != tuple(q.shape):
         _shape_error(op, "k", k_, list(q.shape), " (like q)")
     if hv % h != 0:
@@ -238,7 +262,8 @@ def _check_decode_inputs(q, k_, v, g, beta, state_pool, slots):
 # ---------------------------------------------------------------- public functions
 
 def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm=True, A_log=None,
-               dt_bias=None, lower_bound=None, save_replay=None, update_state=True, target=None):
+               dt_bias=None, lower_bound=None, save_replay=None, update_state=True, state_v_first=False,
+               target=None):
     """One fused KDA decode step over an fp32 state pool, updated in place.
 
     q, k: [N, T, H, K]; v: [N, T, HV, V]; g: [N, T, HV, K]; beta: [N, T, HV] (already sigmoid);
@@ -253,11 +278,12 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
     unless use_qk_l2norm=False.
     save_replay: None -> T > 1; True/False; or a KDAReplay of preallocated fp32 buffers to write
     (fixed addresses for CUDA graphs). update_state=False leaves the pool rows untouched (they
-    then are the checkpoint of the rollback protocol; see the module docstring).
+    then are the checkpoint of the rollback protocol; see the module docstring). state_v_first:
+    the pool is [num_slots, HV, V, K] (K contiguous, the layout engines use for decode).
     Returns (o [N, T, HV, V] in q's dtype, KDAReplay or None)."""
     import torch
     target = resolve_target(target)
-    n, t, h, hv, kdim, vdim = _check_decode_inputs(q, k, v, g, beta, state_pool, slots)
+    n, t, h, hv, kdim, vdim = _check_decode_inputs(q, k, v, g, beta, state_pool, slots, state_v_first)
     gate, a_log, dtb, lb = _gate_mode("kda_decode", A_log, dt_bias, lower_bound, hv, kdim, q.device)
     scale = kdim ** -0.5 if scale is None else float(scale)
     replay = None
@@ -289,31 +315,32 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
         cx["REPLAY"] = True
     if not update_state:
         cx["UPDATE"] = False
+    if state_v_first:
+        cx["VFIRST"] = True
     kda_decode_step[target](q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
                             state_pool, _int32(slots), o, a_log, dtb, rk, ru, rg, scale, lb, **cx)
     return o, replay
 
 
-def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, target=None):
+def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, state_v_first=False, target=None):
     """Rebuild each sequence's state at its accepted position: state_pool[slots[n]] = the
     checkpoint with the first accepted[n] tokens of `replay` applied (accepted[n] in 0..T).
 
     checkpoint: None -> the pool rows themselves hold the pre-verify state (the verify ran with
     update_state=False; recommended: the commit reads and writes the state once); or an fp32
     [N, HV, K, V] tensor with each sequence's pre-verify state (kept by the engine when the verify
-    updated the pool). replay: the KDAReplay the verify returned. Updates state_pool in place and
-    returns it."""
+    updated the pool). replay: the KDAReplay the verify returned. state_v_first: as in kda_decode.
+    Updates state_pool in place and returns it."""
     import torch
     op = "kda_rollback"
     target = resolve_target(target)
-    _require_f32_state(op, state_pool)
+    hv, ks, vdim = _require_f32_state(op, state_pool, state_v_first)
     if not isinstance(replay, KDAReplay):
         raise K31Error(f"{op}: `replay` must be the KDAReplay returned by kda_decode(..., save_replay=True), "
                        f"got {type(replay).__name__}")
     for name in ("k", "u", "g"):
         require_tensor(op, f"replay.{name}", getattr(replay, name), (k.f32,), min_rank=4)
     n, t, h, kdim = replay.k.shape
-    _, hv, ks, vdim = state_pool.shape
     if ks != kdim or tuple(replay.u.shape) != (n, t, hv, vdim) or tuple(replay.g.shape) != (n, t, hv, kdim):
         raise K31Error(f"{op}: replay shapes k {list(replay.k.shape)}, u {list(replay.u.shape)}, g "
                        f"{list(replay.g.shape)} do not match the state pool [.., {hv}, {ks}, {vdim}]",
@@ -324,13 +351,15 @@ def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, target=None
         ckpt, rows = state_pool, _int32(slots)
     else:
         require_tensor(op, "checkpoint", checkpoint, (k.f32,))
-        if tuple(checkpoint.shape) != (n, hv, kdim, vdim):
-            _shape_error(op, "checkpoint", checkpoint, [n, hv, kdim, vdim], " (the pre-verify state of each sequence)")
+        want = (n, hv, vdim, kdim) if state_v_first else (n, hv, kdim, vdim)
+        if tuple(checkpoint.shape) != want:
+            _shape_error(op, "checkpoint", checkpoint, list(want), " (the pre-verify state of each sequence, "
+                         "laid out like the pool)")
         ckpt, rows = checkpoint.contiguous(), torch.arange(n, dtype=torch.int32, device=state_pool.device)
     if n:
         kda_replay_prefix[target](state_pool, _int32(slots), ckpt, rows, replay.k.contiguous(),
                                   replay.u.contiguous(), replay.g.contiguous(), _int32(accepted),
-                                  BK=max(16, next_pow2(kdim)))
+                                  BK=max(16, next_pow2(kdim)), **({"VFIRST": True} if state_v_first else {}))
     return state_pool
 
 
