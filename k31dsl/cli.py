@@ -337,6 +337,10 @@ def cmd_explain(args) -> int:
         texts, final = explain(prog, args.target, args.dump_after, args.kernels)
         for title, text in texts:
             _show(title, text, ".txt")
+        if args.target == "ascendc" and args.dump_after is None:
+            from k31dsl.targets.ascendc.program import host_files
+            for fname, text in host_files(final).items():
+                _show(f"program `{prog.name}`: {fname}", text, ".cpp")
         if args.png:
             png = Path(args.png)
             if len(programs) > 1:
