@@ -11,7 +11,8 @@ traffic is ~1.6% of it at K = V = 128), the copy ceiling measured in the same ru
 (BV, num_warps), and the max error vs fla and vs an fp32 torch reference. Also times the
 speculative-verify pair: a T=4 verify that only reads the state (update_state=False) plus the
 commit (kda_rollback of the accepted prefix onto the pool rows). Writes results/kda_decode.json
-and .md (not in --smoke). `decode_rows(...)` is what benchmarks/kda.py can call."""
+and .md (not in --smoke). Both state layouts: [N, HV, K, V] (the default) and [N, HV, V, K]
+(state_v_first, K contiguous) for k31dsl and fla. `decode_rows(...)` is what benchmarks/kda.py can call."""
 from __future__ import annotations
 
 import argparse
@@ -64,7 +65,7 @@ def torch_decode(x, pool, lb=-5.0):
     return torch.stack(outs, 1).to(x["q"].dtype)
 
 
-def fla_decode_fn(x, pool):
+def fla_decode_fn(x, pool, v_first=False):
     """fla-core's decode over the pool, in place (fused_recurrent_kda_fwd with ssm_state_indices,
     as vLLM calls it); None when fla is not installed."""
     try:
@@ -77,7 +78,7 @@ def fla_decode_fn(x, pool):
         return fused_recurrent_kda_fwd(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"],
                                        dt_bias=x["dt_bias"], initial_state=pool, inplace_final_state=True,
                                        ssm_state_indices=x["slots"], use_qk_l2norm_in_kernel=True,
-                                       use_gate_in_kernel=True, lower_bound=-5.0)[0]
+                                       use_gate_in_kernel=True, lower_bound=-5.0, state_v_first=v_first)[0]
     return run
 
 
@@ -114,17 +115,30 @@ def decode_rows(ns=(1, 16, 64, 256), h=96, hv=96, kdim=128, vdim=128, smoke=Fals
         gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0)
         ref_pool = x["pool"].clone()
         ref_o = torch_decode(x, ref_pool)
-        pools = {name: x["pool"].clone() for name in ("k31dsl", "fla", "eager")}
+        vk = x["pool"].transpose(2, 3).contiguous()                     # [2N, HV, V, K]
+        pools = {"k31dsl": x["pool"].clone(), "k31dsl [V,K]": vk.clone(), "fla": x["pool"].clone(),
+                 "fla [V,K]": vk.clone(), "eager": x["pool"].clone()}
         fns = {"k31dsl": lambda p=pools["k31dsl"]: kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], p, x["slots"],
                                                              target="triton", **gate)[0],
+               "k31dsl [V,K]": lambda p=pools["k31dsl [V,K]"]: kda_decode(
+                   x["q"], x["k"], x["v"], x["g"], x["beta"], p, x["slots"], state_v_first=True, target="triton",
+                   **gate)[0],
                "eager": lambda p=pools["eager"]: torch_decode(x, p)}
         fla = None if smoke else fla_decode_fn(x, pools["fla"])
         if fla is not None:
             fns["fla"] = fla
+            fns["fla [V,K]"] = fla_decode_fn(x, pools["fla [V,K]"], v_first=True)
         errs = {}
         for name, fn in fns.items():            # one step from the same state: compare, then time
-            o = fn()
+            try:
+                o = fn()
+            except Exception as e:  # noqa: BLE001 - an anchor variant that this fla lacks
+                print(f"{name}: {type(e).__name__}: {e}")
+                errs[name] = None
+                continue
             st = pools[name][x["slots"].long()]
+            if "[V,K]" in name:
+                st = st.transpose(2, 3)
             errs[name] = (float((o.float() - ref_o.float()).abs().max()),
                           float((st - ref_pool[x["slots"].long()]).abs().max()))
         k31_vs_fla = ""
@@ -135,6 +149,8 @@ def decode_rows(ns=(1, 16, 64, 256), h=96, hv=96, kdim=128, vdim=128, smoke=Fals
             k31_vs_fla = f"o {float((oa.float() - fns['fla']().float()).abs().max()):.2e}, " \
                          f"S {float((pa - pb).abs().max()):.2e}"
         for name, fn in fns.items():
+            if errs[name] is None:
+                continue
             ms = timer(fn)
             rows.append({"N": n, "impl": name, "us": ms * 1e3, "state TB/s": 2 * state_bytes / (ms * 1e-3) / 1e12,
                          "fla ref us": FLA_REF_US.get(n, "") if h == 96 else "",
