@@ -181,7 +181,7 @@ def _check_chunk(target: str, seed: int = 0) -> list[CaseResult]:
                                                           for n, t in kw.items()},
                           output_final_state=True, chunk_size=bt, target=target)
         want_o, want_s = ref.kda(*args, **kw)
-        tol = 1e-4 if dt == "f32" else 2e-2
+        tol = 2e-4 if dt == "f32" else 4e-2      # bf16: operands kept in bf16 like fla (see the tests)
         name = f"B={B} T={T} H={H} HV={HV} K={K} V={V} {dt} gate={gate} chunk={bt} seqs={ns or B} h0={h0}"
         for what, got, want in (("o", o, want_o), ("final state", ht, want_s)):
             err = max_rel_err(to_f64(got), want, floor=0.1 * max(1e-3, float(np.abs(want).max())))

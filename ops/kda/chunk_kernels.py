@@ -94,7 +94,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
         bias = dt_bias[hv, k.span(0, BK)]
         rid = k.arange(0, BC)
         gp = k.zeros((BK,), k.f32)          # G of the row before the sub-chunk (0 at the chunk start)
-        gs, kcs, kcols, gends, ws, us = (), (), (), (), (), ()
+        lcs, lends, kcs, kcols, ws, us = (), (), (), (), (), ()
         for c in k.static_range(NC):
             r0 = t0 + c * BC
             live = (r0 + rid) < t1
@@ -111,27 +111,35 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                 a = graw
             else:                           # rows past the sequence decay by exp(0): G stays put
                 a = k.where(live[:, None], gate_value(graw, alog, bias[None, :], lb, GATE), 0.0)
-            gc = gp[None, :] + k.cumsum(a, axis=0)
-            gend = row_of(gc, rid, BC - 1)
-            e = k.exp(gc - gp[None, :])                        # <= 1
+            # differences inside the sub-chunk come from its local cumsum lc (small magnitudes,
+            # so exp(G_i - G_j) keeps fp32 accuracy after long runs of strong decay)
+            lc = k.cumsum(a, axis=0)
+            lend = row_of(lc, rid, BC - 1)
+            gc = gp[None, :] + lc
+            gend = gp + lend
+            e = k.exp(lc)                                      # exp(G_i - P_c) <= 1
             qe = qc * e
             ke = kc * e
-            kcol = kc * k.exp(gend[None, :] - gc)              # <= 1
+            kcol = kc * k.exp(lend[None, :] - lc)              # exp(E_c - G_j) <= 1
             if SAFE:
-                kinv = kc * k.exp(gp[None, :] - gc)            # <= exp(BC |lb|)
+                kinv = kc * k.exp(-lc)                         # exp(P_c - G_j) <= exp(BC |lb|)
                 aq_d = k.dot(qe, kinv.T, precision=PREC)
                 ak_d = k.dot(ke, kinv.T, precision=PREC)
             else:
-                aq_d, ak_d = diag_exact(qc, kc, gc, rid)
+                aq_d, ak_d = diag_exact(qc, kc, lc, rid)
             aq_d = k.where(rid[:, None] >= rid[None, :], aq_d, 0.0)
             ak_d = k.where(rid[:, None] > rid[None, :], ak_d * bc[:, None], 0.0)
             aqk[n, hv, k.span(c * BC, BC), k.span(c * BC, BC)] = aq_d.to(MT)
             rw = bc[:, None] * kc * k.exp(gc)                  # beta Kt
             ru = bc[:, None] * vc                              # beta V
-            for c2 in k.static_range(c):                       # earlier sub-chunks: block forward substitution
-                f = k.exp(gp - gends[c2])[None, :]             # <= 1
-                aq_o = k.dot(qe * f, kcols[c2].T, precision=PREC)
-                ak_o = k.dot(ke * f, kcols[c2].T, precision=PREC) * bc[:, None]
+            qf, kf = qe, ke
+            for c3 in k.static_range(c):                       # earlier sub-chunks, latest first
+                c2 = c - 1 - c3
+                if c3 > 0:                                     # decay across sub-chunk c2 + 1 (<= 1)
+                    f = k.exp(lends[c2 + 1])[None, :]
+                    qf, kf = qf * f, kf * f
+                aq_o = k.dot(qf, kcols[c2].T, precision=PREC)
+                ak_o = k.dot(kf, kcols[c2].T, precision=PREC) * bc[:, None]
                 aqk[n, hv, k.span(c * BC, BC), k.span(c2 * BC, BC)] = aq_o.to(MT)
                 rw = rw - k.dot(ak_o, ws[c2], precision=PREC)
                 ru = ru - k.dot(ak_o, us[c2], precision=PREC)
@@ -141,11 +149,14 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
             u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
             qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * k.exp(gc)).to(MT)
-            gs, kcs, kcols, gends, ws, us = gs + (gc,), kcs + (kc,), kcols + (kcol,), gends + (gend,), ws + (wc,), us + (uc,)
+            lcs, lends, kcs, kcols, ws, us = lcs + (lc,), lends + (lend,), kcs + (kc,), kcols + (kcol,), ws + (wc,), us + (uc,)
             gp = gend
         gam[n, hv, k.span(0, BK)] = k.exp(gp)
-        for c in k.static_range(NC):
-            kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcs[c] * k.exp(gp[None, :] - gs[c])).to(MT)
+        after = k.zeros((BK,), k.f32)                          # G_C - E_c: decay after sub-chunk c
+        for c3 in k.static_range(NC):
+            c = NC - 1 - c3
+            kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcs[c] * k.exp(after[None, :] + lends[c][None, :] - lcs[c])).to(MT)
+            after = after + lends[c]
 
 
 STATE_CONFIGS = [{"BT": 64, "BV": 32, "num_warps": 4, "num_stages": 2},
