@@ -4,12 +4,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
-#include <functional>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "k31emu_types.h"
@@ -64,11 +63,21 @@ inline Mem mem_of(AscendC::TPosition p) {
 struct Error : std::runtime_error { using std::runtime_error::runtime_error; };
 struct Aborted {};  // thrown in a block when another block failed; never reported itself
 
+// Message building without <sstream> (keeps the header quick to compile).
+inline void put(std::string& s, const std::string& v) { s += v; }
+inline void put(std::string& s, const char* v) { s += v; }
+inline void put(std::string& s, char v) { s += v; }
+template <class V>
+void put(std::string& s, const V& v) {
+  if constexpr (std::is_floating_point<V>::value) s += std::to_string(v);
+  else if constexpr (std::is_signed<V>::value) s += std::to_string(static_cast<long long>(v));
+  else s += std::to_string(static_cast<unsigned long long>(v));
+}
 template <class... A>
 std::string cat(const A&... a) {
-  std::ostringstream os;
-  (os << ... << a);
-  return os.str();
+  std::string s;
+  (put(s, a), ...);
+  return s;
 }
 
 // Per-thread block context and the memory of the core the block runs on.
@@ -154,7 +163,8 @@ constexpr int32_t kMaxResidentBlocks = 64;
 // Run `fn` once per block.  Up to kMaxResidentBlocks blocks run as one thread each (SyncAll
 // works); larger launches run on a small pool, block after block.  Returns 0, or 1 with the
 // first block's error message in last_error().
-inline int Launch(uint32_t blockDim, const std::function<void()>& fn) {
+using BlockFn = void (*)(void*);
+inline int launch_impl(uint32_t blockDim, BlockFn fn, void* arg) {
   last_error().clear();
   if (blockDim == 0) { last_error() = "Launch: blockDim is 0"; return 1; }
   Shared sh;
@@ -165,7 +175,7 @@ inline int Launch(uint32_t blockDim, const std::function<void()>& fn) {
     BlockCtx& c = ctx();
     c.idx = b; c.num = sh.num; c.shared = &sh; c.mem = mem;
     try {
-      fn();
+      fn(arg);
       sh.block_exit();
     } catch (const Aborted&) {
     } catch (const Error& e) {
@@ -196,8 +206,14 @@ inline int Launch(uint32_t blockDim, const std::function<void()>& fn) {
   return 0;
 }
 
+template <class F>
+int Launch(uint32_t blockDim, F&& fn) {
+  using Fn = typename std::remove_reference<F>::type;
+  return launch_impl(blockDim, [](void* p) { (*static_cast<Fn*>(p))(); }, static_cast<void*>(&fn));
+}
 // Names the emitter asked for (targets/ascendc/emu/REQUESTS.md).
-inline int RunBlocks(uint32_t blockDim, const std::function<void()>& fn) { return Launch(blockDim, fn); }
+template <class F>
+int RunBlocks(uint32_t blockDim, F&& fn) { return Launch(blockDim, static_cast<F&&>(fn)); }
 inline const char* LastError() { return last_error().c_str(); }
 
 inline CoreMem& core() {
