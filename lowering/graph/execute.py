@@ -23,6 +23,16 @@ class ProgramExecutor:
         self.p = program
         self.options = options
         self.schedule = program.ops()
+        self.storages = program.storages()
+        self.produced_statically = {s for s, t in self.storages.items()
+                                    if t.kind == "weight" and program.final(s) != t.id}
+        self.argplan = {}                          # call -> [(is tensor, storage or scalar)]
+        for nid in self.schedule:
+            n = program.node(nid)
+            if n.kind == "call":
+                self.argplan[nid] = [(True, program.tensor_node(v).storage) if isinstance(v, str) else (False, v)
+                                     for v in (n.args[prm.name] for prm in n.kernel.params)]
+        self.static_ops = [n for n in self.schedule if self.is_static(n)]
         self._launchers: dict = {}
         self._static: dict = {}                    # storage -> tensor, with the weights' identity
         self._static_key = None
@@ -52,7 +62,7 @@ class ProgramExecutor:
     def allocate(self, inputs: dict) -> dict:
         import torch
         p = self.p
-        storages = p.storages()
+        storages = self.storages
         missing = [s for s, t in storages.items() if t.kind in ("input", "weight") and s not in inputs
                    and not self._produced_statically(s)]
         if missing:
@@ -87,16 +97,15 @@ class ProgramExecutor:
         return env
 
     def _produced_statically(self, storage: str) -> bool:
-        t = self.p.storages()[storage]
-        return t.kind == "weight" and self.p.final(storage) != t.id
+        return storage in self.produced_statically
 
     def prepare_static(self, env: dict) -> None:
         """Run the host ops over weights once; reuse while the weights are the same tensors."""
         import torch
-        static_ops = [n for n in self.schedule if self.is_static(n)]
+        static_ops = self.static_ops
         if not static_ops:
             return
-        key = tuple((s, id(env[s]), env[s]._version) for s, t in self.p.storages().items()
+        key = tuple((s, id(env[s]), env[s]._version) for s, t in self.storages.items()
                     if t.kind == "weight" and s in env)
         if key != self._static_key:
             self._static = {}
@@ -120,17 +129,12 @@ class ProgramExecutor:
 
     # ------------------------------------------------------------ running
     def args(self, nid: str, env: dict) -> list:
-        n = self.p.node(nid)
-        out = []
-        for prm in n.kernel.params:
-            v = n.args[prm.name]
-            out.append(env[self.p.tensor_node(v).storage] if isinstance(v, str) else v)
-        return out
+        return [env[v] if is_tensor else v for is_tensor, v in self.argplan[nid]]
 
     def run_op(self, nid: str, env: dict) -> None:
         n = self.p.node(nid)
         if n.kind == "host":
-            if self.is_static(nid):
+            if nid in self.static_ops:
                 return
             ins = [env[self.p.tensor_node(i).storage] for i in n.inputs]
             outs = [env[self.p.tensor_node(o).storage] for o in n.outputs]
