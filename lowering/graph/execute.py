@@ -67,7 +67,7 @@ class ProgramExecutor:
                    and not self._produced_statically(s)]
         if missing:
             raise K31Error(f"run({p.name}): missing input(s) {', '.join(missing)}",
-                           hint=f"pass {{name: tensor}} for every p.input/p.weight")
+                           hint="pass {name: tensor} for every p.input/p.weight")
         unknown = set(inputs) - set(storages)
         if unknown:
             raise K31Error(f"run({p.name}): no input named {', '.join(sorted(unknown))}")
