@@ -66,6 +66,20 @@ def test_summary_matches_oracle_per_range(target, gate):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_summary_by_chunks_matches_recurrent(target):
+    """method="chunk" (two chunk_kda passes, 70 tokens: a full chunk of 64 and a ragged tail) == the oracle."""
+    ref = load_oracle("kda")
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    c = make_seq(gen, 70, 1, 2, 16, 32, "lower_bound")
+    m, e = kda_cp_summary(c["k"], c["v"], c["g"], c["beta"], method="chunk", target=target, **c["gate"])
+    _, kn, a = ref.prepare(c["k"], c["k"], c["g"], **c["gate"])
+    for hv in range(2):
+        want_m, want_e = ref.summary_head(kn[0, :, 0], c["v"][0, :, hv], a[0, :, hv], c["beta"][0, :, hv])
+        assert rel(m[0, hv], want_m) < 1e-4 and rel(e[0, hv], want_e) < 1e-4, (seed, hv)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_three_shards_composed_equal_one_pass(target):
     """One sequence of 23 tokens cut into 3 ragged shards (GVA, lower-bound gate): summarise each
     shard, merge from a random initial state, then run every shard from its merged initial state
@@ -130,6 +144,8 @@ def test_merge_matches_oracle_composition(target):
                             torch.rand(1, 5, 2)), "share one dtype"),
     (lambda: kda_cp_summary(torch.randn(1, 5, 1, 8).int(), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8),
                             torch.rand(1, 5, 2)), "dtype int32"),
+    (lambda: kda_cp_summary(torch.randn(1, 5, 1, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8),
+                            torch.rand(1, 5, 2), method="scan"), "method='scan'"),
     (lambda: kda_cp_merge([]), "non-empty list"),
     (lambda: kda_cp_merge([(torch.eye(4), torch.zeros(4, 3)), (torch.eye(5), torch.zeros(5, 3))]), "summaries[1].M"),
     (lambda: kda_cp_merge([(torch.eye(4), torch.zeros(4, 3).double())]), "dtype float64"),

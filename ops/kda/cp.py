@@ -96,13 +96,17 @@ def _bounds(op, b, t, cu_seqlens, device):
 
 
 def kda_cp_summary(k, v, g, beta, *, cu_seqlens=None, use_qk_l2norm=True, A_log=None, dt_bias=None,
-                   lower_bound=None, target=None):
+                   lower_bound=None, method="recurrent", target=None):
     """The affine summary of each sequence's token range: S_out = M S_in + E.
 
     k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K] (log decay, or the raw gate with A_log /
     dt_bias / lower_bound as in kda_decode); beta: [B, T, HV]; cu_seqlens (B == 1): int32 [N + 1]
     token offsets. Returns (M fp32 [N, HV, K, K], E fp32 [N, HV, K, V]), N = B or the number of
-    sequences; an empty range gives (I, 0)."""
+    sequences; an empty range gives (I, 0).
+    method: "recurrent" (default) — one fp32 pass of the augmented recurrence (serial in the
+    range's tokens); "chunk" — two chunk_kda passes (E from the zero state; M from the identity
+    with zero values, V = K), parallel within chunks and carrying chunk_kda's own precision (its
+    per-chunk factors are bf16 for bf16 inputs), with the outputs computed and discarded."""
     import torch
     op = "kda_cp_summary"
     target = resolve_target(target)
@@ -124,7 +128,12 @@ def kda_cp_summary(k, v, g, beta, *, cu_seqlens=None, use_qk_l2norm=True, A_log=
         raise K31Error(f"{op}: k and v must share one dtype, got {k.dtype} and {v.dtype}")
     if kdim > 256:
         raise K31Error(f"{op}: K={kdim} > 256 is not supported (a program holds the whole K axis)")
+    if method not in ("recurrent", "chunk"):
+        raise K31Error(f"{op}: method={method!r} is not supported", hint='use "recurrent" or "chunk"')
     bounds, n = _bounds(op, b, t, cu_seqlens, k.device)
+    if method == "chunk":
+        return _summary_by_chunks(k, v, g, beta, cu_seqlens, n, use_qk_l2norm, A_log, dt_bias, lower_bound,
+                                  target)
     gate, a_log, dtb, lb = _gate_mode(op, A_log, dt_bias, lower_bound, hv, kdim, k.device)
     m = torch.empty(n, hv, kdim, kdim, dtype=torch.float32, device=k.device)
     e = torch.empty(n, hv, kdim, vdim, dtype=torch.float32, device=k.device)
@@ -137,6 +146,21 @@ def kda_cp_summary(k, v, g, beta, *, cu_seqlens=None, use_qk_l2norm=True, A_log=
         cx["L2NORM"] = False
     flat = lambda x: x.contiguous().view(b * t, *x.shape[2:])      # noqa: E731
     kda_range_summary[target](flat(k), flat(v), flat(g), flat(beta), bounds, m, e, a_log, dtb, lb, **cx)
+    return m, e
+
+
+def _summary_by_chunks(k, v, g, beta, cu_seqlens, n, use_qk_l2norm, A_log, dt_bias, lower_bound, target):
+    """(M, E) from chunk_kda: the recurrence is linear in S, so E is the final state from S = 0
+    and M the final state from S = I with all values zero."""
+    import torch
+    from k31dsl.ops.kda.chunk import chunk_kda
+    hv, kdim = v.shape[2], k.shape[3]
+    kw = dict(cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, A_log=A_log, dt_bias=dt_bias,
+              lower_bound=lower_bound, output_final_state=True, target=target)
+    _, e = chunk_kda(k, k, v, g, beta, **kw)
+    eye = torch.eye(kdim, dtype=torch.float32, device=k.device).expand(n, hv, kdim, kdim).contiguous()
+    zeros = torch.zeros(*v.shape[:3], kdim, dtype=v.dtype, device=v.device)
+    _, m = chunk_kda(k, k, zeros, g, beta, initial_state=eye, **kw)
     return m, e
 
 
