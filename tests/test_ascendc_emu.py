@@ -392,7 +392,7 @@ def test_build_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
     from k31dsl.targets.ascendc import build
     monkeypatch.setenv("K31_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "_loaded", {})
-    lib = build.build(TINY, name="tiny")
+    lib = build.build(TINY, name="tiny", extra_flags=("-O0",))
     out = np.zeros(2, np.int32)
     build.call(lib, "run_tiny", out)
     assert out.tolist() == [10, 11]
@@ -401,7 +401,7 @@ def test_build_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
     bad.write_bytes(so.read_bytes()[:100])
     bad.replace(so)  # as if a crash had left a truncated file
     monkeypatch.setattr(build, "_loaded", {})
-    lib2 = build.build(TINY, name="tiny")
+    lib2 = build.build(TINY, name="tiny", extra_flags=("-O0",))
     assert so.stat().st_size > 100
     out[:] = 0
     build.call(lib2, "run_tiny", out)
@@ -416,3 +416,9 @@ def test_build_compile_error_shows_diagnostics(tmp_path, monkeypatch):
         build.build(src, name="broken")
     msg = str(err.value)
     assert "g++ could not compile" in msg and "NoSuchApi" in msg and "broken-" in msg
+
+
+def test_sync_noops_and_constants(vec):
+    out = np.zeros(128, np.float32)
+    _call(vec, "run_sync_noops", out)
+    np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], 64).astype(np.float32))

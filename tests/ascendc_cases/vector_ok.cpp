@@ -54,3 +54,22 @@ extern "C" __global__ __aicore__ void vec_add(GM_ADDR x, GM_ADDR y, GM_ADDR z, u
 extern "C" int run_vec_add(uint32_t blockDim, GM_ADDR x, GM_ADDR y, GM_ADDR z, uint32_t n, uint32_t tile) {
   return k31emu::Launch(blockDim, [&] { vec_add(x, y, z, n, tile); });
 }
+
+// Intra-core sync primitives and constants type-check and do nothing; events from the pipe.
+extern "C" int run_sync_noops(GM_ADDR out) {
+  return k31emu::RunBlocks(2, [&] {
+    TPipe pipe;
+    TQue<TPosition::VECOUT, 1> q;
+    pipe.InitBuffer(q, 1, ONE_BLK_SIZE * 8);
+    LocalTensor<float> t = q.AllocTensor<float>();
+    Duplicate(t, float(GetBlockIdx() + 1), 64);
+    event_t e = static_cast<event_t>(pipe.FetchEventID(HardEvent::V_MTE3));
+    SetFlag<HardEvent::V_MTE3>(e);
+    WaitFlag<HardEvent::V_MTE3>(e);
+    PipeBarrier<PIPE_V>();
+    GlobalTensor<float> g;
+    g.SetGlobalBuffer((__gm__ float*)out + 64 * GetBlockIdx(), 64);
+    DataCopy(g, t, 64);
+    q.FreeTensor(t);
+  });
+}

@@ -25,6 +25,16 @@ enum class HardEvent : uint8_t {
   S_V, V_S, S_MTE2, MTE2_S, S_MTE3, MTE3_S, MTE2_FIX, FIX_MTE2, FIX_S, M_S, FIX_MTE3, MAX
 };
 enum pipe_t : uint8_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL, PIPE_FIX };
+enum event_t : int32_t { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+using TEventID = int8_t;
+constexpr uint32_t ONE_BLK_SIZE = 32;           // bytes per data block
+constexpr uint32_t ONE_REPEAT_BYTE_SIZE = 256;  // bytes per vector repeat
+constexpr uint32_t BLOCK_CUBE = 16;             // cube fractal edge
+constexpr uint32_t TOTAL_UB_SIZE = 192 * 1024;
+constexpr uint32_t TOTAL_L1_SIZE = 512 * 1024;
+constexpr uint32_t TOTAL_L0A_SIZE = 64 * 1024;
+constexpr uint32_t TOTAL_L0B_SIZE = 64 * 1024;
+constexpr uint32_t TOTAL_L0C_SIZE = 128 * 1024;
 }  // namespace AscendC
 
 namespace k31emu {
@@ -247,6 +257,10 @@ template <pipe_t pipe> inline void PipeBarrier() {}
 template <HardEvent ev> inline void SetFlag(int32_t) {}
 template <HardEvent ev> inline void WaitFlag(int32_t) {}
 inline void pipe_barrier(pipe_t) {}
+// Kernel-side printf (the device's PRINTF/printf go to the host's stdout here).
+template <class... A>
+inline void PRINTF(const char* fmt, A... a) { std::printf(fmt, a...); }
+using ::printf;
 }  // namespace AscendC
 
 #define ASCEND_IS_AIV (true)

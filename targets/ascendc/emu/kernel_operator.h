@@ -7,7 +7,3 @@
 #include "k31emu_copy.h"
 #include "k31emu_vector.h"
 #include "k31emu_cube.h"
-
-// Tiling helpers for the older macro style: GET_TILING_DATA(td, tiling) copies the struct.
-#define GET_TILING_DATA(var, tiling) \
-  auto var = *reinterpret_cast<const K31_TILING_TYPE*>(tiling)
