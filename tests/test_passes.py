@@ -468,3 +468,46 @@ NZ_MATMUL = PassKernel(_nz_matmul_kernel)
 def test_pass_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
     assert_compiles_for_hopper(__file__, ["FUSED_UPDATE_NORM", "NZ_MATMUL"], tmp_path, index_types=("int32",))
+
+
+# ---------------------------------------------------------------- every program: the whole pipeline on vs off
+
+def _update_program():
+    T, D = 3, 24
+    p = Program("update_norm")
+    part = p.input("partial", (T, D), k.f32)
+    delta = p.input("delta", (T, D), k.bf16)
+    q, o = p.weight("q", (D,), k.f32), p.input("o", (T, D), k.f32)
+    m, l = p.input("m", (T,), k.f32), p.input("l", (T,), k.f32)
+    h, y = p.tensor("h", (T, D), k.bf16), p.tensor("y", (T, D), k.bf16)
+    part, h = p.call(attnres_update_rows, part, delta, q, o, m, l, h, 1e-6, BD=32)
+    y = p.call(rmsnorm_row, h, p.weight("w", (D,), k.f32), y, 1e-6, BD=32)
+    p.output(y, part)
+    return p
+
+
+def _inputs(p):
+    from k31dsl.dsl import dtypes as D
+    out = {}
+    for st, t in p.storages().items():
+        if t.kind in ("input", "weight"):
+            v = torch.randn(t.shape)
+            out[st] = (v.abs() + 1.0 if st == "l" else v).to(D.torch_dtype(t.dtype))
+    return out
+
+
+PROGRAMS = {"update_norm": _update_program, "prolog": indexer_prolog_shaped,
+            "shifted": lambda: two_rows(row_shift), "matmul": lambda: nz_program(5, 40, 24, k.bf16),
+            "fan": lambda: random_program(np.random.default_rng(), 8)}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_full_pipeline_on_vs_off(name, target):
+    from k31dsl.lowering.graph.pipeline import GRAPH_PIPELINES
+    p = PROGRAMS[name]()
+    passes = GRAPH_PIPELINES[target] + ["nz_layout"]          # NZ too, though only ascendc lists it
+    inputs = _inputs(p)
+    on = run(p, {n: v.clone() for n, v in inputs.items()}, target=target, passes=passes)
+    off = run(p, {n: v.clone() for n, v in inputs.items()}, target="numpy", passes=["verify"])
+    assert_same(on, off, 1e-5 if target == "numpy" else 2e-2)
