@@ -118,16 +118,20 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     h0 = initial_state.contiguous() if initial_state is not None else torch.empty(1, 1, 1, 1, dtype=torch.float32,
                                                                                    device=dev)
     prec = "ieee" if mt == torch.float32 else "tf32"
+    # On a GPU at chunk 64 the tile sizes and launch options come from the kernels' configs
+    # (autotuned per shape); elsewhere (interpreter, numpy, chunk 16/32) they are passed.
+    tuned = target == "triton" and dev.type == "cuda" and bt == 64 and V >= 64
+    tiles_prep = {} if tuned else {"BT": bt}
+    tiles_state = {} if tuned else {"BT": bt, "BV": min(32, V)}
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
                                GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prec,
-                               BT=bt, BC=min(SUB_CHUNK, bt), BK=K, BVV=V)
+                               BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
     if nt or output_final_state:
-        bv = min(32, V)
         kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
                                 HAS_H0=initial_state is not None, STORE_HT=bool(output_final_state), PREC=prec,
-                                BT=bt, BK=K, BV=bv)
+                                BK=K, **tiles_state)
     return o.view(B, T, HV, V), (ht if output_final_state else None)
 
 

@@ -185,12 +185,12 @@ def kda_chunk_state(w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", 
         cols = pv * BV
         ii = k.arange(0, BT)
         if HAS_H0:
-            st = h0[s, hv, k.span(0, BK), k.span(cols, BV)]
+            st = h0[s, hv, k.span(0, BK), k.span(cols, BV, other=0.0)]
         else:
             st = k.zeros((BK, BV), k.f32)
         for c in range(c0, c1):
             sd = st.to(MT)
-            vn = u[c, hv, k.span(0, BT), k.span(cols, BV)].to(k.f32) - k.dot(w[c, hv, k.span(0, BT), k.span(0, BK)],
+            vn = u[c, hv, k.span(0, BT), k.span(cols, BV, other=0.0)].to(k.f32) - k.dot(w[c, hv, k.span(0, BT), k.span(0, BK)],
                                                                          sd, precision=PREC)
             vd = vn.to(MT)
             a = k.where(ii[:, None] >= ii[None, :], aqk[c, hv, k.span(0, BT), k.span(0, BT)], 0.0)

@@ -1,0 +1,195 @@
+"""KDA chunked prefill on a GPU: the generated Triton kernels (chunk_kda: prep + state/output) vs
+fla-core's chunk_kda, same inputs, bf16, K = V = 128, lower-bound gate -5 with A_log/dt_bias, L2
+norm and gate in the kernel, fp32 initial and final state; then the decode part from
+benchmarks/kda_decode.py (fused_recurrent_kda) when that file is present.
+
+    python benchmarks/kda.py [--shapes all] [--no-decode]      # GPU
+    python benchmarks/kda.py --smoke                             # CPU, Triton interpreter
+
+Shapes (fla reference on H200, research/kda.md §5.3): B=1 T=8192 H=96 (2.63 ms), B=1 T=32768
+H=12 (2.04 ms), varlen 8 x 8192 H=96 (20.75 ms), B=1 T=131072 H=12 (7.36 ms). Reports ms (do_bench
+median, and CUDA-graph replay), speed-up vs fla measured in the same run, TFLOP/s against the FLOP
+model of research §5.4 (paper: H T (6 d^2 + 3 C d + C^2); full tiles: H T (6 d^2 + 10 C d)), the
+max error of o and of the final state vs fla (relative to max |fla|), an fp64-oracle check of a
+small shape, and the tuned configs. Writes results/kda.json and .md (not in --smoke)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+FLA_REF_MS = {"T8192_H96": 2.63, "T32768_H12": 2.04, "varlen8x8192_H96": 20.75, "T131072_H12": 7.36}
+SHAPES = {  # name: (sequence lengths, heads)
+    "T8192_H96": ([8192], 96),
+    "T32768_H12": ([32768], 12),
+    "varlen8x8192_H96": ([8192] * 8, 96),
+    "T131072_H12": ([131072], 12),
+}
+LB = -5.0
+CHUNK = 64
+
+
+def flops(tokens: int, heads: int, d: int = 128, c: int = CHUNK) -> tuple[float, float]:
+    """(paper model, full-tile count) of research/kda.md §5.4 for the forward pass."""
+    return heads * tokens * (6 * d * d + 3 * c * d + c * c), heads * tokens * (6 * d * d + c * (6 * d + 4 * d))
+
+
+def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
+    """fla-shaped bf16 inputs: q, k, v, raw gate g, beta (post-sigmoid), A_log, dt_bias (fp32),
+    fp32 initial state; cu_seqlens when there is more than one sequence (or varlen=True)."""
+    import torch
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    t = sum(lens)
+    n = len(lens)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).to(device)
+    q, k, v = (rnd(1, t, heads, d).to(dtype) for _ in range(3))
+    g = rnd(1, t, heads, d, s=2.0).to(dtype)
+    beta = torch.sigmoid(rnd(1, t, heads)).to(dtype)
+    a_log = rnd(heads, s=0.5).float()
+    dt_bias = rnd(heads * d).float()
+    h0 = rnd(n, heads, d, d, s=0.1).float()
+    cu = None
+    if n > 1 or varlen:
+        import itertools
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+    return (q, k, v, g, beta), {"A_log": a_log, "dt_bias": dt_bias, "lower_bound": LB, "initial_state": h0,
+                                "cu_seqlens": cu}
+
+
+def ours(args, kw, target):
+    from k31dsl.ops.kda import chunk_kda
+    return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=CHUNK, target=target)
+
+
+def fla_fn(args, kw):
+    """fla-core's chunk_kda on the same inputs (gate, L2 norm in kernel; safe gate at lb = -5)."""
+    import torch
+    from fla.ops.kda import chunk_kda as fla_chunk_kda
+    cu = kw["cu_seqlens"]
+    extra = {"cu_seqlens": cu.long()} if cu is not None else {}
+    if cu is not None:
+        extra["cu_seqlens_cpu"] = cu.long().cpu()
+
+    def run():
+        with torch.inference_mode():
+            return fla_chunk_kda(*args, A_log=kw["A_log"], dt_bias=kw["dt_bias"], initial_state=kw["initial_state"],
+                                 output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                 safe_gate=True, lower_bound=LB, **extra)
+    return run
+
+
+def rel_err(got, want) -> float:
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+
+
+def oracle_check(device, target, smoke) -> dict:
+    """Our kernels vs the fp64 oracle at a small shape (two sequences, ragged, GVA-free K3 heads)."""
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import load_oracle, max_rel_err
+    ref = load_oracle("kda")
+    d = 32 if smoke else 128
+    args, kw = make_inputs([70, 131] if smoke else [300, 517], 2, d, device, torch.bfloat16, seed=1, varlen=True)
+    o, ht = ours(args, kw, target)()
+    cpu = {n: (t.cpu() if hasattr(t, "cpu") else t) for n, t in kw.items()}
+    want_o, want_s = ref.kda(*(a.cpu() for a in args), **cpu)
+    floor_o, floor_s = 0.1 * np.abs(want_o).max(), 0.1 * np.abs(want_s).max()
+    return {"oracle o err": max_rel_err(o.cpu().double().numpy(), want_o, floor=floor_o),
+            "oracle state err": max_rel_err(ht.cpu().double().numpy(), want_s, floor=floor_s)}
+
+
+def tuned_configs() -> dict:
+    from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+    return {"prep": [str(v) for v in kda_chunk_prep["triton"]._tuned.values()],
+            "state": [str(v) for v in kda_chunk_state["triton"]._tuned.values()]}
+
+
+def prefill_rows(names, smoke=False):
+    import torch
+    import harness
+    rows = []
+    if smoke:
+        import time
+        for name, (lens, heads, d) in {"smoke_T96_H2": ([96], 2, 32), "smoke_varlen_3": ([40, 9, 77], 2, 32)}.items():
+            args, kw = make_inputs(lens, heads, d, "cpu", torch.bfloat16)
+            fn = ours(args, kw, "triton")
+            t0 = time.perf_counter()
+            fn()
+            rows.append({"shape": name, "impl": "k31dsl (interpreter)", "ms": 1e3 * (time.perf_counter() - t0)})
+        return rows
+    for name in names:
+        lens, heads = SHAPES[name]
+        args, kw = make_inputs(lens, heads, 128, "cuda", torch.bfloat16)
+        mine, theirs = ours(args, kw, "triton"), None
+        o, ht = mine()
+        row = {"shape": name, "impl": "k31dsl", "fla ref ms": FLA_REF_MS[name]}
+        try:
+            theirs = fla_fn(args, kw)
+            fo, fs = theirs()
+            row.update({"o err vs fla": rel_err(o, fo), "state err vs fla": rel_err(ht, fs)})
+        except Exception as e:  # noqa: BLE001 - report, keep timing ours
+            print(f"fla unavailable for {name}: {type(e).__name__}: {e}")
+        tokens = sum(lens)
+        paper, full = flops(tokens, heads)
+        timings = {"k31dsl": mine} | ({"fla": theirs} if theirs is not None else {})
+        for impl, fn in timings.items():
+            ms = harness.median_ms(fn, warmup=5, rep=50)
+            gms = harness.graph_median_ms(fn, rep=20)
+            r = dict(row) if impl == "k31dsl" else {"shape": name, "impl": "fla (same run)", "fla ref ms": FLA_REF_MS[name]}
+            r.update({"ms": ms, "graph ms": gms, "TFLOP/s (paper model)": paper / ms / 1e9,
+                      "TFLOP/s (full tiles)": full / ms / 1e9})
+            rows.append(r)
+        if theirs is not None:
+            rows[-2]["speed-up vs fla"] = rows[-1]["ms"] / rows[-2]["ms"]
+        rows[-1 if theirs is None else -2]["vs fla ref"] = FLA_REF_MS[name] / rows[-1 if theirs is None else -2]["ms"]
+        del args, kw
+        torch.cuda.empty_cache()
+    return rows
+
+
+COLUMNS = ["shape", "impl", "ms", "graph ms", "fla ref ms", "speed-up vs fla", "vs fla ref", "TFLOP/s (paper model)",
+           "TFLOP/s (full tiles)", "o err vs fla", "state err vs fla"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="all", help="comma list of " + ", ".join(SHAPES))
+    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import harness
+    names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    check = oracle_check("cpu" if args.smoke else "cuda", "triton", args.smoke)
+    print("fp64 oracle check:", check)
+    rows = prefill_rows(names, smoke=args.smoke)
+    harness.print_table(COLUMNS if not args.smoke else ["shape", "impl", "ms"], rows)
+    decode = []
+    if not args.no_decode and (Path(__file__).parent / "kda_decode.py").exists():
+        import kda_decode
+        decode = kda_decode.decode_rows(ns=(1, 3), h=1, hv=2, kdim=16, vdim=32, smoke=True) if args.smoke \
+            else kda_decode.decode_rows()
+        harness.print_table(kda_decode.COLUMNS, decode)
+    bad = check["oracle o err"] > 4e-2 or check["oracle state err"] > 4e-2
+    if args.smoke:
+        return 1 if bad else 0
+    payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
+               "rows": rows, "decode_rows": decode}
+    harness.write("kda", payload, COLUMNS, rows,
+                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, chunk 64, lower-bound gate -5 "
+                        "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
+                        "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "
+                        f"fp64 oracle check (small shape): {check}. Tuned: {tuned_configs()}. Decode rows: "
+                        "results/kda.json (and benchmarks/kda_decode.py's own table).")
+    print("tuned:", tuned_configs())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
