@@ -422,3 +422,21 @@ def test_sync_noops_and_constants(vec):
     out = np.zeros(128, np.float32)
     _call(vec, "run_sync_noops", out)
     np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], 64).astype(np.float32))
+
+
+@pytest.mark.parametrize("out", ["bf16", "half"])
+def test_cube_fixpipe_converts_and_relus(cube, out):
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if out == "bf16" else np.float16
+    m, n, k = 29, 40, 50
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((m, k)).astype(dt)
+    b = rng.standard_normal((k, n)).astype(dt)
+    c = np.zeros((m, n), dt)
+    _call(cube, f"run_mm_{out}_out", 2, a, b, c, m, n, k, 32, 32, 32, 0)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    if out == "bf16":
+        ref = np.maximum(ref, 0.0)  # reluEn
+    np.testing.assert_allclose(c.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+    if out == "bf16":
+        assert (c.astype(np.float32) >= 0).all() and (ref > 0.5).any()

@@ -1,10 +1,11 @@
 // Tiled matmul through the k31emu cube path: GM -> L1 (ND->NZ), L1 -> L0A/L0B (LoadData),
 // Mmad into L0C accumulating over K tiles, Fixpipe L0C -> GM (ND).  C[M,N] = A[M,K] @ B,
-// where B is given as [K,N] (2-byte types: transposing LoadData) or as B^T [N,K] (any type).
+// where B is given as [K,N] (2-byte types: transposing LoadData) or as B^T [N,K] (any type);
+// the output is float, or half / bfloat16_t converted by Fixpipe (quantPre), optionally ReLU'd.
 #include "kernel_operator.h"
 using namespace AscendC;
 
-template <class T>
+template <class T, class O = float>
 class Matmul {
   TPipe pipe;
   TQue<TPosition::A1, 1> qa1;
@@ -13,19 +14,20 @@ class Matmul {
   TQue<TPosition::B2, 1> qb2;
   TQue<TPosition::CO1, 1> qc;
   GlobalTensor<T> a, b;
-  GlobalTensor<float> c;
+  GlobalTensor<O> c;
   uint32_t M, N, K, tm, tn, tk;
   bool bT;
   static constexpr uint32_t C0 = 32 / sizeof(T);
   static uint32_t up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 
  public:
+  bool relu = false;
   __aicore__ void Init(GM_ADDR pa, GM_ADDR pb, GM_ADDR pc, uint32_t m, uint32_t n, uint32_t k,
                        uint32_t tm_, uint32_t tn_, uint32_t tk_, bool bTransposed) {
     M = m; N = n; K = k; tm = tm_; tn = tn_; tk = tk_; bT = bTransposed;
     a.SetGlobalBuffer((__gm__ T*)pa, uint64_t(M) * K);
     b.SetGlobalBuffer((__gm__ T*)pb, uint64_t(K) * N);
-    c.SetGlobalBuffer((__gm__ float*)pc, uint64_t(M) * N);
+    c.SetGlobalBuffer((__gm__ O*)pc, uint64_t(M) * N);
     pipe.InitBuffer(qa1, 1, tm * tk * sizeof(T));
     pipe.InitBuffer(qb1, 1, tk * tn * sizeof(T));
     pipe.InitBuffer(qa2, 1, tm * tk * sizeof(T));
@@ -79,20 +81,32 @@ class Matmul {
     }
     qc.EnQue(acc);
     acc = qc.DeQue<float>();
-    FixpipeParamsV220 fp(nn, mm, up(mm, 16), N, false);
+    FixpipeParamsV220 fp(nn, mm, up(mm, 16), N, relu);
+    if (std::is_same<O, half>::value) fp.quantPre = QuantMode_t::F322F16;
+    if (std::is_same<O, bfloat16_t>::value) fp.quantPre = QuantMode_t::F322BF16;
     Fixpipe(c[uint64_t(m0) * N + n0], acc, fp);
     qc.FreeTensor(acc);
   }
 };
 
-template <class T>
+template <class T, class O = float>
 static int run(uint32_t blockDim, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
-               uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+               uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT, bool relu = false) {
   return k31emu::Launch(blockDim, [&] {
-    Matmul<T> op;
+    Matmul<T, O> op;
     op.Init(a, b, c, m, n, k, tm, tn, tk, bT != 0);
+    op.relu = relu;
     op.Process();
   });
+}
+// bf16 x bf16 -> Fixpipe ReLU + F322BF16 / half x half -> F322F16
+extern "C" int run_mm_bf16_out(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+                               uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return run<bfloat16_t, bfloat16_t>(bd, a, b, c, m, n, k, tm, tn, tk, bT, true);
+}
+extern "C" int run_mm_half_out(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+                               uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return run<half, half>(bd, a, b, c, m, n, k, tm, tn, tk, bT, false);
 }
 extern "C" int run_mm_half(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
                            uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
