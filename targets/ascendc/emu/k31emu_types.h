@@ -136,6 +136,10 @@ struct half {
   half(unsigned i) : bits(k31emu::half_from_double(static_cast<double>(i), 0)) {}
   operator float() const { return k31emu::half_to_f32(bits); }
   static half from_bits(uint16_t b) { half h; h.bits = b; return h; }
+  half& operator+=(float v) { return *this = half(float(*this) + v); }
+  half& operator-=(float v) { return *this = half(float(*this) - v); }
+  half& operator*=(float v) { return *this = half(float(*this) * v); }
+  half& operator/=(float v) { return *this = half(float(*this) / v); }
 };
 struct bfloat16_t {
   uint16_t bits;
@@ -146,5 +150,9 @@ struct bfloat16_t {
   bfloat16_t(unsigned i) : bits(k31emu::bf16_from_double(i, 0)) {}
   operator float() const { return k31emu::bf16_to_f32(bits); }
   static bfloat16_t from_bits(uint16_t b) { bfloat16_t h; h.bits = b; return h; }
+  bfloat16_t& operator+=(float v) { return *this = bfloat16_t(float(*this) + v); }
+  bfloat16_t& operator-=(float v) { return *this = bfloat16_t(float(*this) - v); }
+  bfloat16_t& operator*=(float v) { return *this = bfloat16_t(float(*this) * v); }
+  bfloat16_t& operator/=(float v) { return *this = bfloat16_t(float(*this) / v); }
 };
 static_assert(sizeof(half) == 2 && sizeof(bfloat16_t) == 2, "narrow float types are 2 bytes");
