@@ -12,7 +12,9 @@ traffic is ~1.6% of it at K = V = 128), the copy ceiling measured in the same ru
 speculative-verify pair: a T=4 verify that only reads the state (update_state=False) plus the
 commit (kda_rollback of the accepted prefix onto the pool rows). Writes results/kda_decode.json
 and .md (not in --smoke). Both state layouts: [N, HV, K, V] (the default) and [N, HV, V, K]
-(state_v_first, K contiguous) for k31dsl and fla. `decode_rows(...)` is what benchmarks/kda.py can call."""
+(state_v_first, K contiguous) for k31dsl and fla. Then the context-parallel pieces on one
+shard of 8192 tokens (kda_cp_summary by recurrence and by chunks, kda_cp_merge of 8 shards;
+printed and in the JSON, skip with --no-cp). `decode_rows(...)` is what benchmarks/kda.py can call."""
 from __future__ import annotations
 
 import argparse
@@ -172,6 +174,35 @@ def decode_rows(ns=(1, 16, 64, 256), h=96, hv=96, kdim=128, vdim=128, smoke=Fals
     return rows
 
 
+def cp_rows(t=8192, h=96, hv=96, kdim=128, vdim=128, shards=8, smoke=False):
+    """Context-parallel building blocks on one shard of t tokens: kda_cp_summary by the fp32
+    recurrence and by two chunk_kda passes (max difference between them), and kda_cp_merge of
+    `shards` summaries. do_bench medians (ms) on a GPU, wall-clock in smoke mode."""
+    import torch
+    from k31dsl.ops.kda.cp import kda_cp_merge, kda_cp_summary
+    dev = "cpu" if smoke else "cuda"
+    x = make_inputs(1, t, h, hv, kdim, vdim, dev, seed=7)
+    gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0)
+    timer = _timer(smoke) if smoke else __import__("harness").median_ms
+    rows, res = [], {}
+    for method in ("recurrent", "chunk"):
+        fn = lambda m=method: kda_cp_summary(x["k"], x["v"], x["g"], x["beta"], method=m, target="triton", **gate)  # noqa: E731
+        res[method] = fn()
+        rows.append({"op": f"kda_cp_summary ({method})", "shape": f"T={t} HV={hv} K={kdim} V={vdim}",
+                     "ms": timer(fn)})
+    dm = float((res["recurrent"][0] - res["chunk"][0]).abs().max())
+    de = float((res["recurrent"][1] - res["chunk"][1]).abs().max())
+    rows[-1]["max |recurrent - chunk|"] = f"M {dm:.2e}, E {de:.2e}"
+    sums = [tuple(z.clone() for z in res["recurrent"]) for _ in range(shards)]
+    s0 = torch.zeros(1, hv, kdim, vdim, device=dev)
+    rows.append({"op": "kda_cp_merge", "shape": f"R={shards} HV={hv} K={kdim} V={vdim}",
+                 "ms": timer(lambda: kda_cp_merge(sums, s0, target="triton"))})
+    return rows
+
+
+CP_COLUMNS = ["op", "shape", "ms", "max |recurrent - chunk|"]
+
+
 COLUMNS = ["N", "impl", "us", "state TB/s", "fla ref us", "max |o - ref|", "max |S - ref|", "k31dsl vs fla"]
 
 
@@ -180,6 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ns", default="1,16,64,256")
     ap.add_argument("--heads", type=int, default=96)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
+    ap.add_argument("--no-cp", action="store_true", help="skip the context-parallel summary/merge timings")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -187,6 +219,8 @@ def main(argv=None) -> int:
     if args.smoke:
         rows = decode_rows(ns=(1, 3), h=1, hv=2, kdim=16, vdim=32, smoke=True)
         harness.print_table(COLUMNS, rows)
+        if not args.no_cp:
+            harness.print_table(CP_COLUMNS, cp_rows(t=20, h=1, hv=2, kdim=16, vdim=16, shards=3, smoke=True))
         bad = [r for r in rows if r.get("max |S - ref|", 0) > 1e-4]
         return 1 if bad else 0
     ns = tuple(int(s) for s in args.ns.split(","))
@@ -195,14 +229,17 @@ def main(argv=None) -> int:
     for r in rows:
         r["% copy ceiling"] = 100 * r["state TB/s"] / ceiling
     cols = COLUMNS[:4] + ["% copy ceiling"] + COLUMNS[4:]
+    cp = [] if args.no_cp else cp_rows(h=args.heads, hv=args.heads)
     payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "heads": args.heads, "K": 128, "V": 128,
-               "tuned_configs": tuned_configs(), "rows": rows}
+               "tuned_configs": tuned_configs(), "rows": rows, "cp_rows": cp}
     harness.write("kda_decode", payload, cols, rows,
                   notes=f"KDA decode step, fp32 state pool [2N, {args.heads}, 128, 128], bf16 inputs, lower-bound "
                         f"gate -5, L2 norm in kernel; CUDA-graph replay medians (do_bench_cudagraph). State TB/s "
                         f"= 2 N HV K V 4 B / time (verify + commit: 3x, one read in the verify, read + write in "
                         f"the commit). Copy ceiling {ceiling:.3f} TB/s. Tuned (BV, num_warps): {tuned_configs()}.")
     harness.print_table(cols, rows)
+    if cp:
+        harness.print_table(CP_COLUMNS, cp)
     print(f"copy ceiling: {ceiling:.3f} TB/s; tuned: {tuned_configs()}")
     return 0
 
