@@ -11,6 +11,7 @@ Layout and work split (designed for bandwidth; decode moves 8 K V bytes of state
 and does ~7 K V FLOPs): one program owns a (sequence, value head, V-tile) of the state, [BK, BV]
 fp32 with BK = next_pow2(K) (the whole K axis: both reductions stay in the program), reads it once
 from `state_pool[slots[n], hv]`, applies the T tokens in registers and writes it once.
+`state_v_first=True` takes a [num_slots, HV, V, K] pool (K contiguous; the tile is [BV, BK]).
 
 Rollback protocol (ReplaySSM-style, research 4.2). The checkpoint is the state *before* the
 verify step. Recommended: verify with `kda_decode(..., save_replay=True, update_state=False)`, so
@@ -21,7 +22,9 @@ holds the state after all T tokens and the engine must have kept a copy of the p
 (`checkpoint` [N, HV, K, V], e.g. `state_pool[slots].clone()` before the verify).
 The replay applies, for j < accepted[n], S = Diag(exp(g_j)) S + k_j u_j^T with the (k, u, g) the
 verify kernel stored and the same operations in the same order, so the rebuilt state is the state
-a decode of just the accepted tokens would have produced (bit-identical on the numpy target).
+a decode of just the accepted tokens would have produced (bit-identical on the numpy target and
+the Triton interpreter; the generated Triton launches without fp fusion, so on a GPU too unless
+the compiler orders the ops differently). accepted[n] = 0 restores the checkpoint.
 """
 from __future__ import annotations
 
@@ -280,6 +283,8 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
     (fixed addresses for CUDA graphs). update_state=False leaves the pool rows untouched (they
     then are the checkpoint of the rollback protocol; see the module docstring). state_v_first:
     the pool is [num_slots, HV, V, K] (K contiguous, the layout engines use for decode).
+    slots (and kda_rollback's accepted) are range-checked on the host, a device sync, except while
+    a CUDA graph is being captured (engines capture the step once, then replay it).
     Returns (o [N, T, HV, V] in q's dtype, KDAReplay or None)."""
     import torch
     target = resolve_target(target)
