@@ -14,7 +14,8 @@ Layout: one program per token row t. The prepare kernel sweeps the row's n sourc
 BD-column chunks: the first sweep accumulates every source's sum of squares and the S x n dot
 products (elementwise in a [S, n, BD] accumulator, reduced once at the end); the second sweep
 runs over the chunks in reverse order, so that it starts on the chunks the first sweep read last
-(still in L2 on a GPU), and writes O. The update and RMSNorm kernels hold a whole row as one
+(still in L2 on a GPU), and writes O. Configs choose the chunk width, warps, how the sums are
+reduced, and whether a program owns several rows (sharing each query chunk among them). The update and RMSNorm kernels hold a whole row as one
 BD = next_pow2(D) tile, so the RMSNorm program reads exactly the h row that the same update
 program wrote: the condition for the superkernel pass to fuse them (h stays in registers).
 """
@@ -34,10 +35,12 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 # the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
 # ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
 # re-read more from DRAM. The autotuner decides.
-PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "num_warps": w}
-                   for bd, w, re, un in ((128, 4, False, False), (256, 8, False, True), (512, 16, False, True),
-                                         (512, 16, True, True), (1024, 16, True, True), (512, 8, True, True),
-                                         (256, 4, False, True), (256, 8, False, False), (1024, 8, True, False))]
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "ROWS": rows, "num_warps": w}
+                   for bd, w, re, un, rows in (
+                       (128, 4, False, False, 1), (256, 8, False, True, 1), (512, 16, False, True, 1),
+                       (512, 16, True, True, 1), (1024, 16, True, True, 1), (512, 8, True, True, 1),
+                       (256, 8, True, True, 2), (256, 8, True, True, 4), (512, 16, True, True, 2),
+                       (128, 4, True, True, 4))]
 # WARPS is a constexpr the kernels do not read: the Triton runtime tells configs apart by their
 # constexprs only, so a config that differs in num_warps alone needs one. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count.
@@ -48,6 +51,83 @@ ACC_BUDGET = 8192               # SB * NB * BD elements of the prepare accumulat
 
 # ---------------------------------------------------------------- kernels
 
+@k.func
+def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC):
+    """attnres_prepare_rows for token row t."""
+    sq = k.zeros((NB, BD), k.f32)
+    if REDUCE_EACH:
+        qv = k.zeros((SB, NB), k.f32)
+    else:
+        qv = k.zeros((SB, NB, BD), k.f32)
+    for j in range(chunks):
+        x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+        qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
+        sq += x * x
+        if REDUCE_EACH:
+            qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
+        else:
+            qv += qt[:, None, :] * x[None, :, :]
+    inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
+    if REDUCE_EACH:
+        z = qv * inv_rms[None, :]                                         # [SB, NB]
+    else:
+        z = k.sum(qv, axis=2) * inv_rms[None, :]
+    z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
+    zmax = k.max(z, axis=1)
+    e = k.exp(z - zmax[:, None])
+    esum = k.sum(e, axis=1)
+    if FINAL:
+        e = e / esum[:, None]
+    else:
+        m[k.span(0, SB), t] = zmax
+        l[k.span(0, SB), t] = esum
+    for jj in range(chunks):
+        j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
+        if UNROLL_SRC:
+            acc = k.zeros((SB, BD), k.f32)
+            for i in k.static_range(NB):
+                wi = k.sum(k.where((k.arange(NB) == i)[None, :], e, 0.0), axis=1)     # e[:, i]
+                xi = v[i, t, k.span(j * BD, BD, other=0.0)].to(k.f32)               # 0 past n
+                acc += wi[:, None] * xi[None, :]
+        else:
+            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
+        o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
+
+
+@k.func
+def _prepare_row_block(v, q, o, m, l, eps, t0, n, d, chunks, OT, NB, SB, BD, FINAL, ROWS):
+    """attnres_prepare_rows for ROWS token rows t0.. (rows past T load 0 and store nothing)."""
+    rsel = k.arange(ROWS)
+    sq = k.zeros((ROWS, NB), k.f32)
+    qv = k.zeros((ROWS, SB, NB), k.f32)
+    for j in range(chunks):
+        qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]           # shared by the rows
+        for r in k.static_range(ROWS):
+            x = v[k.span(0, NB, other=0.0), t0 + r, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            sq += k.where((rsel == r)[:, None], k.sum(x * x, axis=1)[None, :], 0.0)
+            qv += k.where((rsel == r)[:, None, None], k.sum(qt[:, None, :] * x[None, :, :], axis=2)[None, :, :], 0.0)
+    z = qv * k.rsqrt(sq / d.to(k.f32) + eps)[:, None, :]                            # [ROWS, SB, NB]
+    z = k.where((k.arange(NB) < n)[None, None, :], z, float("-inf"))
+    zmax = k.max(z, axis=2)
+    e = k.exp(z - zmax[:, :, None])
+    esum = k.sum(e, axis=2)
+    if FINAL:
+        e = e / esum[:, :, None]
+    else:
+        m[k.span(0, SB), k.span(t0, ROWS)] = zmax.T
+        l[k.span(0, SB), k.span(t0, ROWS)] = esum.T
+    for jj in range(chunks):
+        j = chunks - 1 - jj
+        for r in k.static_range(ROWS):
+            er = k.sum(k.where((rsel == r)[:, None, None], e, 0.0), axis=0)             # [SB, NB]
+            acc = k.zeros((SB, BD), k.f32)
+            for i in k.static_range(NB):
+                wi = k.sum(k.where((k.arange(NB) == i)[None, :], er, 0.0), axis=1)
+                acc += wi[:, None] * v[i, t0 + r, k.span(j * BD, BD, other=0.0)].to(k.f32)[None, :]
+            o[k.span(0, SB), t0 + r, k.span(j * BD, BD)] = acc.to(OT)
+
+
 @k.kernel(configs=PREPARE_CONFIGS)
 def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S", "D"],
                          o: k.Tensor["OT", "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],
@@ -55,54 +135,22 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
-                         UNROLL_SRC: k.constexpr = False, WARPS: k.constexpr = 4):
+                         UNROLL_SRC: k.constexpr = False, ROWS: k.constexpr = 1, WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
-    for t in k.grid(v.shape[1]):
+    # ROWS > 1: a program owns ROWS token rows and loads each query chunk once for all of them
+    # (the queries are re-read from L2 once per program: S * D * 4 bytes, 172 KB at S = 6); it
+    # always reduces per chunk and unrolls the second sweep over the sources.
+    for tb in k.grid(k.cdiv(v.shape[1], ROWS)):
         n = v.shape[0]
         d = v.shape[2]
         chunks = k.cdiv(d, BD)
-        sq = k.zeros((NB, BD), k.f32)
-        if REDUCE_EACH:
-            qv = k.zeros((SB, NB), k.f32)
+        if ROWS > 1:
+            _prepare_row_block(v, q, o, m, l, eps, tb * ROWS, n, d, chunks, OT, NB, SB, BD, FINAL, ROWS)
         else:
-            qv = k.zeros((SB, NB, BD), k.f32)
-        for j in range(chunks):
-            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
-            qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
-            sq += x * x
-            if REDUCE_EACH:
-                qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
-            else:
-                qv += qt[:, None, :] * x[None, :, :]
-        inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
-        if REDUCE_EACH:
-            z = qv * inv_rms[None, :]                                         # [SB, NB]
-        else:
-            z = k.sum(qv, axis=2) * inv_rms[None, :]
-        z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
-        zmax = k.max(z, axis=1)
-        e = k.exp(z - zmax[:, None])
-        esum = k.sum(e, axis=1)
-        if FINAL:
-            e = e / esum[:, None]
-        else:
-            m[k.span(0, SB), t] = zmax
-            l[k.span(0, SB), t] = esum
-        for jj in range(chunks):
-            j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
-            if UNROLL_SRC:
-                acc = k.zeros((SB, BD), k.f32)
-                for i in k.static_range(NB):
-                    wi = k.sum(k.where((k.arange(NB) == i)[None, :], e, 0.0), axis=1)     # e[:, i]
-                    xi = v[i, t, k.span(j * BD, BD, other=0.0)].to(k.f32)               # 0 past n
-                    acc += wi[:, None] * xi[None, :]
-            else:
-                x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
-                acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
-            o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
+            _prepare_one_row(v, q, o, m, l, eps, tb, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC)
 
 
 @k.kernel(configs=ROW_CONFIGS)
