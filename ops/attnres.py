@@ -227,14 +227,16 @@ def _fold(op: str, query, gain, shape: tuple):
 
 
 def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
-    """One prepare launch: NB/SB cover the sources/queries; BD is left to the configs unless the
-    accumulator would be large (many sources or queries), then it is sized to ACC_BUDGET."""
+    """One prepare launch: NB/SB cover the sources/queries. The configs (autotuned on a GPU) are
+    sized for block counts (n <= 16, S * n <= 64); beyond that (full AttnRes over many layers) the
+    call fixes the plain variant with BD sized so that the accumulator holds ACC_BUDGET elements
+    (no autotuning, and no configs that unroll over 17..64 sources)."""
     nb, sb = max(2, next_pow2(v.shape[0])), max(1, next_pow2(q.shape[0]))
     kw = {"NB": nb, "SB": sb}
     if final:
         kw["FINAL"] = True
-    if sb * nb > 64:
-        kw["BD"] = max(16, min(128, ACC_BUDGET // (sb * nb)))
+    if sb * nb > 64 or nb > 16:
+        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, ROWS=1)
     attnres_prepare_rows[target](v, q, o, m, l, eps, **kw)
 
 
