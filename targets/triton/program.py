@@ -24,6 +24,7 @@ class TritonProgram(ProgramExecutor):
         self.mode = options.get("mode") or detect_mode()
         self._graphs: dict = {}          # (group, buffer addresses) -> CUDAGraph
         self.graph_replays = 0
+        self._side: dict = {}            # stream id -> torch.cuda.Stream
 
     def build_options(self) -> dict:
         return {"mode": self.mode}
@@ -48,7 +49,10 @@ class TritonProgram(ProgramExecutor):
         import torch
         main = torch.cuda.current_stream()
         ids = sorted({self.p.node(n).attrs.get("stream", 0) for n in self.schedule})
-        streams = {s: (main if s == 0 else torch.cuda.Stream()) for s in ids}
+        for s in ids:                                # side streams live as long as the executable
+            if s and s not in self._side:
+                self._side[s] = torch.cuda.Stream()
+        streams = {s: (main if s == 0 else self._side[s]) for s in ids}
         for s in streams.values():
             if s is not main:
                 s.wait_stream(main)
