@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from k31dsl.ops.dsa import indexer as I
 from k31dsl.ops.dsa import prolog as P
-from k31dsl.ops.dsa import topk as TK
+from k31dsl.ops.dsa.topk import topk, topk_segments
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 
@@ -128,7 +128,7 @@ def _check_topk(target: str, seed: int = 0) -> list[CaseResult]:
         x[-1, 2:] = x[-1, 1:-1].clone()                        # equal neighbours at the chunk edges
         if rows > 2:
             x[1] = float("-inf")                               # a row with nothing valid
-        got = TK.topk(x, kk, chunks=ch, target=target).cpu().numpy()
+        got = topk(x, kk, chunks=ch, target=target).cpu().numpy()
         want = ref.topk(x.double().numpy(), kk)
         n_bad = mismatches(got.astype(np.int64), want)
         out.append(CaseResult(f"scores=[{rows}, {length}], k={kk}, chunks={ch}", n_bad, 0, n_bad == 0,
@@ -186,7 +186,7 @@ register(OpSpec("indexer_cache_write", "dsa", I.indexer_cache_write, [I.indexer_
 register(OpSpec("lightning_indexer", "dsa", I.lightning_indexer, [I.lightning_indexer_paged],
                 "DSA Lightning Indexer scores over the paged MXFP8 key cache (per-32 scales inside the ReLU)",
                 _check_lightning_indexer, tags=["dsa", "fp8"]))
-register(OpSpec("topk", "dsa", TK.topk, [TK.topk_segments],
+register(OpSpec("topk", "dsa", topk, [topk_segments],
                 "exact row top-k (ties to the lower position, -1 padded), chunked merge",
                 _check_topk, exact=True, tags=["dsa"]))
 register(OpSpec("indexer_prolog", "dsa", P.indexer_prolog,

@@ -133,12 +133,7 @@ def _shape(op, name, t, want):
         raise K31Error(f"{op}: `{name}` must have shape {list(want)}, got {list(t.shape)}")
 
 
-def prolog_calls(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping,
-                 eps: float = 1e-6, *, target: str | None = None):
-    """Check the inputs and allocate the outputs; returns (calls, (q_codes, q_scales, weights)) with
-    calls = {"q": fn, "k": fn, "w": fn}, three independent zero-argument launches."""
-    import torch
-    target = resolve_target(target)
+def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping, eps):
     op = "indexer_prolog"
     for name, t in (("x", x), ("qr", qr), ("wq_b", wq_b), ("wk", wk), ("weights_proj", weights_proj)):
         require_tensor(op, name, t, FLOAT_INPUTS, 2)
@@ -160,28 +155,40 @@ def prolog_calls(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, ca
     slots = _int_vector(op, "slot_mapping", slot_mapping, t)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise K31Error(f"{op}: eps must be a finite number > 0, got {eps!r}")
-    dev = x.device
-    bm = {"BM": min(64, max(16, 1 << max(0, (t - 1).bit_length())))}      # token rows per program
-    q_codes = torch.empty((t, h, HEAD_DIM), dtype=torch.float8_e4m3fn, device=dev)
-    q_scales = torch.empty((t, h, GROUPS), dtype=torch.float8_e8m0fnu, device=dev)
-    weights = torch.empty((t, h), dtype=torch.float32, device=dev)
-    had = hadamard_matrix(dev)
-    x, qr, cos, sin = x.contiguous(), qr.contiguous(), cos.contiguous(), sin.contiguous()
-    flat = cache.view(-1)
+    return slots
 
-    def q_call():
-        indexer_q_chain[target](qr, wq_b.contiguous(), cos, sin, had, q_codes, q_scales, **bm)
 
-    def k_call():
-        indexer_k_chain[target](x, wk.contiguous(), k_norm_w.contiguous(), k_norm_b.contiguous(), cos, sin, had,
-                                slots, flat, float(eps), **bm)
+def prolog_program(t: int, dm: int, ql: int, h: int, nbytes: int, act_dt, w_dt, eps: float = 1e-6):
+    """The prolog as a graph program of three independent calls (q chain, k chain into the flat
+    cache, head weights); inputs x, qr, cos, sin, slots, cache (flat uint8, written in place),
+    weights wq_b, wk, k_norm_w, k_norm_b, weights_proj, hadamard; outputs q_codes, q_scales,
+    weights and cache. The `streams` pass puts the chains on three streams."""
+    from k31dsl.lowering.graph import Program
+    bm = min(64, max(16, 1 << max(0, (t - 1).bit_length())))          # token rows per program
+    p = Program("indexer_prolog")
+    x = p.input("x", (t, dm), act_dt)
+    qr = p.input("qr", (t, ql), act_dt)
+    cos = p.input("cos", (t, ROPE_HALF), k.f32)
+    sin = p.input("sin", (t, ROPE_HALF), k.f32)
+    slots = p.input("slots", (t,), k.i32)
+    cache = p.input("cache", (nbytes,), k.u8)
+    wq_b = p.weight("wq_b", (h * HEAD_DIM, ql), w_dt)
+    wk = p.weight("wk", (HEAD_DIM, dm), w_dt)
+    ln_w = p.weight("k_norm_w", (HEAD_DIM,), k.f32)
+    ln_b = p.weight("k_norm_b", (HEAD_DIM,), k.f32)
+    wp = p.weight("weights_proj", (h, dm), w_dt)
+    had = p.weight("hadamard", (HEAD_DIM, HEAD_DIM), k.f32)
+    q_codes = p.tensor("q_codes", (t, h, HEAD_DIM), k.f8e4m3)
+    q_scales = p.tensor("q_scales", (t, h, GROUPS), k.e8m0)
+    weights = p.tensor("weights", (t, h), k.f32)
+    q_codes, q_scales = p.call(indexer_q_chain, qr, wq_b, cos, sin, had, q_codes, q_scales, BM=bm)
+    cache = p.call(indexer_k_chain, x, wk, ln_w, ln_b, cos, sin, had, slots, cache, float(eps), BM=bm)
+    weights = p.call(indexer_head_weights, x, wp, weights, float(h ** -0.5), H=h, BM=bm)
+    p.output(q_codes, q_scales, weights, cache)
+    return p
 
-    def w_call():
-        indexer_head_weights[target](x, weights_proj.contiguous(), weights, float(h ** -0.5), H=h, **bm)
 
-    if t == 0:
-        return {}, (q_codes, q_scales, weights)
-    return {"q": q_call, "k": k_call, "w": w_call}, (q_codes, q_scales, weights)
+_EXECUTABLES: dict = {}
 
 
 def indexer_prolog(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping,
@@ -192,27 +199,28 @@ def indexer_prolog(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, 
     x [T, dim] and qr [T, q_lora] bf16/f16/f32; wq_b [H*128, q_lora], wk [128, dim],
     weights_proj [H, dim] (torch Linear layout [out, in]); k_norm_w/k_norm_b fp32 [128];
     cos/sin fp32 [T, 32] (NeoX RoPE tables at each token's position); slot_mapping int32 [T]
-    (< 0: padding, not written). streams=False runs the chains in order on the current stream."""
-    calls, outs = prolog_calls(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache,
-                               slot_mapping, eps, target=target)
-    run_independent(list(calls.values()), streams and resolve_target(target) == "triton" and x.is_cuda)
-    return outs
-
-
-def run_independent(calls, on_streams: bool):
-    """Run independent launches: each on its own CUDA stream (joined back with events) or in order."""
-    if not on_streams or len(calls) < 2:
-        for c in calls:
-            c()
-        return
+    (< 0: padding, not written). Runs `prolog_program` through the target's graph pipeline
+    (three streams on CUDA); streams=False runs the calls in order (no streams pass)."""
     import torch
-    main = torch.cuda.current_stream()
-    streams = [torch.cuda.Stream() for _ in calls[1:]]
-    for s in streams:
-        s.wait_stream(main)
-    calls[0]()
-    for s, c in zip(streams, calls[1:]):
-        with torch.cuda.stream(s):
-            c()
-    for s in streams:
-        main.wait_stream(s)
+    from k31dsl.dsl import dtypes as D
+    from k31dsl.lowering.graph import compile_program
+    target = resolve_target(target)
+    slots = _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping, eps)
+    t, dm = x.shape
+    h = weights_proj.shape[0]
+    if t == 0:
+        return (torch.empty((0, h, HEAD_DIM), dtype=torch.float8_e4m3fn, device=x.device),
+                torch.empty((0, h, GROUPS), dtype=torch.float8_e8m0fnu, device=x.device),
+                torch.empty((0, h), dtype=torch.float32, device=x.device))
+    if qr.dtype != x.dtype or wk.dtype != wq_b.dtype or weights_proj.dtype != wq_b.dtype:
+        raise K31Error("indexer_prolog: x and qr must share a dtype, and so must wq_b, wk and weights_proj")
+    key = (t, dm, qr.shape[1], h, cache.numel(), x.dtype, wq_b.dtype, float(eps), target, streams, str(x.device))
+    exe = _EXECUTABLES.get(key)
+    if exe is None:
+        prog = prolog_program(t, dm, qr.shape[1], h, cache.numel(), D.from_torch(x.dtype), D.from_torch(wq_b.dtype), eps)
+        passes = None if streams else ["build", "verify"]
+        exe = _EXECUTABLES[key] = compile_program(prog, target, passes=passes)
+    out = exe({"x": x, "qr": qr, "cos": cos, "sin": sin, "slots": slots, "cache": cache.view(-1), "wq_b": wq_b,
+               "wk": wk, "k_norm_w": k_norm_w, "k_norm_b": k_norm_b, "weights_proj": weights_proj,
+               "hadamard": hadamard_matrix(x.device)})
+    return out["q_codes"], out["q_scales"], out["weights"]
