@@ -511,3 +511,19 @@ def test_full_pipeline_on_vs_off(name, target):
     on = run(p, {n: v.clone() for n, v in inputs.items()}, target=target, passes=passes)
     off = run(p, {n: v.clone() for n, v in inputs.items()}, target="numpy", passes=["verify"])
     assert_same(on, off, 1e-5 if target == "numpy" else 2e-2)
+
+
+def test_fused_kernel_keeps_the_launch_options_of_its_parts():
+    @k.kernel(configs=[{"BD": 64, "num_warps": 2}, {"BD": 128, "num_warps": 8}])
+    def scale_w(x: k.Tensor[k.f32, "T", "D"], y: k.Tensor[k.f32, "T", "D"], BD: k.constexpr = 64):
+        for t in k.grid(x.shape[0]):
+            y[t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)] * 2.0
+
+    p = Program("warps")
+    x = p.input("x", (3, 100), k.f32)
+    h, y = p.tensor("h", (3, 100), k.f32), p.tensor("y", (3, 100), k.f32)
+    h = p.call(scale_w, x, h, BD=128)
+    y = p.call(row_scale, h, y, 1.0, BD=128)
+    p.output(y)
+    s = superkernel(p)
+    assert s.node(s.calls()[0]).kernel.configs == [{"num_warps": 8}]

@@ -343,8 +343,21 @@ def build_fused(prod: Side, cons: Side, forward: dict, drop: set, pname: str, cn
         if k in cx and cx[k] != v:
             k = f"{cname}.{k}"
         cx.setdefault(k, v)
-    fused = Kernel(f"{prod.kernel.name}__{cons.kernel.name}", params, cx, host, grid, body, prod.kernel.loc)
+    lp, lc = launch_options(prod.kernel), launch_options(cons.kernel)
+    merged = {n: max(lp.get(n, 0), lc.get(n, 0)) for n in sorted(set(lp) | set(lc))}
+    fused = Kernel(f"{prod.kernel.name}__{cons.kernel.name}", params, cx, host, grid, body, prod.kernel.loc,
+                   [merged] if merged else [])
     return fused, origin
+
+
+def launch_options(kernel: Kernel) -> dict:
+    """num_warps etc. of the config a specialisation came from (the larger of the two parts' is
+    what the fused kernel launches with)."""
+    from k31dsl.dsl.frontend import LAUNCH_OPTIONS
+    for cfg in kernel.configs:
+        if all(kernel.constexprs.get(n) == v for n, v in cfg.items() if n not in LAUNCH_OPTIONS):
+            return {n: cfg[n] for n in LAUNCH_OPTIONS if n in cfg}
+    return {}
 
 
 def tensor_params(kernel: Kernel) -> list[Param]:
