@@ -527,3 +527,14 @@ def test_fused_kernel_keeps_the_launch_options_of_its_parts():
     p.output(y)
     s = superkernel(p)
     assert s.node(s.calls()[0]).kernel.configs == [{"num_warps": 8}]
+
+
+def test_pass_built_kernels_verify_and_round_trip_as_text():
+    from k31dsl.dsl.parse import parse_kernel
+    from k31dsl.dsl.text import print_kernel
+    from k31dsl.dsl.verify import verify
+    for make in (_fused_update_kernel, _nz_matmul_kernel):
+        kern = make()
+        verify(kern)
+        text = print_kernel(kern)
+        assert print_kernel(parse_kernel(text)) == text

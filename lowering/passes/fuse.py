@@ -340,9 +340,11 @@ def build_fused(prod: Side, cons: Side, forward: dict, drop: set, pname: str, cn
     b.clone_block(cons.kernel.body, body, hook)
     cx = dict(prod.kernel.constexprs)
     for k, v in cons.kernel.constexprs.items():
-        if k in cx and cx[k] != v:
-            k = f"{cname}.{k}"
-        cx.setdefault(k, v)
+        name, n = k, 0
+        while name in cx and cx[name] != v:          # same name, other value: keep both
+            n += 1
+            name = f"{k}_{n}"
+        cx.setdefault(name, v)
     lp, lc = launch_options(prod.kernel), launch_options(cons.kernel)
     merged = {n: max(lp.get(n, 0), lc.get(n, 0)) for n in sorted(set(lp) | set(lc))}
     fused = Kernel(f"{prod.kernel.name}__{cons.kernel.name}", params, cx, host, grid, body, prod.kernel.loc,
