@@ -1,0 +1,263 @@
+"""DSA indexer side: cache layout bytes, the Lightning Indexer on causal prefill and decode with
+drafts, indexer + top-k end to end (contexts shorter than k), top-k ties/padding, the Hadamard
+rotation, the prolog's three streams == in-order execution, input errors, sm_90 compilation.
+The per-op oracle checks on every target run in tests/test_ops.py (registry)."""
+
+import numpy as np
+import pytest
+import torch
+from hopper import assert_compiles_for_hopper
+
+from k31dsl import K31Error
+from k31dsl.ops.dsa import indexer as I
+from k31dsl.ops.dsa import indexer_checks as C
+from k31dsl.ops.dsa import prolog as P
+from k31dsl.ops.dsa.topk import topk, topk_segments
+from k31dsl.ops.testing import bytes_of, load_oracle
+
+ref = load_oracle("dsa_indexer")
+TARGETS = ["numpy", "triton"]
+
+
+def _gen():
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    return torch.Generator().manual_seed(seed), seed
+
+
+# ---------------------------------------------------------------- cache layout
+
+def test_cache_layout_is_block_split():
+    """Token (page 2, offset 5): codes at bytes 5*128.., scales at 8192 + 5*4.. of page 2's row."""
+    cache = I.new_indexer_cache(3)
+    codes = torch.arange(128, dtype=torch.uint8).view(1, 128).view(torch.float8_e4m3fn)
+    scales = torch.tensor([[120, 121, 122, 123]], dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    I.indexer_cache_write(cache, codes, scales, torch.tensor([2 * 64 + 5], dtype=torch.int32), target="numpy")
+    row = cache[2]
+    assert torch.equal(row[5 * 128:6 * 128], torch.arange(128, dtype=torch.uint8))
+    assert row[8192 + 20:8192 + 24].tolist() == [120, 121, 122, 123]
+    assert int(cache.sum()) == int(torch.arange(128).sum()) + 486          # nothing else written
+    kc, ksc = I.indexer_cache_views(cache)
+    assert kc.shape == (3, 64, 128) and ksc.shape == (3, 64, 4) and kc.stride(0) == I.PAGE_BYTES
+    assert kc[2, 5].view(torch.uint8).tolist() == list(range(128))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cache_write_then_read_back_bit_exact(target):
+    g, seed = _gen()
+    cache = torch.zeros((4, I.PAGE_BYTES), dtype=torch.uint8)
+    kc, ksc = C.random_keys(100, g)
+    slots = torch.randperm(256, generator=g)[:100].to(torch.int32)
+    I.indexer_cache_write(cache, kc, ksc, slots, target=target)
+    codes, scales = I.indexer_cache_views(cache)
+    sl = slots.long()
+    assert torch.equal(codes[sl // 64, sl % 64].view(torch.uint8), kc.view(torch.uint8)), seed
+    assert torch.equal(scales[sl // 64, sl % 64].view(torch.uint8), ksc.view(torch.uint8)), seed
+
+
+# ---------------------------------------------------------------- lightning indexer
+
+def _scores_check(got, args):
+    want = ref.indexer_scores(*args)
+    mag = ref.indexer_scores_magnitude(*args)
+    got = got.numpy().astype(np.float64)
+    assert (np.isneginf(got) == np.isneginf(want)).all()
+    fin = np.isfinite(want)
+    assert (np.abs(got[fin] - want[fin]) <= 1e-5 * mag[fin] + 1e-30).all()
+    return want
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_causal_prefill_scores(target):
+    """One sequence, T queries over its own keys: ks = 0 (or a sliding start), ke = t + 1."""
+    g, seed = _gen()
+    t = 70 if target == "numpy" else 37
+    cache, table, qc, qs, w, _, _ = C.paged_setup([t], t, 16, g)
+    ke = torch.arange(1, t + 1, dtype=torch.int32)
+    ks = torch.clamp(ke - 50, min=0).to(torch.int32)
+    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, max_len=t, target=target)
+    assert got.shape == (t, t)
+    _scores_check(got, (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(),
+                        ks.numpy(), ke.numpy(), t))
+    assert torch.isneginf(got[torch.ones(t, t, dtype=torch.bool).triu(1)]).all(), seed       # causal
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_decode_with_drafts_then_topk(n):
+    """next_n = 1..4 query tokens per sequence (per-token limits), ragged contexts incl. ones
+    shorter than k, shuffled pages; indexer + top-k against the oracle end to end."""
+    g, seed = _gen()
+    lens = [130, 20, 67][: 3 if n < 3 else 2]
+    cache, table, qc, qs, w, ks, ke = C.paged_setup(lens, n, 16, g)
+    scores = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, target="numpy")
+    want = _scores_check(scores, (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(),
+                                  ks.numpy(), ke.numpy(), scores.shape[1]))
+    idx = topk(scores, 48, target="numpy").numpy()
+    # top-k is exact on the scores it is given; the fp64 scores can differ in the last bits, so
+    # against them only the count and, when every key fits, the chosen set are compared
+    assert (idx == ref.topk(scores.numpy().astype(np.float64), 48)).all(), seed
+    want_idx = ref.topk(want, 48)
+    for r in range(idx.shape[0]):
+        valid = int(ke[r] - ks[r])
+        assert (idx[r] >= 0).sum() == min(48, valid), seed
+        if valid <= 48:
+            assert set(idx[r][idx[r] >= 0]) == set(want_idx[r][want_idx[r] >= 0]), seed
+
+
+# ---------------------------------------------------------------- top-k
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_topk_ties_go_to_the_lower_position_and_pad(target):
+    x = torch.zeros(2, 40)
+    x[0, 30:] = float("-inf")                      # 30 valid, k = 33: three -1
+    x[1, ::7] = 1.0                                # 1.0 at 0, 7, .., 35 then zeros in order
+    got = topk(x, 33, chunks=1, target=target).tolist()
+    assert got[0] == list(range(30)) + [-1, -1, -1]
+    assert got[1] == [0, 7, 14, 21, 28, 35] + [i for i in range(40) if i % 7][:27]
+
+
+def test_topk_large_row_two_stages_numpy():
+    g, seed = _gen()
+    x = torch.randint(-50, 50, (3, 5000), generator=g).float()
+    x[2, 100:] = float("-inf")
+    for kk, ch in ((2048, None), (300, 1), (1000, 2)):
+        got = topk(x, kk, chunks=ch, target="numpy").numpy()
+        assert (got == ref.topk(x.double().numpy(), kk)).all(), (kk, ch, seed)
+
+
+def test_topk_api():
+    assert topk(torch.randn(3, 0), 5, target="numpy").tolist() == [[-1] * 5] * 3
+    assert topk(torch.randn(0, 10), 5, target="numpy").shape == (0, 5)
+    assert topk(torch.randn(2, 10), 1, target="numpy").dtype == torch.int32
+
+
+# ---------------------------------------------------------------- prolog
+
+def test_hadamard_is_orthonormal_and_keeps_dot_products():
+    h = P.hadamard_matrix().double()                   # fp32 entries +-fp32(128^-1/2)
+    assert torch.allclose(h @ h.T, torch.eye(128, dtype=torch.float64), atol=1e-6)
+    assert torch.equal(h, h.T) and set(h.abs().unique().tolist()) == {float(np.float32(128 ** -0.5))}
+    np.testing.assert_allclose(ref.hadamard(), h.numpy(), rtol=2e-8)
+    q, kk = torch.randn(128, dtype=torch.float64), torch.randn(128, dtype=torch.float64)
+    assert abs(float((q @ h) @ (kk @ h)) - float(q @ kk)) < 1e-5 * float(q.abs() @ kk.abs())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_prolog_three_streams_equal_in_order(target):
+    """The streams pass gives the three chains three streams; the results equal in-order runs."""
+    from k31dsl.lowering.graph.pipeline import run_graph_pipeline
+    from k31dsl.dsl import dtypes as D
+    g, seed = _gen()
+    args = C.prolog_inputs(13, 64, 48, 16, g)
+    cache2 = args[9].clone()
+    a = P.indexer_prolog(*args, target=target)
+    b = P.indexer_prolog(*args[:9], cache2, args[10], streams=False, target=target)
+    for x, y in zip(a, b):
+        assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
+                           y.view(torch.uint8) if y.element_size() == 1 else y), seed
+    assert torch.equal(args[9], cache2)
+    prog = run_graph_pipeline(P.prolog_program(13, 64, 48, 16, args[9].numel(), D.bf16, D.bf16), target)
+    streams = {prog.node(n).attrs.get("stream") for n in prog.calls()}
+    assert len(streams) == 3
+
+
+def test_prolog_padding_slots_write_nothing():
+    g, _ = _gen()
+    args = list(C.prolog_inputs(6, 64, 32, 16, g))
+    args[10] = torch.full((6,), -1, dtype=torch.int32)
+    P.indexer_prolog(*args, target="numpy")
+    assert int(args[9].sum()) == 0
+
+
+# ---------------------------------------------------------------- errors
+
+def _li_args():
+    g = torch.Generator().manual_seed(0)
+    return list(C.paged_setup([40, 20], 1, 16, g))
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda a: a.__setitem__(0, torch.zeros(2, 16, 128)), "`q_codes`"),
+    (lambda a: a.__setitem__(1, torch.zeros(2, 16, 3, dtype=torch.float8_e8m0fnu)), "`q_scales`"),
+    (lambda a: a.__setitem__(0, torch.zeros(2, 16, 130, dtype=torch.float8_e4m3fn)), "[T, H, 128]"),
+    (lambda a: a.__setitem__(1, a[1].to(torch.float32).view(-1)), "`q_scales`"),
+    (lambda a: a.__setitem__(1, torch.zeros(2, 16, 4, dtype=torch.float8_e8m0fnu)[:, :, :3]), "`q_scales`"),
+    (lambda a: a.__setitem__(0, torch.zeros(3, 16, 128, dtype=torch.float8_e4m3fn)), "`q_scales`"),
+    (lambda a: a.__setitem__(2, torch.zeros(3, 2, dtype=torch.int32)), "split evenly"),
+    (lambda a: a.__setitem__(2, a[2].long()), "`block_table`"),
+    (lambda a: a.__setitem__(4, a[4].double()), "`weights`"),
+    (lambda a: a.__setitem__(5, a[5][:1]), "`ks`"),
+    (lambda a: a.__setitem__(6, a[6].float()), "`ke`"),
+])
+def test_lightning_indexer_bad_inputs(mutate, needle):
+    cache, table, qc, qs, w, ks, ke = _li_args()
+    a = [qc, qs, table, cache, w, ks, ke]
+    mutate(a)
+    qc, qs, table, cache, w, ks, ke = a
+    with pytest.raises(K31Error) as e:
+        I.lightning_indexer(qc, qs, cache, table, w, ks, ke, target="numpy")
+    assert needle.strip("`") in str(e.value)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: I.new_indexer_cache(0), "num_pages"),
+    (lambda: I.indexer_cache_views(torch.zeros(2, 8192, dtype=torch.uint8)), "8448"),
+    (lambda: I.indexer_cache_write(torch.zeros(2, 8448, dtype=torch.uint8),
+                                   torch.zeros(3, 128, dtype=torch.float8_e4m3fn),
+                                   torch.zeros(3, 4, dtype=torch.float8_e8m0fnu),
+                                   torch.tensor([0, 1, 128], dtype=torch.int32)), "past the cache"),
+    (lambda: I.indexer_cache_write(torch.zeros(2, 8448, dtype=torch.uint8),
+                                   torch.zeros(3, 128, dtype=torch.float8_e4m3fn),
+                                   torch.zeros(3, 2, dtype=torch.float8_e8m0fnu),
+                                   torch.tensor([0, 1, 2], dtype=torch.int32)), "k_scales"),
+    (lambda: topk(torch.randn(4), 3), "2-D"),
+    (lambda: topk(torch.randn(2, 4), 0), "k=0"),
+    (lambda: topk(torch.randn(2, 4), 5000), "k=5000"),
+    (lambda: topk(torch.randn(2, 4).double(), 2), "dtype float64"),
+])
+def test_cache_and_topk_bad_inputs(call, needle):
+    with pytest.raises(K31Error) as e:
+        call()
+    assert needle in str(e.value)
+
+
+def test_prolog_bad_inputs():
+    g = torch.Generator().manual_seed(0)
+    args = list(C.prolog_inputs(4, 64, 32, 16, g))
+    bad = list(args)
+    bad[2] = args[2][:100]
+    with pytest.raises(K31Error, match="wq_b"):
+        P.indexer_prolog(*bad, target="numpy")
+    bad = list(args)
+    bad[7] = args[7][:, :16]
+    with pytest.raises(K31Error, match="cos"):
+        P.indexer_prolog(*bad, target="numpy")
+    bad = list(args)
+    bad[6] = args[6][:12]
+    with pytest.raises(K31Error, match="power of two"):
+        P.indexer_prolog(*bad, target="numpy")
+
+
+# ---------------------------------------------------------------- sm_90
+
+class _Specialised:
+    """A kernel with fixed constexprs, for hopper.compile_gpu_module (which calls .ir())."""
+
+    def __init__(self, kdef, **constexprs):
+        self.kdef, self.constexprs = kdef, constexprs
+
+    def ir(self):
+        return self.kdef.ir(**self.constexprs)
+
+
+LI_DECODE = _Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1)
+LI_PREFILL = _Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
+TOPK_MERGE = _Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True)
+Q_CHAIN = _Specialised(P.indexer_q_chain, BM=64)
+K_CHAIN = _Specialised(P.indexer_k_chain, BM=64)
+W_CHAIN = _Specialised(P.indexer_head_weights, H=64, BM=64)
+CACHE_WRITE = _Specialised(I.indexer_cache_write_rows)
+
+
+def test_kernels_compile_for_hopper(tmp_path):
+    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
+                                          "TOPK_MERGE"], tmp_path, index_types=("int32",))
