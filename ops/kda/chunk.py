@@ -41,6 +41,22 @@ def chunk_map(cu: list[int], bt: int, device):
     return out
 
 
+_HOST: dict = {}            # id -> (tensor, version, list): cu_seqlens read back once, not per call
+
+
+def _host_list(t) -> list[int]:
+    """cu_seqlens as a Python list; a device tensor is copied to the host only the first time it
+    is seen (unchanged), so repeated calls (and CUDA-graph capture after a warm-up) do not sync."""
+    hit = _HOST.get(id(t))
+    if hit is not None and hit[0] is t and hit[1] == t._version:
+        return hit[2]
+    out = [int(c) for c in t.tolist()]
+    if len(_HOST) > 64:
+        _HOST.clear()
+    _HOST[id(t)] = (t, t._version, out)
+    return out
+
+
 def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size):
     op = "chunk_kda"
     for name, t, rank in (("q", q, 4), ("k", kk, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
@@ -70,7 +86,7 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size):
         if B != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise K31Error(f"{op}: varlen needs B == 1 and cu_seqlens [N + 1], got q {list(q.shape)}, "
                            f"cu_seqlens {list(cu_seqlens.shape)}")
-        cu = [int(c) for c in cu_seqlens.tolist()]
+        cu = _host_list(cu_seqlens)
         if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
             raise K31Error(f"{op}: cu_seqlens must rise from 0 to T={T}, got {cu[:8]}{'...' if len(cu) > 8 else ''}")
     else:

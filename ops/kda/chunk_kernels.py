@@ -94,7 +94,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
         bias = dt_bias[hv, k.span(0, BK)]
         rid = k.arange(0, BC)
         gp = k.zeros((BK,), k.f32)          # G of the row before the sub-chunk (0 at the chunk start)
-        lcs, lends, kcs, kcols, ws, us = (), (), (), (), (), ()
+        lends, kcols, ws, us = (), (), (), ()
         for c in k.static_range(NC):
             r0 = t0 + c * BC
             live = (r0 + rid) < t1
@@ -149,13 +149,16 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
             u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
             qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * k.exp(gc)).to(MT)
-            lcs, lends, kcs, kcols, ws, us = lcs + (lc,), lends + (lend,), kcs + (kc,), kcols + (kcol,), ws + (wc,), us + (uc,)
+            lends, kcols, ws, us = lends + (lend,), kcols + (kcol,), ws + (wc,), us + (uc,)
             gp = gend
         gam[n, hv, k.span(0, BK)] = k.exp(gp)
         after = k.zeros((BK,), k.f32)                          # G_C - E_c: decay after sub-chunk c
-        for c3 in k.static_range(NC):
+        for c3 in k.static_range(NC):                          # Kb = k exp(G_C - G) = kcol exp(G_C - E_c)
             c = NC - 1 - c3
-            kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcs[c] * k.exp(after[None, :] + lends[c][None, :] - lcs[c])).to(MT)
+            if c3 == 0:
+                kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = kcols[c].to(MT)
+            else:
+                kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcols[c] * k.exp(after)[None, :]).to(MT)
             after = after + lends[c]
 
 
