@@ -123,9 +123,7 @@ class ProgramExecutor:
         env.update(self._static)
 
     def is_static(self, nid: str) -> bool:
-        n = self.p.node(nid)
-        return n.kind == "host" and all(self.p.tensor_node(i).static for i in n.inputs) and all(
-            self.p.tensor_node(o).static for o in n.outputs)
+        return self.p.is_static(nid)
 
     # ------------------------------------------------------------ running
     def args(self, nid: str, env: dict) -> list:

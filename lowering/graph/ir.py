@@ -273,6 +273,13 @@ class Program:
                      if "group" in self.node(n).attrs}
         return op_order(self, units)
 
+    def is_static(self, nid: str) -> bool:
+        """A host op over weights only (a layout conversion): done once when the weights are
+        loaded, not on every run, so it takes no stream and orders nothing at run time."""
+        n = self.node(nid)
+        return n.kind == "host" and all(self.tensor_node(i).static for i in n.inputs) and all(
+            self.tensor_node(o).static for o in n.outputs)
+
     def calls(self) -> list[str]:
         return [n for n in self.ops() if self.node(n).kind == "call"]
 

@@ -26,7 +26,7 @@ def op_cost(p, nid: str) -> int:
 
 def unit_graph(p):
     """(DAG of units, unit -> member ids in schedule order, op -> unit)."""
-    order = p.ops()
+    order = [n for n in p.ops() if not p.is_static(n)]       # load-time conversions take no stream
     unit_of = {n: ("group", p.node(n).attrs["group"]) if "group" in p.node(n).attrs else n for n in order}
     members: dict = {}
     for n in order:
@@ -35,7 +35,7 @@ def unit_graph(p):
     ug.add_nodes_from(members)
     for n in order:
         for d in p.op_deps(n):
-            if unit_of[d] != unit_of[n]:
+            if d in unit_of and unit_of[d] != unit_of[n]:
                 ug.add_edge(unit_of[d], unit_of[n])
     return ug, members, unit_of
 

@@ -45,6 +45,8 @@ def _ident(name: str) -> str:
 def _units(p) -> list[list[str]]:
     out, seen = [], {}
     for nid in p.ops():
+        if p.is_static(nid):
+            continue
         g = p.node(nid).attrs.get("group")
         if g is None:
             out.append([nid])
@@ -108,8 +110,13 @@ def host_files(p) -> dict[str, str]:
     groups = ["\n".join(head), '#include "kernel_operator.h"']
     kernels = sorted({p.node(n).kernel.name for n in p.ops() if p.node(n).kind == "call"})
     groups += [f'#include "{k}_kernel.cpp"' for k in kernels]
-    host = ["\n".join(head), "// Buffers (device addresses, one per storage):", *buf_lines,
-            "#include <cstdint>", '#include "acl/acl.h"']
+    host = ["\n".join(head), "// Buffers (device addresses, one per storage):", *buf_lines]
+    for nid in p.ops():
+        if p.is_static(nid):
+            n = p.node(nid)
+            host.append(f"// at weight load time, once: {n.op}({', '.join(n.inputs)}) -> {', '.join(n.outputs)} "
+                        "(aclnnNpuFormatCast to FRACTAL_NZ, or k31dsl's nd_to_nz)")
+    host += ["#include <cstdint>", '#include "acl/acl.h"']
     host += [f'#include "{k}_tiling.h"' for k in kernels]
     decls, body = [], []
     body.append(f'extern "C" int k31_program_{name}(void* const* bufs, int64_t cores, aclrtStream stream0) {{')
