@@ -186,7 +186,8 @@ def cp_rows(t=8192, h=96, hv=96, kdim=128, vdim=128, shards=8, smoke=False):
     timer = _timer(smoke) if smoke else __import__("harness").median_ms
     rows, res = [], {}
     for method in ("recurrent", "chunk"):
-        fn = lambda m=method: kda_cp_summary(x["k"], x["v"], x["g"], x["beta"], method=m, target="triton", **gate)  # noqa: E731
+        def fn(m=method):
+            return kda_cp_summary(x["k"], x["v"], x["g"], x["beta"], method=m, target="triton", **gate)
         res[method] = fn()
         rows.append({"op": f"kda_cp_summary ({method})", "shape": f"T={t} HV={hv} K={kdim} V={vdim}",
                      "ms": timer(fn)})

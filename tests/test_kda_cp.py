@@ -57,7 +57,8 @@ def test_summary_matches_oracle_per_range(target, gate):
         _, kn, a = ref.prepare(x["k"], x["k"], x["g"], **x["gate"])
         for i, (b, s, t) in enumerate(ranges):
             for hv in range(2):
-                want_m, want_e = ref.summary_head(kn[b, s:t, 0], x["v"][b, s:t, hv], a[b, s:t, hv], x["beta"][b, s:t, hv])
+                want_m, want_e = ref.summary_head(kn[b, s:t, 0], x["v"][b, s:t, hv], a[b, s:t, hv],
+                                                  x["beta"][b, s:t, hv])
                 assert rel(m[i, hv], want_m) < 1e-4, (seed, i, hv)
                 if t > s:
                     assert rel(e[i, hv], want_e) < 1e-4, (seed, i, hv)
@@ -137,7 +138,8 @@ def test_merge_matches_oracle_composition(target):
     (lambda: kda_cp_summary(torch.randn(1, 5, 1, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 4),
                             torch.rand(1, 5, 2)), "`g` must have shape"),
     (lambda: kda_cp_summary(torch.randn(2, 5, 1, 8), torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 8),
-                            torch.rand(2, 5, 2), cu_seqlens=torch.tensor([0, 5], dtype=torch.int32)), "batch dim must be 1"),
+                            torch.rand(2, 5, 2), cu_seqlens=torch.tensor([0, 5], dtype=torch.int32)),
+     "batch dim must be 1"),
     (lambda: kda_cp_summary(torch.randn(1, 5, 1, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8),
                             torch.rand(1, 5, 2), cu_seqlens=torch.tensor([0, 6], dtype=torch.int32)), "end at T=5"),
     (lambda: kda_cp_summary(torch.randn(1, 5, 1, 8), torch.randn(1, 5, 2, 8).half(), torch.randn(1, 5, 2, 8),

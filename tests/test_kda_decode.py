@@ -150,7 +150,8 @@ def test_state_v_first_layout(target):
     kda_rollback(pool_vk, case["slots"], None, rep, torch.tensor(accepted, dtype=torch.int32),
                  state_v_first=True, target=target)
     for n, acc in enumerate(accepted):
-        one = {key: (val[n:n + 1] if key in ("q", "k", "v", "g", "beta", "slots") else val) for key, val in case.items()}
+        one = {key: (val[n:n + 1] if key in ("q", "k", "v", "g", "beta", "slots") else val)
+               for key, val in case.items()}
         _, want_s = oracle(one, acc)
         assert rel(pool_vk[slots[n]].transpose(1, 2), want_s[0]) < 1e-4, (seed, n)
         if acc:

@@ -16,7 +16,6 @@ and head 2 K (K + V) multiply-adds, the cost of one extra recurrent pass (resear
 Merge kernel: S_0 = initial state, S_{r+1} = M_r S_r + E_r, fp32, one program per (lead index,
 V-tile), serial over the R shards (each step a [K, K] x [K, BV] fp32 product).
 """
-from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error

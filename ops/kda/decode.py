@@ -26,7 +26,6 @@ a decode of just the accepted tokens would have produced (bit-identical on the n
 the Triton interpreter; the generated Triton launches without fp fusion, so on a GPU too unless
 the compiler orders the ops differently). accepted[n] = 0 restores the checkpoint.
 """
-from __future__ import annotations
 
 from typing import NamedTuple
 
