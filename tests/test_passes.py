@@ -538,3 +538,11 @@ def test_pass_built_kernels_verify_and_round_trip_as_text():
         verify(kern)
         text = print_kernel(kern)
         assert print_kernel(parse_kernel(text)) == text
+
+
+def test_weight_conversions_take_no_stream():
+    from k31dsl.lowering.passes.nz_layout import nz_layout
+    from k31dsl.lowering.passes.streams import streams
+    s = streams(nz_layout(nz_program(5, 40, 24, k.f32)))
+    assert s.is_static("to_nz_b") and "stream" not in s.node("to_nz_b").attrs
+    assert s.meta["streams"] == {"count": 1, "critical_path": ["matmul_w"], "events": []}
