@@ -86,8 +86,9 @@ def test_builder_errors_name_the_problem():
     x = p.input("x", (8,), k.f32)
     y = p.input("y", (8,), k.f32)
     o = p.tensor("o", (9,), k.f32)
-    with pytest.raises(K31Error, match="size 9"):
+    with pytest.raises(K31Error, match="size 9") as err:
         p.call(scale_add, x, y, o, 1.0)
+    assert "test_graph.py:" in str(err.value) and "p.call(scale_add, x, y, o, 1.0)" in str(err.value)
     o16 = p.tensor("o16", (8,), k.bf16)
     with pytest.raises(K31Error, match="bf16"):
         p.call(scale_add, x, y, o16, 1.0)

@@ -22,8 +22,9 @@ def loaded_params(kernel) -> list[str]:
     return [p.name for p in kernel.params if p.is_tensor and p.value.uid in loaded]
 
 
-def bind_call(program, kdef, args, kwargs):
-    """(kernel IR, constexprs, {param: tensor id or scalar}, [written params])."""
+def bind_call(program, kdef, args, kwargs, where=None):
+    """(kernel IR, constexprs, {param: tensor id or scalar}, [written params]). Errors point at
+    `where` (the user's p.call line) when given."""
     from k31dsl.lowering.graph.ir import TensorRef
     if not hasattr(kdef, "signature"):
         raise K31Error(f"p.call expects a @k.kernel, got {type(kdef).__name__}")
@@ -33,18 +34,18 @@ def bind_call(program, kdef, args, kwargs):
     by_kw = {k: v for k, v in kwargs.items() if k not in sig.constexprs}
     unknown = set(by_kw) - set(names)
     if unknown:
-        raise error(f"`{kdef.name}` has no parameter {', '.join(sorted(unknown))}", kdef.loc,
+        raise error(f"`{kdef.name}` has no parameter {', '.join(sorted(unknown))}", where or kdef.loc,
                     f"parameters: {', '.join(names)}; constexprs: {', '.join(sig.constexprs) or 'none'}")
     if len(args) > len(names):
-        raise error(f"`{kdef.name}` takes {len(names)} arguments ({', '.join(names)}), got {len(args)}", kdef.loc)
+        raise error(f"`{kdef.name}` takes {len(names)} arguments ({', '.join(names)}), got {len(args)}", where or kdef.loc)
     values = dict(zip(names, args))
     for k, v in by_kw.items():
         if k in values:
-            raise error(f"parameter `{k}` of `{kdef.name}` is given twice", kdef.loc)
+            raise error(f"parameter `{k}` of `{kdef.name}` is given twice", where or kdef.loc)
         values[k] = v
     missing = [n for n in names if n not in values]
     if missing:
-        raise error(f"`{kdef.name}`: missing argument(s) {', '.join(missing)}", kdef.loc,
+        raise error(f"`{kdef.name}`: missing argument(s) {', '.join(missing)}", where or kdef.loc,
                     f"call it as p.call({kdef.name}, {', '.join(names)}, CONSTEXPR=...)")
     bound = {}
     for p in sig.runtime:
@@ -53,15 +54,15 @@ def bind_call(program, kdef, args, kwargs):
             if not isinstance(v, TensorRef) or v.program is not program:
                 raise error(f"argument `{p.name}` of `{kdef.name}` must be a tensor of program "
                             f"`{program.name}` (from p.input/p.weight/p.tensor or a p.call result), got "
-                            f"{type(v).__name__}", p.loc)
+                            f"{type(v).__name__}", where or p.loc)
             if v.id != program.latest[v.storage]:
                 raise error(f"argument `{p.name}` of `{kdef.name}` is {v.id}, an old version of `{v.storage}` "
-                            f"(now {program.latest[v.storage]})", p.loc,
+                            f"(now {program.latest[v.storage]})", where or p.loc,
                             "use the handle the writing p.call returned")
             bound[p.name] = v.id
         else:
             if isinstance(v, TensorRef) or not isinstance(v, (int, float, bool)):
-                raise error(f"argument `{p.name}` of `{kdef.name}` is a scalar, got {type(v).__name__}", p.loc,
+                raise error(f"argument `{p.name}` of `{kdef.name}` is a scalar, got {type(v).__name__}", where or p.loc,
                             "pass a Python number")
             bound[p.name] = v
     for slot, users in sig.dtype_slots.items():
@@ -71,9 +72,9 @@ def bind_call(program, kdef, args, kwargs):
         cx[slot] = program.tensor_node(bound[users[0].name]).dtype
         if len(dts) > 1:
             raise error(f"tensors {', '.join(u.name for u in users)} of `{kdef.name}` share the dtype "
-                        f"constexpr {slot} but have dtypes {', '.join(sorted(d.name for d in dts))}", users[0].loc)
+                        f"constexpr {slot} but have dtypes {', '.join(sorted(d.name for d in dts))}", where or users[0].loc)
     kernel = kdef.ir(**cx)
-    check_binding(program, kernel, bound)
+    check_binding(program, kernel, bound, where)
     written = stored_params(kernel)
     return kernel, cx, bound, written
 

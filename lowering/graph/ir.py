@@ -212,9 +212,10 @@ class Program:
     def call(self, kernel, *args, **kwargs):
         """Launch `kernel` (a @k.kernel) on tensors of this program; see the module docstring."""
         from k31dsl.lowering.graph.bind import bind_call
-        name = self._unique(kernel.name)
-        kir, cx, bound, written = bind_call(self, kernel, args, kwargs)
-        node = CallNode(name, kir, kernel, cx, bound, loc=_caller_loc())
+        name = self._unique(getattr(kernel, "name", "call"))
+        loc = _caller_loc()
+        kir, cx, bound, written = bind_call(self, kernel, args, kwargs, loc)
+        node = CallNode(name, kir, kernel, cx, bound, loc=loc)
         self.g.add_node(name, node=node)
         for param, val in bound.items():
             if isinstance(val, str) and param not in written:
@@ -448,13 +449,15 @@ def _only_written(kernel, param: str) -> bool:
 
 def _caller_loc():
     """file:line of the user's `p.call(...)` (the first frame outside lowering/graph)."""
-    import inspect
-    from pathlib import Path
+    import os
+    import sys
     from k31dsl.dsl.errors import Loc
-    here = Path(__file__).parent
-    for fr in inspect.stack()[2:]:
-        if Path(fr.filename).parent != here:
-            return Loc(fr.filename, fr.lineno, 0)
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None:
+        if os.path.dirname(os.path.abspath(frame.f_code.co_filename)) != here:
+            return Loc(frame.f_code.co_filename, frame.f_lineno, 0)
+        frame = frame.f_back
     return None
 
 
