@@ -16,9 +16,22 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 CASES = Path(__file__).parent / "ascendc_cases"
 
 
+CASE_NAMES = ("vector_ok", "ops_ok", "cube_ok", "bad_kernels")
+_built: dict = {}
+
+
 def _lib(name: str):
+    """The case's library; the first call compiles every case file in parallel (g++ dominates
+    this module's cold run time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from k31dsl.targets.ascendc import build
-    return build.build((CASES / f"{name}.cpp").read_text(), name=name)
+    if not _built:
+        def one(n):
+            return n, build.build((CASES / f"{n}.cpp").read_text(), name=n)
+        with ThreadPoolExecutor(max_workers=len(CASE_NAMES)) as pool:
+            _built.update(pool.map(one, CASE_NAMES))
+    return _built[name]
 
 
 def _call(lib, symbol, *args):
