@@ -147,8 +147,8 @@ def decode_rows(ns=(1, 16, 64, 256), h=96, hv=96, kdim=128, vdim=128, smoke=Fals
         if fla is not None:
             pa, pb = x["pool"].clone(), x["pool"].clone()
             oa = kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pa, x["slots"], target="triton", **gate)[0]
-            fla_decode_fn(x, pb)()
-            k31_vs_fla = f"o {float((oa.float() - fns['fla']().float()).abs().max()):.2e}, " \
+            ob = fla_decode_fn(x, pb)()
+            k31_vs_fla = f"o {float((oa.float() - ob.float()).abs().max()):.2e}, " \
                          f"S {float((pa - pb).abs().max()):.2e}"
         for name, fn in fns.items():
             if errs[name] is None:
