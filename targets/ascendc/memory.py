@@ -34,7 +34,8 @@ def _access(em, tensor, kinds, idx) -> str:
     """A k31::Access describing every lane's GM offset (also used by the DMA path's bounds)."""
     t = em.n(tensor)
     R = len(kinds)
-    starts, axes, gathers, ta = [], [], [], 0
+    rank = sum(parse_index_kind(k)[0] != "scalar" for k in kinds)
+    starts, axes, gathers, ta = [], [], [], 4 - rank       # tile axes are padded to rank 4
     for kind, v in zip(kinds, idx):
         k, _ = parse_index_kind(kind)
         if k == "scalar":

@@ -101,9 +101,13 @@ def _lifted(plan: Plan, def_op: Op, use: Op) -> int:
     return plan.pos[id(use)]
 
 
-def build_plan(kernel: Kernel, mode: str = "double") -> Plan:
+def build_plan(kernel: Kernel, mode: str = "double", extra_uses=()) -> Plan:
+    """`extra_uses`: (value, op) pairs of values an op reads besides its operands (the operands
+    of a compare folded into the `where` that uses it)."""
     plan = Plan(mode)
     _number(plan, kernel.body, (), [0])
+    for v, op in extra_uses:
+        plan.uses.setdefault(v.uid, []).append(op)
     # roots: views share their operand's root; carried tiles share the for result's root
     for op in _walk(kernel.body):
         if not (is_tile(op.result) if len(op.results) == 1 else False) or not op.operands \

@@ -68,7 +68,7 @@ def build(kernel: Kernel, **options):
     files = emit_all(kernel, **options)
     name = kernel.name
     src = translation_unit(files, name)
-    lib = emu_build.build(src, name=f"k31_{name}", extra_flags=("-fwrapv", "-ffp-contract=off"))
+    lib = emu_build.build(src, name=f"k31_{name}", extra_flags=("-O1", "-fwrapv", "-ffp-contract=off"))
     fn = getattr(lib, f"k31_launch_{name}")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),

@@ -241,6 +241,7 @@ def _as_tile(em, v: Value, n: int) -> str:
 
 def prepare(em):
     """Compares whose only use is an f32 `where` of full tiles become Compare + Select."""
+    extra = []
     for op in walk(em.k.body):
         if op.name != "where" or op.result.type.dtype is not D.f32 or not em.is_tile(op.result):
             continue
@@ -260,6 +261,10 @@ def prepare(em):
         if em.plan.chain[id(cop)] != em.plan.chain[id(op)]:
             continue
         em.fused.add(id(cop))
+        extra += [(v, op) for v in cop.operands]
+    if extra:                      # the compare's operands are read at the where: replan
+        from k31dsl.targets.ascendc.plan import build_plan
+        em.plan = build_plan(em.k, em.mode, extra)
 
 
 CAST_VEC = {("f32", "bf16"): "CAST_RINT", ("f32", "f16"): "CAST_RINT", ("bf16", "f32"): "CAST_NONE",

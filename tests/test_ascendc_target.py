@@ -1,0 +1,395 @@
+"""The AscendC target (generated C++ built with g++ against the k31emu emulation header) against the
+numpy reference target, op family by op family: bit-exact for integer, fp8 and e8m0 results and
+for correctly rounded float ops, within float tolerance elsewhere. Also: the generated code's
+shape (DataCopyPad on ragged tails, Mmad for k.dot, double-buffered queues, no SyncAll), the
+UB budget check, and `k31dsl compile --target ascendc -o DIR`. Each kernel specialisation is one
+g++ build (cached by content hash), so the kernels here are few and each covers a family."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl import K31Error
+from k31dsl.ops.testing import load_oracle
+from k31dsl.targets.ascendc.emit import UB_BYTES, emit_all
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture
+def rng(request):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
+    """Run `kern` on numpy and ascendc with fresh copies of the same outputs; {target: outs}."""
+    got = {}
+    for target in ("numpy", "ascendc"):
+        outs = {n: t.clone() for n, t in outputs.items()}
+        k.compile(kern, target=target)(*inputs.values(), *outs.values(), *scalars, **cx)
+        got[target] = outs
+    return got
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor, name=""):
+    ua, ub = (t.contiguous().view(torch.uint8) if t.element_size() == 1 else t for t in (a, b))
+    if a.dtype.is_floating_point and a.element_size() > 1:
+        na, nb = torch.isnan(a), torch.isnan(b)
+        assert torch.equal(na, nb), f"{name}: NaN lanes differ"
+        ua, ub = a.masked_fill(na, 0), b.masked_fill(nb, 0)
+    assert torch.equal(ua, ub), f"{name}: differs at {torch.nonzero(ua != ub)[:8].tolist()}"
+
+
+def compare(got: dict, exact=(), rtol=1e-5, atol=1e-6):
+    for name in got["numpy"]:
+        a, b = got["numpy"][name], got["ascendc"][name]
+        if name in exact or not a.dtype.is_floating_point or a.element_size() == 1:
+            same_bits(a, b, name)
+        else:
+            np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), rtol=rtol, atol=atol,
+                                       equal_nan=True, err_msg=name)
+
+
+def source(kern, **cx) -> str:
+    return k.compile(kern, target="ascendc").source(**cx)
+
+
+# ---------------------------------------------------------------- float and integer arithmetic
+
+@k.kernel
+def float_math(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"],
+               BLOCK: k.constexpr = 64):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        a = x[k.span(i * BLOCK, BLOCK, other=1.0)]
+        b = y[k.span(i * BLOCK, BLOCK, other=2.0)]
+        o[0, k.span(i * BLOCK, BLOCK)] = a + b * 3.0
+        o[1, k.span(i * BLOCK, BLOCK)] = a - b
+        o[2, k.span(i * BLOCK, BLOCK)] = a / b
+        o[3, k.span(i * BLOCK, BLOCK)] = k.floor(a / b) + a % b
+        o[4, k.span(i * BLOCK, BLOCK)] = k.maximum(a, b) + k.minimum(a, b) * 0.5
+        o[5, k.span(i * BLOCK, BLOCK)] = k.where(a < b, a, -b)
+        o[6, k.span(i * BLOCK, BLOCK)] = k.exp(a) + k.exp2(b)
+        o[7, k.span(i * BLOCK, BLOCK)] = k.log(k.abs(a)) + k.log2(k.abs(b))
+        o[8, k.span(i * BLOCK, BLOCK)] = k.sqrt(k.abs(a)) + k.rsqrt(k.abs(b))
+        o[9, k.span(i * BLOCK, BLOCK)] = k.sigmoid(a) + k.softplus(b * 10.0)
+        o[10, k.span(i * BLOCK, BLOCK)] = k.relu(a) + k.floor(b) + k.ceil(a)
+        o[11, k.span(i * BLOCK, BLOCK)] = ((a > b) | (a == 0.5)).to(k.f32) + (a != b).to(k.f32)
+        o[12, k.span(i * BLOCK, BLOCK)] = k.maximum(a, 1.0) + k.where(a != a, 7.0, a * INF)
+
+
+def test_float_math_matches_reference(rng):
+    n = 150                                    # ragged against BLOCK=64
+    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
+    y = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
+    x[:6] = torch.tensor([0.0, -0.0, 0.5, NAN, INF, -INF])
+    got = run_both(float_math, {"x": x, "y": y}, {"o": torch.full((13, n), NAN)})
+    compare(got, rtol=2e-6, atol=1e-6)
+    o = got["ascendc"]["o"].numpy()
+    with np.errstate(all="ignore"):
+        assert (o[2] == (x.double() / y.double()).float().numpy())[6:].all()   # Div is IEEE
+
+
+@k.kernel
+def int_math(a: k.Tensor[k.i32, "N"], b: k.Tensor[k.i32, "N"], s: k.Tensor[k.i32, "N"],
+             o: k.Tensor[k.i32, "F", "N"], o8: k.Tensor[k.i8, "N"], o64: k.Tensor[k.i64, "N"],
+             ou: k.Tensor[k.u32, "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(a.shape[0], BLOCK)):
+        x = a[k.span(i * BLOCK, BLOCK, other=1)]
+        y = b[k.span(i * BLOCK, BLOCK, other=1)]
+        sh = s[k.span(i * BLOCK, BLOCK, other=0)]
+        o[0, k.span(i * BLOCK, BLOCK)] = x // y
+        o[1, k.span(i * BLOCK, BLOCK)] = x % y
+        o[2, k.span(i * BLOCK, BLOCK)] = (x & y) + (x | y) * 3 - (x ^ y)
+        o[3, k.span(i * BLOCK, BLOCK)] = (x << sh) + (x >> sh) + (x >> 3) + (x << 5)
+        o[4, k.span(i * BLOCK, BLOCK)] = k.maximum(x, y) - k.minimum(x, y) + k.abs(-x) + ~y
+        o[5, k.span(i * BLOCK, BLOCK)] = x * y + 7 // 2 - (-7) // 2 + (x.shape[0] - 100) // 7 + x * 2147483
+        o[6, k.span(i * BLOCK, BLOCK)] = k.where((x < y) & (x != 0), 1, 0) + k.relu(x) + k.maximum(x, 3)
+        o8[k.span(i * BLOCK, BLOCK)] = x.to(k.i8) * y.to(k.i8) + 100
+        o64[k.span(i * BLOCK, BLOCK)] = x.to(k.i64) * y.to(k.i64) // 3
+        ou[k.span(i * BLOCK, BLOCK)] = (x.to(k.u32) >> 3) + y.to(k.u32) * 5
+
+
+def test_integer_ops_are_bit_exact(rng):
+    n = 37
+    a = torch.from_numpy(rng.integers(-5000, 5000, n).astype(np.int32))
+    b = torch.from_numpy(rng.choice([-7, -3, -1, 1, 2, 5, 13], n).astype(np.int32))
+    s = torch.from_numpy(rng.integers(0, 31, n).astype(np.int32))
+    outs = {"o": torch.zeros(7, n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.int8),
+            "o64": torch.zeros(n, dtype=torch.int64), "ou": torch.zeros(n, dtype=torch.uint32)}
+    got = run_both(int_math, {"a": a, "b": b, "s": s}, outs)
+    compare(got)
+    o = got["ascendc"]["o"].numpy()
+    an, bn = a.numpy().astype(np.int64), b.numpy().astype(np.int64)
+    q = np.trunc(an / bn).astype(np.int64)
+    assert (o[0] == q).all() and (o[1] == an - q * bn).all()         # C semantics
+
+
+# ---------------------------------------------------------------- casts, fp8, e8m0
+
+@k.kernel
+def casts(x: k.Tensor[k.f32, "N"], xb: k.Tensor[k.bf16, "N"], oi: k.Tensor[k.i32, "N"],
+          o8: k.Tensor[k.u8, "N"], o64: k.Tensor[k.i64, "N"], ob: k.Tensor[k.bf16, "F", "N"],
+          oh: k.Tensor[k.f16, "N"], od: k.Tensor[k.f64, "N"], of: k.Tensor[k.f32, "F", "N"],
+          s64: k.f64, n64: k.i64, sb: k.bf16, BLOCK: k.constexpr = 32):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        vb = xb[k.span(i * BLOCK, BLOCK, other=0.0)]
+        oi[k.span(i * BLOCK, BLOCK)] = v.to(k.i32)
+        o8[k.span(i * BLOCK, BLOCK)] = v.to(k.u8)
+        o64[k.span(i * BLOCK, BLOCK)] = k.minimum(k.maximum(v, -1e18), 1e18).to(k.i64) + n64
+        ob[0, k.span(i * BLOCK, BLOCK)] = v.to(k.bf16)
+        ob[1, k.span(i * BLOCK, BLOCK)] = vb * vb + vb
+        ob[2, k.span(i * BLOCK, BLOCK)] = vb / (vb + 3.0) - k.exp(vb) * sb
+        ob[3, k.span(i * BLOCK, BLOCK)] = k.sum(vb[None, :], axis=0) + k.maximum(vb, 0.5)
+        oh[k.span(i * BLOCK, BLOCK)] = v.to(k.f16) * v.to(k.f16)
+        od[k.span(i * BLOCK, BLOCK)] = v.to(k.f64) / 3.0 * s64
+        of[0, k.span(i * BLOCK, BLOCK)] = vb.to(k.f32)
+        of[1, k.span(i * BLOCK, BLOCK)] = v.to(k.i32).to(k.f32) + v.bitcast(k.i32).to(k.f32)
+        of[2, k.span(i * BLOCK, BLOCK)] = (v > 0.0).to(k.f32) + v.to(k.bool).to(k.f32)
+        of[3, k.span(i * BLOCK, BLOCK)] = v.to(k.f16).to(k.bf16).to(k.f32)
+
+
+def test_casts_match_reference(rng):
+    specials = [NAN, INF, -INF, -0.0, 0.5, -0.5, -1.5, 2.5, 127.6, 128.0, -129.0, 255.9, 256.0, -1.0,
+                2.0 ** 31, -(2.0 ** 31), 3e9, -3e9, 1e20, -1e20, 65519.0, 65520.0, 1e-40]
+    n = 60
+    x = np.concatenate([specials, rng.standard_normal(n - len(specials)) * 300]).astype(np.float32)
+    xb = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+    outs = {"oi": torch.zeros(n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.uint8),
+            "o64": torch.zeros(n, dtype=torch.int64), "ob": torch.zeros(4, n, dtype=torch.bfloat16),
+            "oh": torch.zeros(n, dtype=torch.float16), "od": torch.zeros(n, dtype=torch.float64),
+            "of": torch.zeros(4, n)}
+    got = run_both(casts, {"x": torch.from_numpy(x), "xb": xb}, outs, 1.0 + 2.0 ** -40, 2 ** 40 + 3, 0.3)
+    compare(got, exact=("ob", "oh", "od", "of"))
+
+
+@k.kernel
+def fp8_codes(x: k.Tensor[k.f32, "N"], q4: k.Tensor[k.f8e4m3, "N"], q5: k.Tensor[k.f8e5m2, "N"],
+              s: k.Tensor[k.e8m0, "N"], back: k.Tensor[k.f32, "F", "N"], BLOCK: k.constexpr = 256):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        c4 = v.to(k.f8e4m3)
+        c5 = v.to(k.f8e5m2)
+        e = v.to(k.e8m0)
+        q4[k.span(i * BLOCK, BLOCK)] = c4
+        q5[k.span(i * BLOCK, BLOCK)] = c5
+        s[k.span(i * BLOCK, BLOCK)] = e
+        back[0, k.span(i * BLOCK, BLOCK)] = c4.to(k.f32)
+        back[1, k.span(i * BLOCK, BLOCK)] = c5.to(k.bf16).to(k.f32)
+        back[2, k.span(i * BLOCK, BLOCK)] = e.to(k.f32)
+        back[3, k.span(i * BLOCK, BLOCK)] = (e.bitcast(k.u8) + 1).bitcast(k.e8m0).to(k.f32)
+
+
+def test_fp8_and_e8m0_conversions_bit_exact(rng):
+    edges = [448.0, 449.0, 464.0, 464.01, 480.0, 57344.0, 61440.0, 61439.0, 1e6, 3e38, INF, NAN,
+             1.0625, 1.1875, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -10, 7 * 2.0 ** -9, 2.0 ** -16, 2.0 ** -17,
+             3 * 2.0 ** -17, 1e-40, 0.0, 2.0 ** -127, 2.0 ** -127 * 1.5, 2.0 ** -149, 2.0 ** 127 * 1.5, 0.75]
+    bits = rng.integers(0, 2 ** 32, 600, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        mags = np.concatenate([edges, rng.uniform(-500, 500, 200), bits.astype(np.float64)])
+    x = np.concatenate([mags, -mags]).astype(np.float32)
+    n = len(x)
+    outs = {"q4": torch.zeros(n, dtype=torch.float8_e4m3fn), "q5": torch.zeros(n, dtype=torch.float8_e5m2),
+            "s": torch.zeros(n, dtype=torch.float8_e8m0fnu), "back": torch.zeros(4, n)}
+    got = run_both(fp8_codes, {"x": torch.from_numpy(x)}, outs)
+    compare(got, exact=("back",))
+    fp = load_oracle("fp")           # and against the bit-field oracle, independent of both targets
+    want = fp.e4m3_encode(fp.round_to(x.astype(np.float64), fp.E4M3))
+    assert (got["ascendc"]["q4"].view(torch.uint8).numpy() == want).all()
+
+
+# ---------------------------------------------------------------- reductions, scans, top-k, gathers
+
+@k.kernel
+def reductions(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R"],
+               oc: k.Tensor[k.f32, "F2", "CP"], oi: k.Tensor[k.i32, "F", "R"], os: k.Tensor[k.f32, "G"],
+               cs: k.Tensor[k.f32, "R", "C"], BR: k.constexpr = 8, BC: k.constexpr = 32):
+    for i in k.grid(k.cdiv(x.shape[0], BR)):
+        t = x[k.span(i * BR, BR, other=0.0), k.span(0, BC, other=0.0)]
+        ti = xi[k.span(i * BR, BR, other=0), k.span(0, BC, other=0)]
+        o[0, k.span(i * BR, BR)] = k.sum(t, axis=1)
+        o[1, k.span(i * BR, BR)] = k.max(t, axis=1)
+        o[2, k.span(i * BR, BR)] = k.min(t, axis=1)
+        oc[0, k.span(0, BC)] = k.sum(t, axis=0)
+        oc[1, k.span(0, BC)] = k.max(t, axis=0)
+        oi[0, k.span(i * BR, BR)] = k.sum(ti, axis=1)
+        oi[1, k.span(i * BR, BR)] = k.max(ti, axis=1) - k.min(ti, axis=1)
+        oi[2, k.span(i * BR, BR)] = k.max(k.cumsum(ti, axis=1, reverse=True), axis=1)
+        os[0] = k.sum(t)
+        os[1] = k.max(t)
+        cs[k.span(i * BR, BR), k.span(0, BC)] = k.cumsum(t, axis=1)
+
+
+def test_reductions_and_scans(rng):
+    r, c = 8, 27
+    x = rng.standard_normal((r, c)).astype(np.float32)
+    x[2, 5] = NAN
+    x[4, :] = -INF
+    xi = rng.integers(-200, 200, (r, c)).astype(np.int32)
+    outs = {"o": torch.zeros(3, r), "oc": torch.zeros(2, 32), "oi": torch.zeros(3, r, dtype=torch.int32),
+            "os": torch.zeros(2), "cs": torch.zeros(r, c)}
+    got = run_both(reductions, {"x": torch.from_numpy(x), "xi": torch.from_numpy(xi)}, outs)
+    compare(got, rtol=1e-5, atol=1e-5)
+
+
+@k.kernel
+def select_gather(x: k.Tensor[k.f32, "R", "L"], idx: k.Tensor[k.i32, "R", "J"], vals: k.Tensor[k.f32, "R", "KN"],
+                  pos: k.Tensor[k.i32, "R", "KN"], g: k.Tensor[k.f32, "R", "J"], gt: k.Tensor[k.f32, "J", "R"],
+                  cat: k.Tensor[k.f32, "R", "L2"], sc: k.Tensor[k.f32, "R", "L"],
+                  BL: k.constexpr = 32, BJ: k.constexpr = 8, KN: k.constexpr = 4):
+    for r in k.grid(x.shape[0]):
+        row = x[r, k.span(0, BL, other=-INF)]
+        v, p = k.topk(row, KN)
+        vals[r, k.span(0, KN)] = v
+        pos[r, k.span(0, KN)] = p
+        j = idx[r, k.span(0, BJ, other=0)]
+        ok = (j >= 0) & (j < x.shape[1])
+        gathered = k.load(x, (r, j), other=0.0)            # gather with an index tile
+        taken = k.take(row, j)
+        g[r, k.span(0, BJ)] = k.where(ok, gathered, taken + 1000.0)
+        gt[k.span(0, BJ), r] = gathered                    # column store (strided)
+        m = k.arange(BL) < 2 * r + 3
+        cat[r, k.span(0, 2 * BL)] = k.cat(row, row * 2.0)
+        k.store(sc, (r, j), gathered * 10.0, mask=ok)      # scatter with a mask
+        masked = k.load(x, (r, k.span(0, BL)), mask=m, other=5.0)
+        k.store(sc, (r, k.span(0, BL)), masked, mask=m & (masked > 0.0))
+
+
+def test_topk_gather_scatter_masks(rng):
+    r, length, jn = 5, 29, 8
+    x = rng.standard_normal((r, length)).astype(np.float32)
+    x[1, 3] = x[1, 7] = 9.0                                 # ties keep the lower position first
+    idx = rng.integers(-3, length + 3, (r, jn)).astype(np.int32)
+    outs = {"vals": torch.zeros(r, 4), "pos": torch.zeros(r, 4, dtype=torch.int32), "g": torch.zeros(r, jn),
+            "gt": torch.zeros(jn, r), "cat": torch.zeros(r, 64), "sc": torch.zeros(r, length)}
+    got = run_both(select_gather, {"x": torch.from_numpy(x), "idx": torch.from_numpy(idx)}, outs)
+    compare(got, exact=tuple(outs))
+
+
+# ---------------------------------------------------------------- loops and carried values
+
+@k.kernel
+def loops(x: k.Tensor[k.bf16, "N", "D"], o: k.Tensor[k.f32, "N", "D"], s: k.Tensor[k.f32, "N"],
+          BD: k.constexpr = 64):
+    for n in k.grid(x.shape[0]):
+        acc = k.zeros((BD,), k.f32)
+        tot = 0.0
+        for j in range(k.cdiv(x.shape[1], BD)):
+            t = x[n, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            acc += t * t
+            tot = tot + k.sum(t)
+        r = k.rsqrt(k.sum(acc) / x.shape[1].to(k.f32) + 1e-6)
+        for jj in range(k.cdiv(x.shape[1], BD)):
+            j = k.cdiv(x.shape[1], BD) - 1 - jj
+            t = x[n, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            o[n, k.span(j * BD, BD)] = t * r
+        s[n] = tot
+
+
+def test_loops_carry_tiles_and_scalars(rng):
+    n, d = 3, 200
+    x = torch.from_numpy(rng.standard_normal((n, d)).astype(np.float32)).to(torch.bfloat16)
+    got = run_both(loops, {"x": x}, {"o": torch.zeros(n, d), "s": torch.zeros(n)})
+    compare(got, rtol=2e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- k.dot on the Cube path
+
+@k.kernel
+def matmul_bias(a: k.Tensor["T", "M", "K"], b: k.Tensor["T", "K", "N"], bias: k.Tensor[k.f32, "N"],
+                c: k.Tensor[k.f32, "M", "N"], T: k.constexpr[k.f32, k.bf16, k.f8e4m3] = k.f32,
+                BM: k.constexpr = 32, BN: k.constexpr = 32, BK: k.constexpr = 16):
+    for pm, pn in k.grid(k.cdiv(a.shape[0], BM), k.cdiv(b.shape[1], BN)):
+        acc = k.zeros((BM, BN), k.f32)
+        for kk in range(k.cdiv(a.shape[1], BK)):
+            at = a[k.span(pm * BM, BM, other=0.0), k.span(kk * BK, BK, other=0.0)]
+            bt = b[k.span(kk * BK, BK, other=0.0), k.span(pn * BN, BN, other=0.0)]
+            acc += k.dot(at, bt)
+        acc += bias[k.span(pn * BN, BN, other=0.0)][None, :]
+        c[k.span(pm * BM, BM), k.span(pn * BN, BN)] = acc
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_matmul_with_bias_through_the_cube(rng, dtype):
+    m, n, kk = 45, 37, 53                       # odd against every tile
+    a = torch.from_numpy(rng.standard_normal((m, kk)).astype(np.float32)).to(dtype)
+    b = torch.from_numpy(rng.standard_normal((kk, n)).astype(np.float32)).to(dtype)
+    bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+    got = run_both(matmul_bias, {"a": a, "b": b, "bias": bias}, {"c": torch.zeros(m, n)})
+    compare(got, rtol=1e-5, atol=1e-5)
+    want = a.double() @ b.double() + bias.double()
+    np.testing.assert_allclose(got["ascendc"]["c"].double().numpy(), want.numpy(), rtol=1e-5, atol=1e-4)
+    src = source(matmul_bias, T=k.bf16 if dtype == torch.bfloat16 else k.f32)
+    for line in ("AscendC::Nd2NzParams", "AscendC::LoadData(", "AscendC::Mmad(", "AscendC::Fixpipe(",
+                 "TQue<AscendC::TPosition::CO1, 1>"):
+        assert line in src, line
+
+
+# ---------------------------------------------------------------- generated code
+
+@k.kernel
+def scale_rows(x: k.Tensor[k.f32, "N", "D"], y: k.Tensor[k.bf16, "N", "D"], s: k.f32, BD: k.constexpr = 128):
+    for n in k.grid(x.shape[0]):
+        for j in range(k.cdiv(x.shape[1], BD)):
+            y[n, k.span(j * BD, BD)] = (x[n, k.span(j * BD, BD, other=0.0)] * s).to(k.bf16)
+
+
+def test_codegen_key_lines():
+    src = source(scale_rows)
+    assert 'extern "C" __global__ __aicore__ void scale_rows(GM_ADDR x, GM_ADDR y, GM_ADDR workspace, GM_ADDR tiling)' in src
+    assert "TQue<AscendC::TPosition::VECIN, 2>" in src and "TQue<AscendC::TPosition::VECOUT, 2>" in src
+    assert "AscendC::DataCopyPad(x_1[u], xGm[g]" in src or "AscendC::DataCopyPad(" in src
+    assert "DataCopyPadExtParams<float>(true" in src            # ragged tail padded with other=
+    assert "AscendC::Muls(" in src and "AscendC::RoundMode::CAST_RINT" in src
+    assert "GetBlockIdx()" in src and "GetBlockNum()" in src
+    assert "SyncAll" not in src
+    assert "// src: test_ascendc_target.py:" in src and "ir-hash:" in src and "BD=128" in src
+    files = emit_all(k.compile(scale_rows, target="ascendc").ir())
+    assert set(files) >= {"scale_rows_kernel.cpp", "scale_rows_tiling.h", "scale_rows_host.cpp",
+                          "scale_rows_emu.cpp", "k31_helpers.h", "CMakeLists.txt", "build_emu.sh"}
+    assert "aclrtMemcpy" in files["scale_rows_host.cpp"] and "<<<" in files["scale_rows_host.cpp"]
+    assert "ascendc_library(" in files["CMakeLists.txt"]
+    assert "struct K31Tiling_scale_rows" in files["scale_rows_tiling.h"]
+
+
+def test_codegen_scalar_unit_is_named():
+    src = source(fp8_codes)
+    assert "// scalar unit: fp8/e8m0 conversion by integer bit operations" in src
+    assert "Scalar unit (GetValue/SetValue loops in k31_helpers.h) for:" in src
+
+
+@k.kernel
+def big_tiles(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], B: k.constexpr = 16384):
+    for i in k.grid(k.cdiv(x.shape[0], B)):
+        y[k.span(i * B, B)] = x[k.span(i * B, B, other=0.0)] + 1.0
+
+
+@k.kernel
+def huge_tile(x: k.Tensor[k.f32, "N", "D"], y: k.Tensor[k.f32, "N"], B: k.constexpr = 256):
+    for i in k.grid(1):
+        t = x[k.span(0, B, other=0.0), k.span(0, B, other=0.0)]
+        y[k.span(0, B)] = k.sum(t * t, axis=1)
+
+
+def test_ub_budget_shrinks_then_rejects():
+    src = source(big_tiles)                        # 64 KB tiles: fits once double buffering is dropped
+    assert "buffering: single" in src and "VECIN, 2>" not in src
+    with pytest.raises(K31Error) as e:
+        source(huge_tile)                          # 256 KB tiles cannot fit a 192 KB UB
+    msg = str(e.value)
+    assert f"{UB_BYTES} B" in msg and "262144 B" in msg and "test_ascendc_target.py:" in msg
+    assert "f32[256,256]" in msg
+
+
+def test_cli_compile_writes_the_cann_and_emulator_files(tmp_path):
+    from k31dsl.cli import main
+    out = tmp_path / "out"
+    assert main(["compile", __file__ + "::scale_rows", "--target", "ascendc", "-o", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"scale_rows_kernel.cpp", "scale_rows_tiling.h", "scale_rows_host.cpp", "scale_rows_emu.cpp",
+            "k31_helpers.h", "CMakeLists.txt", "build_emu.sh"} <= names
