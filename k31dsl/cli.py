@@ -120,7 +120,7 @@ def cmd_compile(args) -> int:
         generated = dict(emit_source(kernel, args.target))
         generated[f"{kernel.name}.k31"] = print_kernel(kernel)
         for name, text in generated.items():
-            if name in files:
+            if name in files and files[name] != text:     # shared files (ascendc helpers, CMake) are identical
                 raise K31Error(f"two kernels would both write {name}; select one with PATH::KERNEL")
             files[name] = text
 
