@@ -192,24 +192,30 @@ inline int launch_impl(uint32_t blockDim, BlockFn fn, void* arg) {
       sh.record(e.what());
     } catch (const std::exception& e) {
       sh.record(cat("[block ", b, "/", sh.num, "] C++ exception: ", e.what()));
+    } catch (...) {
+      sh.record(cat("[block ", b, "/", sh.num, "] unknown C++ exception"));
     }
     c.shared = nullptr; c.mem = nullptr;
   };
   std::vector<std::thread> threads;
-  if (sh.resident) {
-    for (int32_t b = 0; b < sh.num; ++b)
-      threads.emplace_back([&, b] { CoreMem mem; run_block(b, &mem); });
-  } else {
-    unsigned hw = std::thread::hardware_concurrency();
-    int32_t workers = static_cast<int32_t>(hw ? (hw < 8 ? hw : 8) : 2);
-    for (int32_t w = 0; w < workers; ++w)
-      threads.emplace_back([&] {
-        CoreMem mem;
-        for (int32_t b; (b = next.fetch_add(1)) < sh.num;) {
-          { std::lock_guard<std::mutex> g(sh.mu); if (sh.aborted) return; }
-          run_block(b, &mem);
-        }
-      });
+  try {
+    if (sh.resident) {
+      for (int32_t b = 0; b < sh.num; ++b)
+        threads.emplace_back([&, b] { CoreMem mem; run_block(b, &mem); });
+    } else {
+      unsigned hw = std::thread::hardware_concurrency();
+      int32_t workers = static_cast<int32_t>(hw ? (hw < 8 ? hw : 8) : 2);
+      for (int32_t w = 0; w < workers; ++w)
+        threads.emplace_back([&] {
+          CoreMem mem;
+          for (int32_t b; (b = next.fetch_add(1)) < sh.num;) {
+            { std::lock_guard<std::mutex> g(sh.mu); if (sh.aborted) return; }
+            run_block(b, &mem);
+          }
+        });
+    }
+  } catch (const std::exception& e) {  // e.g. no more threads: stop the started blocks cleanly
+    sh.record(cat("Launch: could not start the block threads: ", e.what()));
   }
   for (auto& t : threads) t.join();
   if (!sh.first_error.empty()) { last_error() = sh.first_error; return 1; }
