@@ -150,7 +150,6 @@ def _program_kernels(target, t, d, return_h=True) -> int:
 
 
 def bench_update(timer, dev, target, t, d, compile_fn, rows, results):
-    import torch
     args = _update_inputs(dev, t, d)
     fused_kernels = _program_kernels(target, t, d)
     fns = {"k31dsl 2 kernels": _k31_update(target, args, False),
@@ -191,8 +190,8 @@ def bench_decode(timer, dev, target, sizes, d, compile_fn, rows, results, smoke)
     cu = compile_fn(torch_update) if compile_fn is not None else None
     for t in sizes:
         args = _update_inputs(dev, t, d, seed=2 + t)
-        fns = {"k31dsl 2 kernels": _k31_update(target, args, False), "k31dsl graph program": _k31_update(target, args, None),
-               "eager": lambda: torch_update(*args)}
+        fns = {"k31dsl 2 kernels": _k31_update(target, args, False),
+               "k31dsl graph program": _k31_update(target, args, None), "eager": lambda: torch_update(*args)}
         if cu is not None:
             fns["torch.compile"] = lambda: cu(*args)
         launches = {"k31dsl 2 kernels": 2, "k31dsl graph program": _program_kernels(target, t, d)}

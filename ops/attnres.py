@@ -10,12 +10,12 @@ q an input-independent pseudo-query into which the key-RMSNorm gain is folded (q
   merged with (O, M, L) by online softmax -> h (bf16), then the next layer's RMSNorm -> y (bf16).
   It is two kernels (update, then a row RMSNorm) that the graph's superkernel pass fuses into one.
 
-Layout: one program per token row t. The prepare kernel sweeps the row's n sources twice in
-BD-column chunks: the first sweep accumulates every source's sum of squares and the S x n dot
-products (elementwise in a [S, n, BD] accumulator, reduced once at the end); the second sweep
-runs over the chunks in reverse order, so that it starts on the chunks the first sweep read last
-(still in L2 on a GPU), and writes O. Configs choose the chunk width, warps, how the sums are
-reduced, and whether a program owns several rows (sharing each query chunk among them). The update and RMSNorm kernels hold a whole row as one
+Layout: one program per token row t (or per ROWS rows). The prepare kernel sweeps the row's n
+sources twice in BD-column chunks: the first sweep accumulates every source's sum of squares and
+the S x n dot products; the second runs over the chunks in reverse order, so that it starts on
+the chunks the first sweep read last (still in L2 on a GPU), and writes O. Configs choose the
+chunk width, the warps, how the sums are reduced, and whether a program owns several rows
+(sharing each query chunk among them). The update and RMSNorm kernels hold a whole row as one
 BD = next_pow2(D) tile, so the RMSNorm program reads exactly the h row that the same update
 program wrote: the condition for the superkernel pass to fuse them (h stays in registers).
 """

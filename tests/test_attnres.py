@@ -222,7 +222,8 @@ def test_fused_launchers_per_t_do_not_mix():
     for t in (3, 1, 5, 3):
         a = _update_args(rng, t, 40)
         b = tuple(x.clone() for x in a)
-        assert torch.equal(ar.attnres_update(*a, target="numpy")[1], ar.attnres_update(*b, fused=False, target="numpy")[1])
+        fused, plain = ar.attnres_update(*a, target="numpy"), ar.attnres_update(*b, fused=False, target="numpy")
+        assert torch.equal(fused[1], plain[1])
 
 
 def _upd(**over):
@@ -296,5 +297,5 @@ FUSED_UPDATE = _FusedUpdate()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["PREPARE_BENCH", "PREPARE_ROWS", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW", "FUSED_UPDATE"],
-                               tmp_path, index_types=("int32",))
+    names = ["PREPARE_BENCH", "PREPARE_ROWS", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW", "FUSED_UPDATE"]
+    assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
