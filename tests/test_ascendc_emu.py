@@ -94,6 +94,10 @@ BAD_CASES = {  # case name -> a fragment the emulator message must contain
     "MMAD_UNWRITTEN": "Mmad: A element (0, 0) at L0A element 0 of TQue<A2, depth 1> #2 buffer 0 was never written",
     "PAD_TOO_LONG": "DataCopyPad(GM->UB): the copy fills 1152 B of dst",
     "GM_OUT_OF_RANGE": "touches 32 elements of src but its global buffer holds 16",
+    "USE_WHILE_ENQUEUED": "Abs: src (TQue<VECIN, depth 1> #0 buffer 0) is still enqueued; DeQue it before using it",
+    "GETVALUE_UNWRITTEN": "GetValue: the tensor reads element 1 of TQue<VECIN, depth 1> #0 buffer 0",
+    "PADDING_TOO_WIDE": "leftPadding/rightPadding may cover at most 32 bytes each",
+    "FIXPIPE_BAD_STRIDE": "Fixpipe(L0C->GM): srcStride 20 must be a multiple of 16 rows and >= mSize 20",
 }
 
 

@@ -8,7 +8,7 @@ enum Case {
   MISALIGNED_LEN, MISALIGNED_ADDR, DOUBLE_FREE, DEQUE_WITHOUT_ENQUE, DEPTH_OVERFLOW, UB_OVERFLOW,
   UNWRITTEN_VECTOR, UNWRITTEN_COPYOUT, COUNT_BEYOND, FOREIGN_FREE, USE_AFTER_FREE, ALLOC_EXHAUSTED,
   SYNCALL_MISMATCH, L0A_OVERFLOW, VECTOR_ON_L1, COMPARE_COUNT, MMAD_UNWRITTEN, PAD_TOO_LONG,
-  GM_OUT_OF_RANGE,
+  GM_OUT_OF_RANGE, USE_WHILE_ENQUEUED, GETVALUE_UNWRITTEN, PADDING_TOO_WIDE, FIXPIPE_BAD_STRIDE,
 };
 
 static void bad(int which, GM_ADDR gm) {
@@ -135,6 +135,32 @@ static void bad(int which, GM_ADDR gm) {
     case GM_OUT_OF_RANGE: {
       auto t = qin.AllocTensor<float>();
       DataCopy(t, g[4096 - 16], 32);
+      break;
+    }
+    case USE_WHILE_ENQUEUED: {  // data still in flight on the device: DeQue first
+      auto a = qin.AllocTensor<float>();
+      DataCopy(a, g, 64);
+      qin.EnQue(a);
+      auto c = qout.AllocTensor<float>();
+      Abs(c, a, 64);
+      break;
+    }
+    case GETVALUE_UNWRITTEN: {
+      auto a = qin.AllocTensor<float>();
+      a.SetValue(0, 1.0f);
+      g.SetValue(0, a.GetValue(0) + a.GetValue(1));
+      break;
+    }
+    case PADDING_TOO_WIDE: {  // 9 floats = 36 B of left padding
+      auto t = qin.AllocTensor<float>();
+      DataCopyPad(t, g, DataCopyExtParams(1, 16, 0, 0, 0), DataCopyPadExtParams<float>(true, 9, 0, 0.f));
+      break;
+    }
+    case FIXPIPE_BAD_STRIDE: {
+      TQue<TPosition::CO1, 1> qc;
+      pipe.InitBuffer(qc, 1, 32 * 32 * 4);
+      auto c = qc.AllocTensor<float>();
+      Fixpipe(g, c, FixpipeParamsV220(32, 20, 20, 32, false));  // srcStride must be ceil16(m)-like
       break;
     }
   }
