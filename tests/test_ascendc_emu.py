@@ -457,3 +457,13 @@ def test_cube_fixpipe_converts_and_relus(cube, out):
     np.testing.assert_allclose(c.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
     if out == "bf16":
         assert (c.astype(np.float32) >= 0).all() and (ref > 0.5).any()
+
+
+def test_cube_int8_matmul_exact(cube):
+    m, n, k = 21, 35, 77
+    rng = np.random.default_rng(8)
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    c = np.zeros((m, n), np.int32)
+    _call(cube, "run_mm_i8", 2, a, np.ascontiguousarray(b.T), c, m, n, k, 32, 32, 64, 1)
+    np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))

@@ -7,6 +7,7 @@ using namespace AscendC;
 
 template <class T, class O = float>
 class Matmul {
+  using Acc = typename std::conditional<std::is_same<T, int8_t>::value, int32_t, float>::type;
   TPipe pipe;
   TQue<TPosition::A1, 1> qa1;
   TQue<TPosition::B1, 1> qb1;
@@ -41,7 +42,7 @@ class Matmul {
   __aicore__ void Tile(uint32_t m0, uint32_t n0) {
     uint32_t mm = M - m0 < tm ? M - m0 : tm, nn = N - n0 < tn ? N - n0 : tn;
     uint32_t M1 = up(mm, 16) / 16, N1 = up(nn, 16) / 16;
-    LocalTensor<float> acc = qc.AllocTensor<float>();
+    LocalTensor<Acc> acc = qc.AllocTensor<Acc>();
     for (uint32_t k0 = 0; k0 < K; k0 += tk) {
       uint32_t kk = K - k0 < tk ? K - k0 : tk, K1 = up(kk, C0) / C0;
       // A tile [mm, kk] -> L1 Nz (fractal columns of ceil16(mm) rows)
@@ -80,7 +81,7 @@ class Matmul {
       qb2.FreeTensor(b2);
     }
     qc.EnQue(acc);
-    acc = qc.DeQue<float>();
+    acc = qc.DeQue<Acc>();
     FixpipeParamsV220 fp(nn, mm, up(mm, 16), N, relu);
     if (std::is_same<O, half>::value) fp.quantPre = QuantMode_t::F322F16;
     if (std::is_same<O, bfloat16_t>::value) fp.quantPre = QuantMode_t::F322BF16;
@@ -98,6 +99,11 @@ static int run(uint32_t blockDim, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, u
     op.relu = relu;
     op.Process();
   });
+}
+// int8 x int8 -> int32 (B given as B^T)
+extern "C" int run_mm_i8(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
+                         uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT) {
+  return run<int8_t, int32_t>(bd, a, b, c, m, n, k, tm, tn, tk, bT);
 }
 // bf16 x bf16 -> Fixpipe ReLU + F322BF16 / half x half -> F322F16
 extern "C" int run_mm_bf16_out(uint32_t bd, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, uint32_t n, uint32_t k,
