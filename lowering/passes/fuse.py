@@ -64,6 +64,11 @@ class Side:
         attrs = tuple(sorted((k, repr(a)) for k, a in op.attrs.items()))
         return (op.name, attrs, subs)
 
+    def operand_text(self, v: Value) -> str:
+        op = self.defs.get(v.uid)
+        compound = op is not None and op.name in ("add", "sub", "mul", "floordiv", "mod")
+        return f"({self.text(v)})" if compound else self.text(v)
+
     def text(self, v: Value) -> str:
         """The value as an expression, for refusal messages."""
         if v.uid in self.pids:
@@ -79,7 +84,7 @@ class Side:
             return f"{self.text(op.operands[0])}.shape[{op.attrs['axis']}]"
         sym = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}.get(op.name)
         if sym and len(op.operands) == 2:
-            return f"{self.text(op.operands[0])} {sym} {self.text(op.operands[1])}"
+            return f"{self.operand_text(op.operands[0])} {sym} {self.operand_text(op.operands[1])}"
         if op.name == "cast":
             return self.text(op.operands[0])
         return v.hint or f"{op.name}(...)"
