@@ -13,6 +13,9 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 CHUNK_SIZES = (16, 32, 64)
 SUB_CHUNK = 16
 HEAD_DIMS = (16, 32, 64, 128, 256)
+PREP_VARIANTS = {"tf32": ("tf32", k.f32), "tf32-keep16": ("tf32", k.bf16), "bf16": ("bf16", k.f32),
+                 "bf16-keep16": ("bf16", k.bf16)}
+DEFAULT_VARIANT = "tf32"
 _MAPS: dict = {}            # (cu_seqlens, chunk) -> (chunk_info, seq_chunks, cu) on a device
 
 
@@ -101,7 +104,8 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size):
 
 
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, target=None):
+              use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, target=None,
+              _variant: str | None = None):
     """KDA forward, chunked -> (o [B, T, HV, V] like v, final_state fp32 [N, HV, K, V] or None).
 
     q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H); g [B, T, HV, K] the natural-log decay,
@@ -134,6 +138,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     h0 = initial_state.contiguous() if initial_state is not None else torch.empty(1, 1, 1, 1, dtype=torch.float32,
                                                                                    device=dev)
     prec = "ieee" if mt == torch.float32 else "tf32"
+    # prep-kernel numerics for 16-bit inputs: (dot operands, dtype of the tiles kept across
+    # sub-chunks); `_variant` picks another for measurements (benchmarks/kda.py)
+    prep_prec, keep = PREP_VARIANTS[_variant or DEFAULT_VARIANT] if mt != torch.float32 else ("ieee", D.f32)
     # On a GPU at chunk 64 the tile sizes and launch options come from the kernels' configs
     # (autotuned per shape); elsewhere (interpreter, numpy, chunk 16/32) they are passed.
     tuned = target == "triton" and dev.type == "cuda" and bt == 64 and V >= 64
@@ -142,7 +149,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
-                               GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prec,
+                               GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec, KEEP=keep,
                                BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
     if nt or output_final_state:
         kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,

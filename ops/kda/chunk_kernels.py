@@ -28,13 +28,21 @@ from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.ops.kda.gate import GATE_LOWER, GATE_NONE, GATE_SOFTPLUS, gate_value
 
 L2_EPS = 1e-6
-PRECISIONS = ("ieee", "tf32")
+PRECISIONS = ("ieee", "tf32", "bf16")     # "bf16": operands rounded to bf16 (tensor cores at full rate)
 
 
 @k.func
 def row_of(x, rid, i):
     """Row i of tile x [R, C] as [C]; exact (the other rows add zeros)."""
     return k.sum(k.where(rid[:, None] == i, x, 0.0), axis=0)
+
+
+@k.func
+def mm(a, b, PREC):
+    """a @ b with fp32 accumulation; PREC "bf16" rounds the operands to bf16 first."""
+    if PREC == "bf16":
+        return k.dot(a.to(k.bf16), b.to(k.bf16))
+    return k.dot(a, b, precision=PREC)
 
 
 @k.func
@@ -84,6 +92,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                    BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
                    GATE: k.constexpr[GATE_NONE, GATE_SOFTPLUS, GATE_LOWER] = GATE_LOWER,
                    SAFE: k.constexpr = True, L2: k.constexpr = True, PREC: k.constexpr[PRECISIONS] = "tf32",
+                   KEEP: k.constexpr[k.bf16, k.f32] = k.f32,
                    BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
     for n, hv in k.grid(chunk_info.shape[0], v.shape[1]):
@@ -123,8 +132,8 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             kcol = kc * k.exp(lend[None, :] - lc)              # exp(E_c - G_j) <= 1
             if SAFE:
                 kinv = kc * k.exp(-lc)                         # exp(P_c - G_j) <= exp(BC |lb|)
-                aq_d = k.dot(qe, kinv.T, precision=PREC)
-                ak_d = k.dot(ke, kinv.T, precision=PREC)
+                aq_d = mm(qe, kinv.T, PREC)
+                ak_d = mm(ke, kinv.T, PREC)
             else:
                 aq_d, ak_d = diag_exact(qc, kc, lc, rid)
             aq_d = k.where(rid[:, None] >= rid[None, :], aq_d, 0.0)
@@ -138,18 +147,18 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                 if c3 > 0:                                     # decay across sub-chunk c2 + 1 (<= 1)
                     f = k.exp(lends[c2 + 1])[None, :]
                     qf, kf = qf * f, kf * f
-                aq_o = k.dot(qf, kcols[c2].T, precision=PREC)
-                ak_o = k.dot(kf, kcols[c2].T, precision=PREC) * bc[:, None]
+                aq_o = mm(qf, kcols[c2].to(k.f32).T, PREC)
+                ak_o = mm(kf, kcols[c2].to(k.f32).T, PREC) * bc[:, None]
                 aqk[n, hv, k.span(c * BC, BC), k.span(c2 * BC, BC)] = aq_o.to(MT)
-                rw = rw - k.dot(ak_o, ws[c2], precision=PREC)
-                ru = ru - k.dot(ak_o, us[c2], precision=PREC)
+                rw = rw - mm(ak_o, ws[c2].to(k.f32), PREC)
+                ru = ru - mm(ak_o, us[c2].to(k.f32), PREC)
             ainv = unit_lower_inverse(ak_d, rid)
-            wc = k.dot(ainv, rw, precision=PREC)
-            uc = k.dot(ainv, ru, precision=PREC)
+            wc = mm(ainv, rw, PREC)
+            uc = mm(ainv, ru, PREC)
             w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
             u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
             qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * k.exp(gc)).to(MT)
-            lends, kcols, ws, us = lends + (lend,), kcols + (kcol,), ws + (wc,), us + (uc,)
+            lends, kcols, ws, us = lends + (lend,), kcols + (kcol.to(KEEP),), ws + (wc.to(KEEP),), us + (uc.to(KEEP),)
             gp = gend
         gam[n, hv, k.span(0, BK)] = k.exp(gp)
         after = k.zeros((BK,), k.f32)                          # G_C - E_c: decay after sub-chunk c
@@ -158,7 +167,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             if c3 == 0:
                 kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = kcols[c].to(MT)
             else:
-                kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcols[c] * k.exp(after)[None, :]).to(MT)
+                kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcols[c].to(k.f32) * k.exp(after)[None, :]).to(MT)
             after = after + lends[c]
 
 
