@@ -249,7 +249,8 @@ class _Specialised:
         return self.kdef.ir(**self.constexprs)
 
 
-LI_DECODE = _Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1)
+LI_DECODE = _Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
+LI_DRAFTS = _Specialised(I.lightning_indexer_paged, H=64, NQ=4, PB=1)
 LI_PREFILL = _Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
 TOPK_MERGE = _Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True)
 Q_CHAIN = _Specialised(P.indexer_q_chain, BM=64)
@@ -259,5 +260,5 @@ CACHE_WRITE = _Specialised(I.indexer_cache_write_rows)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
+    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_DRAFTS", "LI_PREFILL", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
                                           "TOPK_MERGE"], tmp_path, index_types=("int32",))

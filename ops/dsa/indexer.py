@@ -110,7 +110,12 @@ def indexer_cache_write_rows(k_codes: k.Tensor[k.f8e4m3, "T", "128"], k_scales: 
                    k_scales[k.span(pt * BT, BT), k.span(0, 4)], BT)
 
 
-LI_CONFIGS = [{"NQ": 1, "PB": 1, "num_warps": 4}]
+# (NQ query tokens, PB pages) per program -> warps; the public function picks NQ/PB per shape
+# (decode n = 1..4 tokens per sequence, or prefill), so these only set num_warps (a guess until
+# measured: M = NQ * 64 rows of the fp8 dot, one warpgroup per 64 rows).
+LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, {"NQ": 1, "PB": 1, "num_warps": 4},
+              {"NQ": 2, "PB": 2, "num_warps": 8}, {"NQ": 2, "PB": 1, "num_warps": 4},
+              {"NQ": 4, "PB": 1, "num_warps": 8}]
 
 
 @k.kernel(configs=LI_CONFIGS)
@@ -220,11 +225,13 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
     return cache
 
 
-def _li_config(n: int, t: int, blocks: int, b: int) -> dict:
-    """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB, and the key splits."""
-    nq = min(4, next_pow2(n)) if n <= 4 else 2
-    pb = 2 if n > 4 else 1
-    return {"NQ": nq, "PB": pb}
+def _li_config(n: int) -> dict:
+    """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB: all n <= 4 decode
+    tokens of a sequence share each key page they load; prefill takes 2 tokens x 2 pages."""
+    if n <= 4:
+        nq = next_pow2(n)
+        return {"NQ": nq, "PB": 1 if nq == 4 else 2}
+    return {"NQ": 2, "PB": 2}
 
 
 def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
@@ -270,7 +277,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     if t == 0 or max_len == 0:
         return scores
     n = t // b
-    cfg = _li_config(n, t, -(-max_len // PAGE), b)
+    cfg = _li_config(n)
     if nsplit is None:
         blocks = -(-max_len // (PAGE * cfg["PB"]))
         progs = b * -(-n // cfg["NQ"])

@@ -34,18 +34,28 @@ def merge_topk(run_v, run_i, v, i, KP):
     return tv, k.take(k.cat(run_i, i), tp)
 
 
-@k.kernel
+# Sorting networks of 2*KP int64 keys: more warps for long lists (a guess until measured on a GPU).
+TOPK_CONFIGS = [{"KP": 4096, "num_warps": 16}, {"KP": 2048, "num_warps": 8}, {"KP": 1024, "num_warps": 8}]
+
+
+@k.kernel(configs=TOPK_CONFIGS)
 def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"], out_v: k.Tensor[k.f32, "R", "M"],
                   out_i: k.Tensor[k.i32, "R", "M"], seg: k.i32,
                   KP: k.constexpr = 16, HAS_IDX: k.constexpr = False, FINAL: k.constexpr = False):
     # Program (r, sp) reduces vals[r, sp*seg : (sp+1)*seg] (seg a multiple of KP) to its top KP,
     # written to out_*[r, sp*KP : (sp+1)*KP]. Positions are the column (HAS_IDX=False) or idx's
-    # entry. FINAL: only the positions, -1 where the value is not > -inf, columns past M dropped.
+    # entry (then every KP-wide chunk is already a sorted list: the first one needs no sort).
+    # FINAL: only the positions, -1 where the value is not > -inf, columns past M dropped.
     for r, sp in k.grid(vals.shape[0], k.cdiv(vals.shape[1], seg)):
         start = sp * seg
-        run_v = k.full((KP,), float("-inf"), k.f32)
-        run_i = k.full((KP,), -1, k.i32)
-        for c in range(k.cdiv(k.minimum(seg, vals.shape[1] - start), KP)):
+        v = vals[r, k.span(start, KP, other=float("-inf"))]
+        if HAS_IDX:
+            run_v = v
+            run_i = idx[r, k.span(start, KP, other=-1)]
+        else:
+            run_v, pos = k.topk(v, KP)
+            run_i = start + pos
+        for c in range(1, k.cdiv(k.minimum(seg, vals.shape[1] - start), KP)):
             col = start + c * KP
             v = vals[r, k.span(col, KP, other=float("-inf"))]
             if HAS_IDX:
