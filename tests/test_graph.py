@@ -221,3 +221,27 @@ def test_explain_errors(tmp_path, capsys):
     empty.write_text("x = 1\n")
     assert main(["explain", str(empty), "--target", "numpy"]) == 1
     assert "@k31dsl.lowering.graph.program" in capsys.readouterr().err
+
+
+def test_non_contiguous_input_updated_in_place_is_written_back():
+    p = Program("inplace_view")
+    acc = p.input("acc", (40,), k.f32)
+    x = p.input("x", (40,), k.f32)
+    p.output(p.call(accumulate, acc, x))
+    base = torch.randn(80)
+    view, x0 = base[::2], torch.randn(40)
+    want = view + x0
+    run(p, {"acc": view, "x": x0})
+    torch.testing.assert_close(base[::2], want)
+
+
+def test_persistent_intermediates_are_reused_but_outputs_are_fresh():
+    from k31dsl.lowering.graph import compile_program
+    ex = compile_program(norm_twice(4, 32), "numpy", passes=["verify"])
+    ex.persistent_temps = True
+    ins = {"x": torch.randn(4, 32), "w": torch.randn(32)}
+    first = ex(ins)["y"]
+    h1 = ex._kept[("t", "h")]
+    second = ex(ins)["y"]
+    assert ex._kept[("t", "h")] is h1 and first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(first, second)

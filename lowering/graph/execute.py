@@ -37,6 +37,11 @@ class ProgramExecutor:
         self._static: dict = {}                    # storage -> tensor, with the weights' identity
         self._static_key = None
         self.launches = 0                          # kernel launches issued (tests count them)
+        # Intermediates (not outputs) allocated once and reused by every call: stable addresses
+        # for captured CUDA graphs. Off by default (a fresh allocation per call).
+        self.persistent_temps = False
+        self._kept: dict = {}
+        self._copy_back: list = []
 
     # ------------------------------------------------------------ building
     def build(self, kernel):
@@ -72,6 +77,7 @@ class ProgramExecutor:
         if unknown:
             raise K31Error(f"run({p.name}): no input named {', '.join(sorted(unknown))}")
         env = {}
+        self._copy_back = []
         for s, t in storages.items():
             if s not in inputs:
                 continue
@@ -80,18 +86,30 @@ class ProgramExecutor:
                 raise K31Error(f"run({p.name}): `{s}` must be {t.dtype.name}{list(t.shape)}, got "
                                f"{v.dtype} {list(v.shape)}")
             env[s] = v if v.is_contiguous() else v.contiguous()
+            if env[s] is not v and p.final(s) != t.id:      # written in place: copy back at the end
+                self._copy_back.append((v, s))
         dev = self.device(inputs)
-        plan = p.meta.get("memory_plan")
+        plan = p.meta.get("memory_plan") or {"assign": {}, "buffers": {}}
+        keep = self._kept if self.persistent_temps else {}
+        if keep.get("device") != dev:
+            keep.clear()
+            keep["device"] = dev
         buffers = {}
-        if plan:
-            buffers = {b: torch.empty(n, dtype=torch.uint8, device=dev) for b, n in plan["buffers"].items()}
+        for b, n in plan["buffers"].items():
+            if ("buf", b) not in keep:
+                keep[("buf", b)] = torch.empty(n, dtype=torch.uint8, device=dev)
+            buffers[b] = keep[("buf", b)]
         for s, t in storages.items():
             if s in env or self._produced_statically(s):
                 continue
             tdt = D.torch_dtype(t.dtype)
-            if plan and s in plan["assign"]:
+            if s in plan["assign"]:
                 raw = buffers[plan["assign"][s]][: t.nbytes]
                 env[s] = raw.view(tdt).view(t.shape)
+            elif self.persistent_temps and s not in p.outputs:
+                if ("t", s) not in keep:
+                    keep[("t", s)] = torch.empty(t.shape, dtype=tdt, device=dev)
+                env[s] = keep[("t", s)]
             else:
                 env[s] = torch.empty(t.shape, dtype=tdt, device=dev)
         return env
@@ -152,6 +170,8 @@ class ProgramExecutor:
             if self.p.node(nid).kind == "call":
                 self.launcher(nid)
         self.run_schedule(env)
+        for v, s in self._copy_back:
+            v.copy_(env[s])
         return {s: env[s] for s in self.p.outputs}
 
 

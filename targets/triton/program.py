@@ -5,8 +5,9 @@ current stream, side streams first wait for it (fork), each op waits for the eve
 `wait` attr and records those in `record`, and at the end the current stream waits for every side
 stream (join). A `group` from the `superkernel` pass (calls that could not be fused into one
 kernel) runs as one CUDA graph ("graph mode"): launched eagerly the first time it sees a set of
-buffer addresses, captured then, and replayed whenever the same addresses come back. Under the
-interpreter (CPU) everything runs in schedule order, which the events already respect.
+buffer addresses, captured then, and replayed whenever the same addresses come back (on a GPU
+the intermediates are allocated once per executable, so only inputs and outputs can move). Under
+the interpreter (CPU) everything runs in schedule order, which the events already respect.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class TritonProgram(ProgramExecutor):
         self._graphs: dict = {}          # (group, buffer addresses) -> CUDAGraph
         self.graph_replays = 0
         self._side: dict = {}            # stream id -> torch.cuda.Stream
+        self.persistent_temps = self.mode == "gpu"
+        self._capture_stream = None
 
     def build_options(self) -> dict:
         return {"mode": self.mode}
@@ -92,11 +95,19 @@ class TritonProgram(ProgramExecutor):
         if sum(1 for k in self._graphs if k[0] == group) >= MAX_GRAPHS_PER_GROUP:
             return
         graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
+        side = self._capture_stream or torch.cuda.Stream()
+        self._capture_stream = side
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-            for nid in unit:
-                self.launcher(nid)(*args[nid])
+        # capture_begin/end rather than `with torch.cuda.graph(...)`: that one also synchronises,
+        # collects garbage and empties the allocator cache, which moves the very buffers the
+        # graph is keyed on.
+        with torch.cuda.stream(side):
+            graph.capture_begin()
+            try:
+                for nid in unit:
+                    self.launcher(nid)(*args[nid])
+            finally:
+                graph.capture_end()
         torch.cuda.current_stream().wait_stream(side)
         self._graphs[key] = graph
 
