@@ -59,7 +59,7 @@ def cube():
     return _lib("cube_ok")
 
 
-@pytest.mark.parametrize("dtype,bT", [("half", 0), ("bf16", 0), ("half", 1), ("f32", 1)])
+@pytest.mark.parametrize("dtype,bT", [("half", 0), ("bf16", 0), ("half", 1), ("f32", 1), ("f32", 2)])
 @pytest.mark.parametrize("m,n,k,tiles", [(37, 45, 70, (32, 32, 32)), (1, 17, 9, (16, 16, 16)), (50, 3, 129, (64, 16, 64))])
 def test_cube_matmul_odd_shapes(cube, dtype, bT, m, n, k, tiles):
     import ml_dtypes
@@ -68,7 +68,7 @@ def test_cube_matmul_odd_shapes(cube, dtype, bT, m, n, k, tiles):
     a = rng.standard_normal((m, k)).astype(np_dt)
     b = rng.standard_normal((k, n)).astype(np_dt)
     c = np.full((m, n), np.nan, np.float32)
-    b_in = np.ascontiguousarray(b.T) if bT else b
+    b_in = np.ascontiguousarray(b.T) if bT == 1 else b
     _call(cube, f"run_mm_{dtype}", 3, a, b_in, c, m, n, k, *tiles, bT)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.sqrt(k))

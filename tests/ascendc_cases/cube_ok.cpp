@@ -17,14 +17,14 @@ class Matmul {
   GlobalTensor<T> a, b;
   GlobalTensor<O> c;
   uint32_t M, N, K, tm, tn, tk;
-  bool bT;
+  int32_t bT;  // 0: B [K,N] + transposing LoadData, 1: B^T [N,K], 2: B [K,N] + LoadDataWithTranspose
   static constexpr uint32_t C0 = 32 / sizeof(T);
   static uint32_t up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 
  public:
   bool relu = false;
   __aicore__ void Init(GM_ADDR pa, GM_ADDR pb, GM_ADDR pc, uint32_t m, uint32_t n, uint32_t k,
-                       uint32_t tm_, uint32_t tn_, uint32_t tk_, bool bTransposed) {
+                       uint32_t tm_, uint32_t tn_, uint32_t tk_, int32_t bTransposed) {
     M = m; N = n; K = k; tm = tm_; tn = tn_; tk = tk_; bT = bTransposed;
     a.SetGlobalBuffer((__gm__ T*)pa, uint64_t(M) * K);
     b.SetGlobalBuffer((__gm__ T*)pb, uint64_t(K) * N);
@@ -50,9 +50,13 @@ class Matmul {
       DataCopy(a1, a[uint64_t(m0) * K + k0], Nd2NzParams(1, mm, kk, 0, K, up(mm, 16), 1, 0));
       qa1.EnQue(a1);
       LocalTensor<T> b1 = qb1.AllocTensor<T>();
-      if (bT)  // B^T tile [nn, kk]: its Nz fractals are already the Zn fractals of B
+      if (bT == 1)  // B^T tile [nn, kk]: its Nz fractals are already the Zn fractals of B
         DataCopy(b1, b[uint64_t(n0) * K + k0], Nd2NzParams(1, nn, kk, 0, K, up(nn, 16), 1, 0));
-      else     // B tile [kk, nn]
+      else if (bT == 2)  // per 16 k-rows, the C0-chunks of a row group are consecutive fractals
+        for (uint32_t g = 0; g * 16 < kk; ++g)
+          DataCopy(b1[g * 16 * up(nn, 16)], b[uint64_t(k0 + g * 16) * N + n0],
+                   Nd2NzParams(1, kk - g * 16 < 16 ? kk - g * 16 : 16, nn, 0, N, 16, 1, 0));
+      else  // B tile [kk, nn]
         DataCopy(b1, b[uint64_t(k0) * N + n0], Nd2NzParams(1, kk, nn, 0, N, up(kk, 16), 1, 0));
       qb1.EnQue(b1);
       a1 = qa1.DeQue<T>();
@@ -63,8 +67,11 @@ class Matmul {
       qa2.EnQue(a2);
       b1 = qb1.DeQue<T>();
       LocalTensor<T> b2 = qb2.AllocTensor<T>();
-      if (bT) {
+      if (bT == 1) {
         LoadData(b2, b1, LoadData2DParams(0, K1 * N1, 1, 0, 0, false));
+      } else if (bT == 2) {  // square (g, n1) -> Zn fractals (2g, n1) and (2g+1, n1)
+        for (uint32_t g = 0; g * 16 < kk; ++g)
+          LoadDataWithTranspose(b2[2 * g * N1 * 16 * C0], b1, LoadData2dTransposeParams(g * N1, N1, 1, 0, N1 - 1));
       } else {
         uint32_t Kp = up(kk, 16) / 16;
         for (uint32_t i = 0; i < Kp; ++i)  // Nz of B -> Zn: transpose each 16x16 fractal
@@ -95,7 +102,7 @@ static int run(uint32_t blockDim, GM_ADDR a, GM_ADDR b, GM_ADDR c, uint32_t m, u
                uint32_t tm, uint32_t tn, uint32_t tk, int32_t bT, bool relu = false) {
   return k31emu::Launch(blockDim, [&] {
     Matmul<T, O> op;
-    op.Init(a, b, c, m, n, k, tm, tn, tk, bT != 0);
+    op.Init(a, b, c, m, n, k, tm, tn, tk, bT);
     op.relu = relu;
     op.Process();
   });

@@ -142,6 +142,77 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
   }
 }
 
+struct LoadData2dTransposeParams {
+  uint16_t startIndex = 0;
+  uint8_t repeatTimes = 0;
+  uint16_t srcStride = 0, dstGap = 0, dstFracGap = 0;
+  uint8_t addrMode = 0;
+  LoadData2dTransposeParams() = default;
+  LoadData2dTransposeParams(uint16_t start, uint8_t repeat, uint16_t sStride, uint16_t gap, uint16_t fracGap,
+                            uint8_t mode = 0)
+      : startIndex(start), repeatTimes(repeat), srcStride(sStride), dstGap(gap), dstFracGap(fracGap), addrMode(mode) {}
+};
+
+// ---- LoadDataWithTranspose (our reading of the documented description): each iteration i takes
+// the square S at src byte (startIndex + i*srcStride) * square_bytes and writes S^T split into
+// fractals; the first lands at dst fractal i*(1 + dstGap), the second (4- and 1-byte types)
+// 1 + dstFracGap fractals after it.
+//   2-byte: S = one 16x16 fractal.
+//   4-byte: S = [F0 | F1], two consecutive 16x8 fractals side by side (16x16); outputs S^T[:, 0:8]
+//           and S^T[:, 8:16].  With src rows = 16 k-rows of B and F0/F1 = n columns 0-7 / 8-15,
+//           the outputs are the Zn fractals of k-blocks 0 and 1.
+//   1-byte: S = [F0; F1], two consecutive 16x32 fractals stacked (32x32); outputs S^T[0:16, :]
+//           and S^T[16:32, :]. ----
+template <class T>
+void LoadDataWithTranspose(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadData2dTransposeParams& p) {
+  const char* op = "LoadDataWithTranspose";
+  k31emu::need_live(dst, op, "dst");
+  k31emu::need_live(src, op, "src");
+  k31emu::need_mem(src, k31emu::L1, op, "src");
+  if (dst.slot_->mem != k31emu::L0A && dst.slot_->mem != k31emu::L0B)
+    k31emu::fail(op, ": dst is in ", k31emu::pos_name(dst.slot_->pos), "; it fills A2 (L0A) or B2 (L0B)");
+  k31emu::need_align(dst, 512, op, "dst");
+  k31emu::need_align(src, 32, op, "src");
+  constexpr uint32_t E = sizeof(T), F = 512;
+  constexpr uint32_t SQ = E == 2 ? 16 : (E == 4 ? 16 : 32);  // square edge (elements)
+  constexpr uint32_t NOUT = E == 2 ? 1 : 2;                   // fractals written per iteration
+  static_assert(E == 1 || E == 2 || E == 4, "LoadDataWithTranspose: 1-, 2- or 4-byte types");
+  if (!p.repeatTimes) return;
+  uint64_t sq_bytes = uint64_t(SQ) * SQ * E;
+  uint64_t send = (uint64_t(p.startIndex) + uint64_t(p.repeatTimes - 1) * p.srcStride) * sq_bytes + sq_bytes;
+  uint64_t last0 = uint64_t(p.repeatTimes - 1) * (1 + p.dstGap);
+  uint64_t dend = (last0 + (NOUT - 1) * (1 + uint64_t(p.dstFracGap)) + 1) * F;
+  if (send > src.GetLength()) k31emu::fail(op, ": reads up to byte ", send, " but src holds ", src.GetLength(), " B");
+  if (dend > dst.GetLength()) k31emu::fail(op, ": writes up to byte ", dend, " but dst holds ", dst.GetLength(), " B");
+  const uint8_t* sb = reinterpret_cast<const uint8_t*>(src.ptr());
+  const uint8_t* sw = src.written();
+  uint8_t* db = reinterpret_cast<uint8_t*>(dst.ptr());
+  uint8_t* dw = dst.written();
+  // element (r, c) of the square S inside the source, as a byte offset from the square's start
+  auto s_at = [&](uint32_t r, uint32_t c) -> uint64_t {
+    if (E == 4) return (c < 8 ? 0 : F) + (r * 8 + c % 8) * E;      // [F0 | F1], 16x8 each
+    return uint64_t(r) * SQ * E + c * E;                             // row-major 16x16 / 32x32
+  };
+  for (uint32_t i = 0; i < p.repeatTimes; ++i) {
+    uint64_t s0 = (uint64_t(p.startIndex) + uint64_t(i) * p.srcStride) * sq_bytes;
+    uint64_t g0 = uint64_t(i) * (1 + p.dstGap) * F;
+    for (uint32_t g = 0; g < NOUT; ++g) {
+      uint64_t d0 = g0 + uint64_t(g) * (1 + p.dstFracGap) * F;
+      // output fractal g: rows x cols = 16 x (F / 16 / E)
+      const uint32_t cols = F / 16 / E;
+      for (uint32_t r = 0; r < 16; ++r)
+        for (uint32_t c = 0; c < cols; ++c) {
+          // S^T element (R, C) = S(C, R); fractal g covers S^T columns [g*cols, ...) for 4-byte,
+          // rows [g*16, ...) for 1-byte, everything for 2-byte
+          uint32_t R = E == 1 ? g * 16 + r : r, C = E == 4 ? g * cols + c : c;
+          uint64_t so = s0 + s_at(C, R), dof = d0 + (uint64_t(r) * cols + c) * E;
+          std::memcpy(db + dof, sb + so, E);
+          std::memcpy(dw + dof, sw + so, E);
+        }
+    }
+  }
+}
+
 }  // namespace AscendC
 
 namespace k31emu {
