@@ -39,13 +39,25 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 
 # BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
-# fla's fused_recurrent_kda uses BV=32 with 4 warps (~3 TB/s on H200 at K=V=128); the others
-# trade tile size against programs in flight (N*HV*V/BV programs; 24576 at N=64, HV=96, BV=32).
-DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 32, "num_warps": 2},
-                  {"BV": 64, "num_warps": 4}, {"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 4},
+# One config per BV: the Triton runtime takes num_warps from the first config whose constexprs
+# match, so two configs that differ only in num_warps would be timed as one. GPU run 1 (H200,
+# K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at N = 64 / 256,
+# fla 3.28 / 2.62); at N <= 16 its do_bench timings are host-bound noise (it picked BV=128 at
+# N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner.
+DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
                   {"BV": 128, "num_warps": 8}]
-ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
-                    {"BV": 64, "num_warps": 8}]
+ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
+SMALL_GRID = 8192       # programs at BV=64 below which BV is picked, not tuned (132 SMs x ~62)
+
+
+def _small_grid_bv(rows: int, vdim: int, device) -> dict:
+    """{"BV": ...} on a GPU when rows (N * HV) x V-tiles of 64 is a small grid: the largest BV that
+    still gives SMALL_GRID programs, else 16 (more programs in flight per SM for a latency-bound
+    step; [V,K] at N=16 ran 59 µs with BV=16 against fla's 67 µs). {} elsewhere (the tuner, or
+    the first config on a CPU)."""
+    if getattr(device, "type", "cpu") != "cuda" or rows * -(-vdim // 64) >= SMALL_GRID:
+        return {}
+    return {"BV": 32 if rows * -(-vdim // 32) >= SMALL_GRID else 16}
 
 
 class KDAReplay(NamedTuple):
@@ -71,6 +83,14 @@ def log_decay(x, a_log, dt_bias, lower_bound, GATE):
     if GATE == GATE_NONE:
         return x
     return gate_value(x, a_log, dt_bias, lower_bound, GATE)
+
+
+@k.func
+def token_inputs(q, kk, g, v, beta, n, t, h, hv, pv, BK, BV):
+    """One token's q, k, raw gate (f32 [BK]), v (f32 [BV], this V-tile) and beta (f32)."""
+    return (q[n, t, h, k.span(0, BK, other=0.0)].to(k.f32), kk[n, t, h, k.span(0, BK, other=0.0)].to(k.f32),
+            g[n, t, hv, k.span(0, BK, other=0.0)].to(k.f32), v[n, t, hv, k.span(pv * BV, BV, other=0.0)].to(k.f32),
+            beta[n, t, hv].to(k.f32))
 
 
 # ---------------------------------------------------------------- kernels
@@ -103,12 +123,16 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
         if GATE != 0:
             alog = a_log[hv]
             dtb = dt_bias[hv, k.span(0, BK, other=0.0)]
+        last = q.shape[1] - 1
+        qn, kn, gn, vn, bn = token_inputs(q, kk, g, v, beta, n, 0, h, hv, pv, BK, BV)
         for t in range(q.shape[1]):
-            qt = l2_normalize(q[n, t, h, k.span(0, BK, other=0.0)].to(k.f32), L2NORM) * scale
-            kt = l2_normalize(kk[n, t, h, k.span(0, BK, other=0.0)].to(k.f32), L2NORM)
-            a = log_decay(g[n, t, hv, k.span(0, BK, other=0.0)].to(k.f32), alog, dtb, lower_bound, GATE)
-            vt = v[n, t, hv, k.span(pv * BV, BV, other=0.0)].to(k.f32)
-            b = beta[n, t, hv].to(k.f32)
+            # the next token's inputs are loaded before this token's math (they do not depend on
+            # the state), so their latency hides behind it; the last token reloads itself
+            qr, kr, gr, vt, b = qn, kn, gn, vn, bn
+            qn, kn, gn, vn, bn = token_inputs(q, kk, g, v, beta, n, k.minimum(t + 1, last), h, hv, pv, BK, BV)
+            qt = l2_normalize(qr, L2NORM) * scale
+            kt = l2_normalize(kr, L2NORM)
+            a = log_decay(gr, alog, dtb, lower_bound, GATE)
             if VFIRST:
                 s = s * k.exp(a)[None, :]
                 u = b * (vt - k.sum(s * kt[None, :], axis=1))
@@ -145,10 +169,15 @@ def kda_replay_prefix(pool: k.Tensor[k.f32, "S", "HV", "P2", "P3"], slots: k.Ten
             s = ckpt[ckpt_rows[n], hv, k.span(pv * BV, BV, other=0.0), k.span(0, BK, other=0.0)]
         else:
             s = ckpt[ckpt_rows[n], hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        last = rk.shape[1] - 1
+        an = rg[n, 0, hv, k.span(0, BK, other=0.0)]
+        kn = rk[n, 0, h, k.span(0, BK, other=0.0)]
+        un = ru[n, 0, hv, k.span(pv * BV, BV, other=0.0)]
         for t in range(k.minimum(accepted[n], rk.shape[1])):
-            a = rg[n, t, hv, k.span(0, BK, other=0.0)]
-            kt = rk[n, t, h, k.span(0, BK, other=0.0)]
-            u = ru[n, t, hv, k.span(pv * BV, BV, other=0.0)]
+            a, kt, u = an, kn, un                     # prefetch the next token, as the decode kernel
+            an = rg[n, k.minimum(t + 1, last), hv, k.span(0, BK, other=0.0)]
+            kn = rk[n, k.minimum(t + 1, last), h, k.span(0, BK, other=0.0)]
+            un = ru[n, k.minimum(t + 1, last), hv, k.span(pv * BV, BV, other=0.0)]
             if VFIRST:                               # the decode kernel's operations, in its order
                 s = s * k.exp(a)[None, :]
                 s = s + u[:, None] * kt[None, :]
@@ -321,6 +350,7 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
         cx["UPDATE"] = False
     if state_v_first:
         cx["VFIRST"] = True
+    cx.update(_small_grid_bv(n * hv, vdim, q.device))
     kda_decode_step[target](q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
                             state_pool, _int32(slots), o, a_log, dtb, rk, ru, rg, scale, lb, **cx)
     return o, replay
@@ -363,7 +393,8 @@ def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, state_v_fir
     if n:
         kda_replay_prefix[target](state_pool, _int32(slots), ckpt, rows, replay.k.contiguous(),
                                   replay.u.contiguous(), replay.g.contiguous(), _int32(accepted),
-                                  BK=max(16, next_pow2(kdim)), **({"VFIRST": True} if state_v_first else {}))
+                                  BK=max(16, next_pow2(kdim)), **({"VFIRST": True} if state_v_first else {}),
+                                  **_small_grid_bv(n * hv, vdim, state_pool.device))
     return state_pool
 
 
