@@ -61,9 +61,9 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
                                 "cu_seqlens": cu}
 
 
-def ours(args, kw, target, chunk=CHUNK):
+def ours(args, kw, target, chunk=CHUNK, variant=None):
     from k31dsl.ops.kda import chunk_kda
-    return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target)
+    return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target, _variant=variant)
 
 
 def fla_fn(args, kw):
@@ -109,7 +109,10 @@ def tuned_configs() -> dict:
             "state": [str(v) for v in kda_chunk_state["triton"]._tuned.values()]}
 
 
-def prefill_rows(names, smoke=False):
+VARIANTS = ("tf32-keep16", "bf16-keep16")
+
+
+def prefill_rows(names, smoke=False, variants=True, save=None):
     import torch
     import harness
     rows = []
@@ -134,12 +137,10 @@ def prefill_rows(names, smoke=False):
             row.update({"o err vs fla": rel_err(o, fo), "state err vs fla": rel_err(ht, fs)})
         except Exception as e:  # noqa: BLE001 - report, keep timing ours
             print(f"fla unavailable for {name}: {type(e).__name__}: {e}")
+            theirs = None
         tokens = sum(lens)
         paper, full = flops(tokens, heads)
         timings = {"k31dsl": mine} | ({"fla": theirs} if theirs is not None else {})
-        if name == "T8192_H96":         # chunk 32: half the sub-chunks in flight per prep program
-            rows.append({"shape": name, "impl": "k31dsl chunk 32", "ms": harness.median_ms(ours(args, kw, "triton", 32),
-                                                                                     warmup=5, rep=50)})
         for impl, fn in timings.items():
             ms = harness.median_ms(fn, warmup=5, rep=50)
             gms = harness.graph_median_ms(fn, rep=20)
@@ -150,6 +151,20 @@ def prefill_rows(names, smoke=False):
         if theirs is not None:
             rows[-2]["speed-up vs fla"] = rows[-1]["ms"] / rows[-2]["ms"]
         rows[-1 if theirs is None else -2]["vs fla ref"] = FLA_REF_MS[name] / rows[-1 if theirs is None else -2]["ms"]
+        if save is not None:
+            save(rows)
+        fla_ms = rows[-1]["ms"] if theirs is not None else None
+        if variants and name == "T8192_H96":    # other prep numerics / chunk 32, for choosing defaults
+            for label, fn in (("k31dsl chunk 32", ours(args, kw, "triton", 32)),
+                              *((f"k31dsl prep {v}", ours(args, kw, "triton", variant=v)) for v in VARIANTS)):
+                o2, h2 = fn()
+                r = {"shape": name, "impl": label, "ms": harness.median_ms(fn, warmup=5, rep=50)}
+                if theirs is not None:
+                    r.update({"o err vs fla": rel_err(o2, fo), "state err vs fla": rel_err(h2, fs),
+                              "speed-up vs fla": fla_ms / r["ms"]})
+                rows.append(r)
+                if save is not None:
+                    save(rows)
         del args, kw
         torch.cuda.empty_cache()
     return rows
@@ -163,6 +178,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="all", help="comma list of " + ", ".join(SHAPES))
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--no-variants", action="store_true", help="skip the chunk-32 / prep-numerics rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -171,7 +187,10 @@ def main(argv=None) -> int:
     names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
     check = oracle_check("cpu" if args.smoke else "cuda", "triton", args.smoke)
     print("fp64 oracle check:", check)
-    rows = prefill_rows(names, smoke=args.smoke)
+    def save(rows):                     # after every shape, so a time limit keeps what was measured
+        harness.write("kda", {"env": harness.environment(), "oracle_check": check, "rows": rows, "partial": True},
+                      COLUMNS, rows, notes="partial run (written after each shape)")
+    rows = prefill_rows(names, smoke=args.smoke, variants=not args.no_variants, save=None if args.smoke else save)
     harness.print_table(COLUMNS if not args.smoke else ["shape", "impl", "ms"], rows)
     decode = []
     if not args.no_decode and (Path(__file__).parent / "kda_decode.py").exists():
