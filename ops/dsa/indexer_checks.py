@@ -136,7 +136,7 @@ def _check_topk(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-PROLOG_CASES = [(19, 96, 80, 16), (3, 160, 64, 16)]     # (T, dim, q_lora, heads)
+PROLOG_CASES = [(19, 96, 80, 16), (26, 160, 64, 16)]     # (T, dim, q_lora, heads)
 
 
 def prolog_inputs(t, dm, ql, h, g, pages: int = 3):
