@@ -116,7 +116,7 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
   k31emu::need_align(dst, 512, op, "dst");
   k31emu::need_align(src, 32, op, "src");
   if (p.ifTranspose && sizeof(T) != 2)
-    k31emu::fail(op, ": ifTranspose is emulated for 2-byte types (16x16 fractals) only");
+    k31emu::fail(op, ": ifTranspose is emulated for 2-byte types (16x16 fractals) only; use LoadDataWithTranspose");
   constexpr uint32_t F = 512;
   if (!p.repeatTimes) return;
   uint64_t send = (uint64_t(p.startIndex) + uint64_t(p.repeatTimes - 1) * p.srcStride + 1) * F;
