@@ -467,3 +467,22 @@ def test_cube_int8_matmul_exact(cube):
     c = np.zeros((m, n), np.int32)
     _call(cube, "run_mm_i8", 2, a, np.ascontiguousarray(b.T), c, m, n, k, 32, 32, 64, 1)
     np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_build_concurrent_processes_share_one_library(tmp_path):
+    """Several processes building the same source at once all get a loadable library (one
+    build under the cache's lock, atomic rename, the others reuse it)."""
+    import os
+    import subprocess
+    import sys
+    prog = ("import sys, numpy as np\n"
+            "from k31dsl.targets.ascendc import build\n"
+            f"lib = build.build({TINY!r}, name='tiny', extra_flags=('-O0',))\n"
+            "out = np.zeros(2, np.int32); build.call(lib, 'run_tiny', out)\n"
+            "assert out.tolist() == [10, 11], out\n")
+    env = {**os.environ, "K31_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", prog], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert len(list((tmp_path / "ascendc").glob("tiny-*.so"))) == 1
