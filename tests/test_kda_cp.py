@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from k31dsl import K31Error
-from k31dsl.ops.kda.cp import kda_cp_merge, kda_cp_summary, kda_merge_summaries, kda_range_summary
+from k31dsl.ops.kda.cp import kda_cp_merge, kda_cp_summary, kda_merge_step, kda_range_summary
 from k31dsl.ops.kda.decode import kda_decode
 from k31dsl.ops.testing import load_oracle, to_f64
 
@@ -170,7 +170,7 @@ class Specialised:
 
 summary_lb = Specialised(kda_range_summary, GATE=2)
 summary_plain = Specialised(kda_range_summary)
-merge = Specialised(kda_merge_summaries)
+merge = Specialised(kda_merge_step)
 
 
 def test_kernels_compile_for_hopper(tmp_path):

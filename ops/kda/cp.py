@@ -13,8 +13,8 @@ same masking splits the final store between M and E. Serial over the range's tok
 and head 2 K (K + V) multiply-adds, the cost of one extra recurrent pass (research 3.3); a chunked
 (WY) summary is the faster form for long shards.
 
-Merge kernel: S_0 = initial state, S_{r+1} = M_r S_r + E_r, fp32, one program per (lead index,
-V-tile), serial over the R shards (each step a [K, K] x [K, BV] fp32 product).
+Merge: S_0 = initial state, S_{r+1} = M_r S_r + E_r in fp32, one launch per shard (R launches,
+stream-ordered), each a blocked [K, K] x [K, V] product per lead index.
 """
 
 import k31dsl as k
@@ -22,6 +22,13 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_tensor, resolve_target
 from k31dsl.ops.kda.decode import _gate_mode, _shape_error, l2_normalize, log_decay
 from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+
+@k.func
+def range_inputs(kk, g, v, beta, t, h, hv, v0, BK, BC):
+    """Token t's k and raw gate (f32 [BK]), v on columns v0 .. v0 + BC (0 outside v) and beta."""
+    return (kk[t, h, k.span(0, BK, other=0.0)].to(k.f32), g[t, hv, k.span(0, BK, other=0.0)].to(k.f32),
+            v[t, hv, k.span(v0, BC, other=0.0)].to(k.f32), beta[t, hv].to(k.f32))
 
 
 @k.kernel(configs=[{"BC": 32, "num_warps": 4}, {"BC": 64, "num_warps": 4}, {"BC": 16, "num_warps": 2}])
@@ -48,11 +55,16 @@ def kda_range_summary(kk: k.Tensor["XT", "TT", "H", "K"], v: k.Tensor["XT", "TT"
         if GATE != 0:
             alog = a_log[hv]
             dtb = dt_bias[hv, k.span(0, BK, other=0.0)]
-        for t in range(bounds[b], bounds[b + 1]):
-            kt = l2_normalize(kk[t, h, k.span(0, BK, other=0.0)].to(k.f32), L2NORM)
-            a = log_decay(g[t, hv, k.span(0, BK, other=0.0)].to(k.f32), alog, dtb, lower_bound, GATE)
-            vt = v[t, hv, k.span(c0 - dk, BC, other=0.0)].to(k.f32)       # 0 on the M columns
-            bt = beta[t, hv].to(k.f32)
+        t0 = bounds[b]
+        t1 = bounds[b + 1]
+        last = k.maximum(t1 - 1, 0)
+        kn, gn, vn, bn = range_inputs(kk, g, v, beta, k.minimum(t0, last), h, hv, c0 - dk, BK, BC)
+        for t in range(t0, t1):
+            # prefetch the next token (its loads do not depend on x); the last one reloads itself
+            kr, gr, vt, bt = kn, gn, vn, bn                              # vt: 0 on the M columns
+            kn, gn, vn, bn = range_inputs(kk, g, v, beta, k.minimum(t + 1, last), h, hv, c0 - dk, BK, BC)
+            kt = l2_normalize(kr, L2NORM)
+            a = log_decay(gr, alog, dtb, lower_bound, GATE)
             x = x * k.exp(a)[:, None]
             u = bt * (vt - k.sum(x * kt[:, None], axis=0))
             x = x + kt[:, None] * u[None, :]
@@ -60,21 +72,22 @@ def kda_range_summary(kk: k.Tensor["XT", "TT", "H", "K"], v: k.Tensor["XT", "TT"
         e[b, hv, k.span(0, BK), k.span(c0 - dk, BC)] = x      # lanes c < K fall outside e
 
 
-@k.kernel(configs=[{"BV": 32, "num_warps": 4}, {"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 4}])
-def kda_merge_summaries(m: k.Tensor[k.f32, "R", "L", "K", "K"], e: k.Tensor[k.f32, "R", "L", "K", "V"],
-                        s0: k.Tensor[k.f32, "L0", "K0", "V0"], h0: k.Tensor[k.f32, "R", "L", "K", "V"],
-                        fin: k.Tensor[k.f32, "L", "K", "V"], HAS_INIT: k.constexpr = True,
-                        BK: k.constexpr = 128, BV: k.constexpr = 32):
-    for lead, pv in k.grid(m.shape[1], k.cdiv(e.shape[3], BV)):
-        s = k.zeros((BK, BV), k.f32)
-        if HAS_INIT:
-            s = s0[lead, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
-        for r in range(m.shape[0]):
-            h0[r, lead, k.span(0, BK), k.span(pv * BV, BV)] = s
-            mr = m[r, lead, k.span(0, BK, other=0.0), k.span(0, BK, other=0.0)]
-            er = e[r, lead, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
-            s = k.dot(mr, s) + er
-        fin[lead, k.span(0, BK), k.span(pv * BV, BV)] = s
+# GPU run 1 (H200, HV=96, K=V=128, R=8): a single kernel carrying S in registers across the R steps
+# with one [128, 128] x [128, BV] fp32 dot per step took 11.4 ms (the [K, K] operand does not fit
+# a program's registers). Now: one launch per shard step, each program a [BI, BV] block of
+# S_{r+1} = M_r S_r + E_r with the K reduction split in BJ-wide dots.
+@k.kernel(configs=[{"BI": 32, "BV": 128, "num_warps": 4}, {"BI": 16, "BV": 128, "num_warps": 4},
+                   {"BI": 64, "BV": 64, "num_warps": 4}, {"BI": 32, "BV": 64, "num_warps": 2}])
+def kda_merge_step(m: k.Tensor[k.f32, "L", "K", "K"], e: k.Tensor[k.f32, "L", "K", "V"],
+                   s_in: k.Tensor[k.f32, "L", "K", "V"], s_out: k.Tensor[k.f32, "L", "K", "V"],
+                   BI: k.constexpr = 32, BJ: k.constexpr = 32, BV: k.constexpr = 128):
+    for lead, pi, pv in k.grid(m.shape[0], k.cdiv(m.shape[1], BI), k.cdiv(e.shape[2], BV)):
+        acc = e[lead, k.span(pi * BI, BI, other=0.0), k.span(pv * BV, BV, other=0.0)]
+        for j in range(k.cdiv(m.shape[1], BJ)):
+            mt = m[lead, k.span(pi * BI, BI, other=0.0), k.span(j * BJ, BJ, other=0.0)]
+            st = s_in[lead, k.span(j * BJ, BJ, other=0.0), k.span(pv * BV, BV, other=0.0)]
+            acc = acc + k.dot(mt, st)
+        s_out[lead, k.span(pi * BI, BI), k.span(pv * BV, BV)] = acc
 
 
 def _bounds(op, b, t, cu_seqlens, device):
@@ -200,17 +213,18 @@ def kda_cp_merge(summaries, initial_state=None, *, target=None):
     dev = ms[0].device
     m = torch.stack(ms).reshape(r, nlead, kdim, kdim)
     e = torch.stack(es).reshape(r, nlead, kdim, vdim)
+    states = torch.empty(r + 1, nlead, kdim, vdim, dtype=torch.float32, device=dev)
     if initial_state is None:
-        s0, cx = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev), {"HAS_INIT": False}
+        states[0].zero_()
     else:
         require_tensor(op, "initial_state", initial_state, (k.f32,))
         if tuple(initial_state.shape) != lead + (kdim, vdim):
             _shape_error(op, "initial_state", initial_state, list(lead + (kdim, vdim)))
-        s0, cx = initial_state.contiguous().reshape(nlead, kdim, vdim), {}
-    h0 = torch.empty(r, nlead, kdim, vdim, dtype=torch.float32, device=dev)
-    fin = torch.empty(nlead, kdim, vdim, dtype=torch.float32, device=dev)
+        states[0].copy_(initial_state.reshape(nlead, kdim, vdim))
     if nlead and vdim:
-        kda_merge_summaries[target](m, e, s0, h0, fin, BK=max(16, next_pow2(kdim)), **cx)
+        for i in range(r):               # S_{i+1} = M_i S_i + E_i, in stream order
+            kda_merge_step[target](m[i], e[i], states[i], states[i + 1])
+    h0, fin = states[:r], states[r]
     return h0.reshape((r,) + lead + (kdim, vdim)), fin.reshape(lead + (kdim, vdim))
 
 
@@ -280,6 +294,6 @@ def _check_merge(target: str, seed: int = 0) -> list:
 register(OpSpec(name="kda_cp_summary", module="kda", fn=kda_cp_summary, kernels=[kda_range_summary],
                 summary="KDA context parallel: a token range's affine summary S_out = M S_in + E (fp32)",
                 check=_check_summary, tags=["kda", "cp"]))
-register(OpSpec(name="kda_cp_merge", module="kda", fn=kda_cp_merge, kernels=[kda_merge_summaries],
+register(OpSpec(name="kda_cp_merge", module="kda", fn=kda_cp_merge, kernels=[kda_merge_step],
                 summary="KDA context parallel: in-order composition of shard summaries into initial states",
                 check=_check_merge, tags=["kda", "cp"]))
