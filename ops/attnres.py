@@ -39,15 +39,18 @@ PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "
                    for bd, w, re, un, rows in (
                        (128, 4, False, False, 1), (256, 8, False, True, 1), (512, 16, False, True, 1),
                        (512, 16, True, True, 1), (1024, 16, True, True, 1), (512, 8, True, True, 1),
-                       (256, 8, True, True, 2), (256, 16, False, True, 1))]
-# sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins), in config order:
-# 128, 121, 109, 128, 128 (+16 B spill), 137, 204, 80 -> every 8/16-warp config holds one program
-# per SM (~132 rows, 30 MB in flight: sweep 2 can hit L2); the 4-warp one four (~120 MB).
-# ROWS = 4 spilled 352 B and ROWS = 2 at 16 warps 232 B: not listed.
+                       (256, 16, False, True, 1), (256, 8, True, True, 2))]
+# sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins), in config order,
+# and the rows (229 KB each) in flight on 132 SMs that this allows: 128 (4 programs/SM, 528 rows,
+# 121 MB), 121 (2/SM, 264 rows), 109, 128, 128 (+16 B spill), 137, 80 (1/SM, 132 rows, 30 MB: fits
+# the 50 MB L2), 204 (1/SM of 2 rows, 264 rows). ROWS = 4 spilled 352 B and ROWS = 2 at 16 warps
+# 232 B: not listed.
 # WARPS is a constexpr the kernels do not read: the Triton runtime tells configs apart by their
 # constexprs only, so a config that differs in num_warps alone needs one. Row kernels: BD is the
-# whole row (fixed by the call); configs choose only the warp count.
-ROW_CONFIGS = [{"WARPS": w, "num_warps": w} for w in (4, 8, 16, 2)]
+# whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
+# update kernel needs 255 registers + 400 B spill at 4 warps, 194 at 8, 105 at 16, 56 at 32 (the
+# fused kernel 255+368 B / 198 / 105 / 54): one program per SM from 8 warps up.
+ROW_CONFIGS = [{"WARPS": w, "num_warps": w} for w in (4, 8, 16, 32)]
 MAX_ROW = 1 << 16               # whole-row tiles: D up to 65536
 ACC_BUDGET = 8192               # SB * NB * BD elements of the prepare accumulator when BD is forced
 
