@@ -1,0 +1,185 @@
+"""The paged MLA latent cache (write, byte layout, round trip), sparse MLA attention and the
+logical -> physical slot map against the fp64 oracles of tests/oracles/dsa_attention.py, on the
+numpy and triton targets (Triton interpreter on a CPU), plus input errors and the sm_90 compile."""
+
+import numpy as np
+import pytest
+import torch
+
+from hopper import assert_compiles_for_hopper
+from k31dsl import K31Error
+from k31dsl.ops.dsa import attention as A
+from k31dsl.ops.testing import load_oracle, to_f64
+
+TARGETS = ["numpy", "triton"]
+ref = load_oracle("dsa_attention")
+fp = load_oracle("fp")
+
+
+def _gen():
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    print("seed", seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _filled_cache(g, pages, dtype=torch.float32, pow2=False, spread=True):
+    n = pages * A.PAGE
+    kv = A.random_latent(n, g, dtype) if spread else torch.randn(n, A.LATENT, generator=g).to(dtype)
+    cache = A.new_mla_cache(pages)
+    A.mla_cache_write(cache, kv, torch.randn(n, A.ROPE, generator=g).to(dtype),
+                      torch.randperm(n, generator=g).int(), pow2_scale=pow2, target="numpy")
+    return cache
+
+
+# ---------------------------------------------------------------- cache write
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n, pages, dtype, pow2", [(70, 3, torch.bfloat16, False), (9, 1, torch.float32, True),
+                                                    (130, 4, torch.float16, False)])
+def test_cache_write_bytes_match_oracle(target, n, pages, dtype, pow2):
+    g = _gen()
+    kv, kr = A.random_latent(n, g, dtype), (torch.randn(n, A.ROPE, generator=g) * 5).to(dtype)
+    kv[1, 300] = float("nan")                                 # a NaN tile: scale NaN, codes 0x7F
+    slots = torch.randperm(pages * A.PAGE, generator=g)[:n].long()      # int64 accepted
+    slots[::7] = -1                                           # padding tokens write nothing
+    before = torch.randint(0, 256, (pages, A.PAGE, A.RECORD), generator=g, dtype=torch.uint8)
+    cache = before.clone()
+    assert A.mla_cache_write(cache, kv, kr, slots, pow2_scale=pow2, target=target) is cache
+    want = ref.mla_cache_write(before.numpy(), to_f64(kv), to_f64(kr), slots.numpy(), pow2)
+    np.testing.assert_array_equal(cache.numpy(), want)
+    rec = cache.view(-1, A.RECORD)[int(slots[1])]
+    assert (rec[256:384] == 0x7F).all() and torch.isnan(rec[512:528].view(torch.float32)[2])
+
+
+def test_cache_round_trip_error_bound():
+    """Written then decoded: latent within E4M3's rounding bound of its tile scale, rope = bf16(rope)."""
+    g = _gen()
+    n = 150
+    kv, kr = A.random_latent(n, g, torch.float32), torch.randn(n, A.ROPE, generator=g)
+    cache = A.new_mla_cache(3)
+    slots = torch.randperm(3 * A.PAGE, generator=g)[:n].int()
+    A.mla_cache_write(cache, kv, kr, slots, target="numpy")
+    lat, rope = ref.mla_cache_decode(cache.numpy())
+    lat, rope = lat[slots.numpy()], rope[slots.numpy()]
+    x = to_f64(kv)
+    scale = np.repeat(np.maximum(np.abs(x).reshape(n, 4, 128).max(-1), 1e-4) / 448, 128, axis=1)
+    bound = np.maximum(2.0 ** -4 * np.abs(x), 2.0 ** -10 * scale) * (1 + 1e-6)
+    assert (np.abs(lat - x) <= bound).all()
+    np.testing.assert_array_equal(rope, fp.round_to(to_f64(kr), fp.BF16))
+
+
+# ---------------------------------------------------------------- sparse attention
+
+def _check_sfa(o, lse, q, cache, idx, scale, tol_o=2e-2):
+    lat, rope = ref.mla_cache_decode(cache.numpy())
+    want_o, want_l = ref.sparse_mla_attention(fp.round_to(to_f64(q), fp.BF16), lat, rope, idx.numpy(), scale)
+    e_o, e_l = A.sfa_errors(o, lse, want_o, want_l)
+    assert e_o <= tol_o and e_l <= 1e-3, (e_o, e_l)
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("T, H, K, pages, qdt, scale, bk", [
+    (4, 5, 40, 3, torch.bfloat16, 0.135234, None),      # heads padded to a 16-row block
+    (3, 20, 70, 2, torch.float32, 0.05, 16),            # f32 q, several index blocks
+    (2, 16, 33, 1, torch.bfloat16, 1.0, 16),            # large scores: softmax stability
+])
+def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
+    g = _gen()
+    cache = _filled_cache(g, pages)
+    n = pages * A.PAGE
+    q = torch.randn(T, H, A.LATENT + A.ROPE, generator=g).to(qdt)
+    idx = torch.randint(-2, n + 3, (T, K), generator=g, dtype=torch.int32)   # -1, -2 and past the end
+    idx[0, 1::3] = idx[0, 0]                                     # duplicates count twice
+    idx[1, :K // 2] = -1                                         # whole leading blocks invalid
+    idx[-1] = -1                                                 # a lonely query
+    idx[-1, -1] = n                                              # ... whose only entry is past the cache
+    cfg = {} if bk is None else {"BK": bk}
+    o, lse = A.sparse_mla_attention(q, cache, idx, scale, target=target, **cfg)
+    _check_sfa(o, lse, q, cache, idx, scale)
+    assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_sfa_single_key_reads_the_record_back(target):
+    """One valid index per query: softmax weight 1, so o is the dequantized latent of that slot
+    (exact with power-of-two scales) and lse the score itself."""
+    g = _gen()
+    cache = _filled_cache(g, 2, pow2=True)
+    T, H = 5, 3
+    q = torch.randn(T, H, A.LATENT + A.ROPE, generator=g).bfloat16()
+    idx = torch.full((T, 8), -1, dtype=torch.int32)
+    pick = torch.randint(0, 2 * A.PAGE, (T,), generator=g)
+    idx[torch.arange(T), torch.randint(0, 8, (T,), generator=g)] = pick.int()
+    o, lse = A.sparse_mla_attention(q, cache, idx, 0.25, target=target)
+    lat, rope = ref.mla_cache_decode(cache.numpy())
+    want = fp.round_to(lat[pick.numpy()], fp.BF16)
+    np.testing.assert_array_equal(to_f64(o), np.broadcast_to(want[:, None, :], o.shape))
+    keys = np.concatenate([lat, rope], 1)[pick.numpy()]
+    score = 0.25 * np.einsum("thd,td->th", to_f64(q), keys)
+    np.testing.assert_allclose(to_f64(lse), score, rtol=1e-5, atol=1e-4)
+
+
+def test_sfa_no_indices_and_empty_shapes():
+    cache = A.new_mla_cache(1)
+    q = torch.randn(3, 2, 576).bfloat16()
+    o, lse = A.sparse_mla_attention(q, cache, torch.empty(3, 0, dtype=torch.int32), 0.1, target="numpy")
+    assert (o == 0).all() and torch.isinf(lse).all()
+    o, lse = A.sparse_mla_attention(q[:0], cache, torch.empty(0, 4, dtype=torch.int32), 0.1, target="numpy")
+    assert o.shape == (0, 2, 512) and lse.shape == (0, 2)
+
+
+# ---------------------------------------------------------------- logical -> physical slots
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_slots_of_positions(target):
+    g = _gen()
+    B, n, mp, K = 3, 2, 5, 40
+    bt = torch.randperm(20, generator=g)[:B * mp].int().view(B, mp)          # unordered, non-contiguous
+    pos = torch.randint(-1, mp * A.PAGE, (B * n, K), generator=g, dtype=torch.int32)
+    got = A.slots_of_positions(pos, bt, n, target=target)
+    want = ref.slots_of_positions(pos.numpy(), bt.numpy(), np.arange(B * n) // n)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+# ---------------------------------------------------------------- errors and compile
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: A.mla_cache_write(torch.zeros(2, 64, 600, dtype=torch.uint8), torch.randn(1, 512), torch.randn(1, 64),
+                               torch.zeros(1, dtype=torch.int32)), "[num_pages, 64, 656]"),
+    (lambda: A.mla_cache_write(A.new_mla_cache(1), torch.randn(2, 500), torch.randn(2, 64),
+                               torch.zeros(2, dtype=torch.int32)), "kv_latent"),
+    (lambda: A.mla_cache_write(A.new_mla_cache(1), torch.randn(2, 512), torch.randn(3, 64),
+                               torch.zeros(2, dtype=torch.int32)), "k_rope"),
+    (lambda: A.mla_cache_write(A.new_mla_cache(1), torch.randn(2, 512), torch.randn(2, 64),
+                               torch.tensor([0, 64], dtype=torch.int32)), "past the cache"),
+    (lambda: A.mla_cache_write(A.new_mla_cache(1), torch.randn(2, 512), torch.randn(2, 64),
+                               torch.zeros(2)), "slot_mapping"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 512).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), 0.1), "576"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).half(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), 0.1), "dtype float16"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(3, 8, dtype=torch.int32), 0.1), "one row per query"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), None), "sm_scale"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), float("nan")), "sm_scale"),
+    (lambda: A.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
+     "next_n"),
+])
+def test_bad_inputs_raise_k31error(call, needle):
+    with pytest.raises(K31Error) as e:
+        call()
+    assert needle in str(e.value)
+
+
+def test_sm_scale_has_no_default():
+    with pytest.raises(TypeError):
+        A.sparse_mla_attention(torch.randn(1, 1, 576).bfloat16(), A.new_mla_cache(1), torch.zeros(1, 1, dtype=torch.int32))
+
+
+def test_compiles_for_hopper(tmp_path):
+    """Default constexprs are the real decode sizes: 64-head blocks of 576/512, 32 indices a step."""
+    assert_compiles_for_hopper(A.__file__, ["mla_cache_write_rows", "sparse_mla_attention_fwd",
+                                            "slots_of_positions_rows"], tmp_path)
