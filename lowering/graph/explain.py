@@ -80,18 +80,28 @@ PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#F
 
 
 def draw(program: Program, path: str) -> None:
-    """A PNG of the graph: calls coloured by stream, fused calls drawn as wide boxes with a dark
-    edge, launch groups outlined in one colour each, tensors as small grey dots."""
+    """A PNG of the graph: calls coloured by stream, fused calls drawn as large boxes with a dark
+    edge, launch groups outlined in one colour each, cross-stream events as red dashed arrows,
+    tensors as small grey dots."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import networkx as nx
-    g = program.g
+    # Unwritten temps and "prev" edges only say where a buffer comes from: left out of the picture.
+    g = nx.DiGraph()
+    for n, d in program.g.nodes(data=True):
+        t = d["node"]
+        if not (isinstance(t, TensorNode) and t.kind == "temp" and t.version == 0):
+            g.add_node(n)
+    g.add_edges_from((u, v) for u, v, r in program.g.edges(data="role")
+                     if r in ("read", "write") and u in g and v in g)
     pos = {}
     for layer, nodes in enumerate(nx.topological_generations(g)):
         for i, n in enumerate(sorted(nodes)):
             pos[n] = (i - (len(nodes) - 1) / 2, -layer)
-    fig, ax = plt.subplots(figsize=(max(6, len(g) * 0.5), max(4, len(pos) and -min(y for _, y in pos.values()) + 2)))
+    width = max((sum(1 for _ in layer) for layer in nx.topological_generations(g)), default=1)
+    depth = 1 - min((y for _, y in pos.values()), default=0)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * width), max(4, 1.1 * depth)))
     groups = sorted({program.node(n).attrs.get("group") for n in program.order} - {None})
     tensors = [n for n in g if isinstance(program.node(n), TensorNode)]
     nx.draw_networkx_nodes(g, pos, nodelist=tensors, node_color="#BBBBBB", node_size=80, ax=ax)
@@ -106,8 +116,16 @@ def draw(program: Program, path: str) -> None:
                                node_size=1400 if fused else 700, edgecolors=edge,
                                linewidths=3 if (fused or group) else 1, ax=ax)
     nx.draw_networkx_edges(g, pos, ax=ax, arrows=True, arrowsize=8, edge_color="#888888")
-    labels = {n: n if not isinstance(program.node(n), TensorNode) else n for n in g}
-    nx.draw_networkx_labels(g, pos, labels, font_size=7, ax=ax)
+    events = [(prod, cons, name) for name, prod, cons in program.meta.get("streams", {}).get("events", [])
+              if prod in g and cons in g]
+    if events:
+        eg = nx.DiGraph()
+        eg.add_edges_from((a, b) for a, b, _ in events)
+        nx.draw_networkx_edges(eg, pos, ax=ax, arrows=True, arrowsize=10, edge_color="#D62728", style="dashed",
+                               connectionstyle="arc3,rad=0.2")
+        nx.draw_networkx_edge_labels(eg, pos, {(a, b): n for a, b, n in events}, font_size=7,
+                                     font_color="#D62728", ax=ax)
+    nx.draw_networkx_labels(g, pos, {n: n for n in g}, font_size=7, ax=ax)
     streams = sorted({program.node(n).attrs.get("stream", 0) for n in program.order})
     handles = [plt.Line2D([], [], marker="s", ls="", color=PALETTE[s % len(PALETTE)], label=f"stream {s}")
                for s in streams]
@@ -116,6 +134,8 @@ def draw(program: Program, path: str) -> None:
     if any(isinstance(program.node(n), CallNode) and program.node(n).attrs.get("fused") for n in program.order):
         handles.append(plt.Line2D([], [], marker="s", ls="", mfc="white", mec="#222222", mew=3, ms=12,
                                   label="fused kernel"))
+    if events:
+        handles.append(plt.Line2D([], [], ls="--", color="#D62728", label="event (cross-stream)"))
     if any(isinstance(program.node(n), HostNode) for n in program.order):
         handles.append(plt.Line2D([], [], marker="D", ls="", color="#777777", label="host op"))
     ax.legend(handles=handles, loc="upper right", fontsize=7)

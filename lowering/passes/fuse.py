@@ -233,7 +233,7 @@ def forwarded_value(b: Builder, out: Block, load: Op, stored: Value, dims: dict,
     return Builder.emit(out, "where", [cond, val, fill], {}, loc)
 
 
-def fuse(prod: Side, cons: Side, drop: set, pname: str, cname: str):
+def fuse(prod: Side, cons: Side, drop: set, pname: str, cname: str, name: str | None = None):
     """(fused kernel, {fused param name: (side, param name)}, message). Raises Refusal."""
     written = {prod.binding[p.name][1] for p in prod.kernel.params
                if p.is_tensor and any(op.name == "store" and op.operands[0] is p.value for op in walk(prod.kernel.body))}
@@ -281,10 +281,11 @@ def fuse(prod: Side, cons: Side, drop: set, pname: str, cname: str):
         forward[op.results[0].uid] = match[-1]
     if not forward:
         raise Refusal(f"`{cname}` reads nothing `{pname}` writes")
-    return build_fused(prod, cons, forward, drop, pname, cname)
+    return build_fused(prod, cons, forward, drop, pname, cname, name)
 
 
-def build_fused(prod: Side, cons: Side, forward: dict, drop: set, pname: str, cname: str):
+def build_fused(prod: Side, cons: Side, forward: dict, drop: set, pname: str, cname: str,
+                kernel_name: str | None = None):
     b = Builder()
     params, origin, by_storage, names = [], {}, {}, set()
 
@@ -352,7 +353,7 @@ def build_fused(prod: Side, cons: Side, forward: dict, drop: set, pname: str, cn
         cx.setdefault(name, v)
     lp, lc = launch_options(prod.kernel), launch_options(cons.kernel)
     merged = {n: max(lp.get(n, 0), lc.get(n, 0)) for n in sorted(set(lp) | set(lc))}
-    fused = Kernel(f"{prod.kernel.name}__{cons.kernel.name}", params, cx, host, grid, body, prod.kernel.loc,
+    fused = Kernel(kernel_name or f"{prod.kernel.name}__{cons.kernel.name}", params, cx, host, grid, body, prod.kernel.loc,
                    [merged] if merged else [])
     return fused, origin
 

@@ -54,6 +54,16 @@ def droppable(p, prod: str, cons: str) -> set[str]:
     return out
 
 
+def fused_name(kernels: list[str]) -> str:
+    """`a__b` for two kernels; longer chains name their distinct kernels (at most three) and the
+    count, e.g. `row_scale__row_add__8`."""
+    distinct = list(dict.fromkeys(kernels))
+    if len(kernels) == 2:
+        return "__".join(kernels)
+    head = "__".join(distinct[:3]) + ("__etc" if len(distinct) > 3 else "")
+    return f"{head}__{len(kernels)}"
+
+
 def fuse_pair(p, prod: str, cons: str):
     """(new program, message) or raises Refusal."""
     if would_cycle(p, {prod, cons}):
@@ -61,12 +71,13 @@ def fuse_pair(p, prod: str, cons: str):
         raise Refusal(f"another node ({', '.join(between[:3])}) depends on `{prod}` and feeds `{cons}`")
     drop = droppable(p, prod, cons)
     a, b = p.node(prod), p.node(cons)
-    kernel, origin = fuse(_side(p, prod), _side(p, cons), drop, prod, cons)
+    kernels = a.attrs.get("kernels", [a.kernel.name]) + b.attrs.get("kernels", [b.kernel.name])
+    kernel, origin = fuse(_side(p, prod), _side(p, cons), drop, prod, cons, fused_name(kernels))
     args = {name: (a if side == "producer" else b).args[pname] for name, (side, pname) in origin.items()}
     fused_names = a.attrs.get("fused", [prod]) + b.attrs.get("fused", [cons])
     name = p._unique(kernel.name)
     cx = {**b.constexprs, **a.constexprs}
-    node = CallNode(name, kernel, None, cx, args, loc=a.loc, attrs={"fused": fused_names})
+    node = CallNode(name, kernel, None, cx, args, loc=a.loc, attrs={"fused": fused_names, "kernels": kernels})
     order = p.ops({prod: ("fuse",), cons: ("fuse",)})
     nodes = []
     for nid in order:
