@@ -105,8 +105,11 @@ def cmd_compile(args) -> int:
 
     require_target(args.target)
     if args.dump_after is not None and args.dump_after not in pass_names(args.target):
+        from k31dsl.lowering.graph.pipeline import PASSES
+        graph = (f" (`{args.dump_after}` is a graph pass: `k31dsl explain PROGRAMS.py --target {args.target} "
+                 f"--dump-after {args.dump_after}`)" if args.dump_after in PASSES else "")
         raise K31Error(f"--dump-after {args.dump_after}: no such pass for target {args.target}; "
-                       f"the passes are: {', '.join(pass_names(args.target))}")
+                       f"the passes are: {', '.join(pass_names(args.target))}{graph}")
     constexprs = dict(parse_constexpr(c) for c in args.constexpr)
     kernels = load_kernels(args.path, constexprs)
 
