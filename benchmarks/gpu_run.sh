@@ -13,7 +13,7 @@ for spec in ${1:-}; do
   name=${spec%%:*}; limit=${spec##*:}
   echo "=== $name (limit ${limit}s) $(date +%T)"
   timeout "$limit" python3 "benchmarks/$name.py" ${BENCH_ARGS:-} > "$OUT/$name.log" 2>&1
-  echo "rc=$? $(date +%T)"; tail -25 "$OUT/$name.log"
+  echo "rc=$? $(date +%T)"; grep -v Warning "$OUT/$name.log" | tail -25
 done
-mkdir -p "$OUT/results" && cp -r benchmarks/results/. "$OUT/results/" 2>/dev/null
+tar czf "$OUT/results.tgz" benchmarks/results   # one file: the device tool returns only a few
 exit 0
