@@ -581,6 +581,24 @@ def test_configs_use_the_first_without_a_gpu_and_code_reads_cleanly(rng):
     np.testing.assert_array_equal(y2.cpu().numpy(), (x * 2.0).cpu().numpy())
 
 
+@k.kernel(configs=[{"BLOCK": 64, "num_warps": 2}, {"BLOCK": 64, "num_warps": 8}])
+def scale_warps(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], a: k.f32, BLOCK: k.constexpr = 64):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        y[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=0.0)] * a
+
+
+def test_configs_differing_only_in_num_warps_are_separate_builds(rng):
+    """The autotuner times every config: two configs with the same constexprs but different
+    num_warps must build two launchers (one module each), not share the first one's."""
+    comp = k.compile(scale_warps, target="triton", mode="gpu")
+    x, y = torch.zeros(70), torch.zeros(70)
+    srcs = [comp._checked_launcher((x, y, 1.0), dict(cfg)).source for cfg in scale_warps.configs]
+    assert "num_warps=2" in srcs[0] and "num_warps=8" in srcs[1]
+    assert comp.ir(**scale_warps.configs[1]).constexprs == {"BLOCK": 64}     # the IR never sees launch keys
+    interp = k.compile(scale_warps, target="triton")
+    interp(x.to(DEVICE), y.to(DEVICE), 1.0, num_warps=8)                      # accepted by keyword too
+
+
 @k.kernel
 def bad_tile(x: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 24):
     for i in k.grid(1):

@@ -56,8 +56,26 @@ class TritonKernel(CompiledKernel):
         super().__init__(kdef, "triton", self._build, **options)
         self._tuned: dict = {}
 
-    def _build(self, kernel: Kernel):
-        return build(kernel, self.kdef, **{**self.options, "mode": self.mode})
+    def _build(self, kernel: Kernel, **launch):
+        return build(kernel, self.kdef, **{**self.options, **launch, "mode": self.mode})
+
+    # Launch keys (num_warps, num_stages) travel with the constexprs of a call so that configs
+    # that differ only in them are separate specialisations; the kernel IR never sees them.
+    def ir(self, **constexprs) -> Kernel:
+        return super().ir(**{k: v for k, v in constexprs.items() if k not in LAUNCH_KEYS})
+
+    def _split(self, args, kwargs):
+        launch = {k: kwargs[k] for k in LAUNCH_KEYS if k in kwargs}
+        cx, rest = super()._split(args, {k: v for k, v in kwargs.items() if k not in LAUNCH_KEYS})
+        return {**cx, **launch}, rest
+
+    def _checked_launcher(self, args, cx: dict):
+        kernel = self.ir(**cx)
+        check_args(kernel, self.kdef, tuple(args), self.allow_numpy)
+        key = tuple(sorted(cx.items()))
+        if key not in self._launch:
+            self._launch[key] = self._build(kernel, **{k: v for k, v in cx.items() if k in LAUNCH_KEYS})
+        return self._launch[key]
 
     def __call__(self, *args, **kwargs):
         key = call_signature(args, kwargs)
@@ -99,7 +117,7 @@ class TritonKernel(CompiledKernel):
         import triton.testing
         best, best_ms = None, float("inf")
         for cfg in self.kdef.configs:
-            cx = {k: v for k, v in cfg.items() if k not in LAUNCH_KEYS}
+            cx = dict(cfg)                      # launch keys included: each config its own build
             clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in rest.items()}
             try:
