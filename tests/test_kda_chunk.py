@@ -197,9 +197,9 @@ class GpuSpec:
 
 
 PREP_LB_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, GATE=2, SAFE=True,
-                      BT=64, BC=16, BK=128, BVV=128)
+                      PREC="bf16", SOLVE="tf32", BT=64, BC=16, BK=128, BVV=128)
 PREP_SOFTPLUS_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.f32, BETAT=k.f32, MT=k.bf16, GATE=1, SAFE=False,
-                            BT=64, BC=16, BK=128, BVV=128)
+                            PREC="bf16", SOLVE="tf32", BT=64, BC=16, BK=128, BVV=128)
 STATE_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128, BV=32)
 GATE_GPU = GpuSpec(kda_gate_rows, XT=k.bf16, MODE=2, BM=16, BK=128)
 

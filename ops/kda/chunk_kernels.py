@@ -92,7 +92,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                    BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
                    GATE: k.constexpr[GATE_NONE, GATE_SOFTPLUS, GATE_LOWER] = GATE_LOWER,
                    SAFE: k.constexpr = True, L2: k.constexpr = True, PREC: k.constexpr[PRECISIONS] = "tf32",
-                   KEEP: k.constexpr[k.bf16, k.f32] = k.f32,
+                   SOLVE: k.constexpr[PRECISIONS] = "tf32", KEEP: k.constexpr[k.bf16, k.f32] = k.f32,
                    BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
     for n, hv in k.grid(chunk_info.shape[0], v.shape[1]):
@@ -150,11 +150,11 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                 aq_o = mm(qf, kcols[c2].to(k.f32).T, PREC)
                 ak_o = mm(kf, kcols[c2].to(k.f32).T, PREC) * bc[:, None]
                 aqk[n, hv, k.span(c * BC, BC), k.span(c2 * BC, BC)] = aq_o.to(MT)
-                rw = rw - mm(ak_o, ws[c2].to(k.f32), PREC)
-                ru = ru - mm(ak_o, us[c2].to(k.f32), PREC)
+                rw = rw - mm(ak_o, ws[c2].to(k.f32), SOLVE)
+                ru = ru - mm(ak_o, us[c2].to(k.f32), SOLVE)
             ainv = unit_lower_inverse(ak_d, rid)
-            wc = mm(ainv, rw, PREC)
-            uc = mm(ainv, ru, PREC)
+            wc = mm(ainv, rw, SOLVE)
+            uc = mm(ainv, ru, SOLVE)
             w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
             u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
             qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * k.exp(gc)).to(MT)
