@@ -1,7 +1,9 @@
 """AscendC target: how a scheduled graph program runs, and the host code a CANN build would use.
 
-On the emulator (this machine) the program runs in schedule order; a launch group from the
-superkernel pass runs its sub-kernels one after the other, which is what its grid barrier means.
+On the emulator (this machine) the program runs in schedule order, and a launch group from the
+superkernel pass is one launch of its SyncAll entry (below), built against the emulation header
+with the program's static shapes baked in: the emulator runs the blocks as threads and
+AscendC::SyncAll() is a real barrier between the sub-kernels.
 
 `host_files(program)` writes what an Ascend device runs:
   <program>_groups.cpp  one `__global__ __aicore__` entry per launch group: each sub-kernel's
@@ -27,11 +29,37 @@ C_TYPES = {"f32": "float", "bf16": "float", "f16": "float", "i32": "int32_t", "i
 class AscendcProgram(ProgramExecutor):
     target = "ascendc"
 
+    def __init__(self, program, **options):
+        super().__init__(program, **options)
+        self._groups: dict = {}
+
     def build_options(self) -> dict:
         return {k: v for k, v in self.options.items() if k == "cores"}
 
     def host_files(self) -> dict[str, str]:
         return host_files(self.p)
+
+    def run_schedule(self, env: dict) -> None:
+        """Ops in order; a launch group is one emulator launch of its SyncAll entry."""
+        for unit in _units(self.p):
+            if len(unit) == 1:
+                self.run_op(unit[0], env)
+            else:
+                self._run_group(unit, env)
+
+    def _run_group(self, unit: list[str], env: dict) -> None:
+        import ctypes
+        gid = self.p.node(unit[0]).attrs["group"]
+        if gid not in self._groups:
+            self._groups[gid] = _build_group(self.p, unit, int(self.options.get("cores", _default_cores())))
+        fn = self._groups[gid]
+        ptrs = [a.data_ptr() for nid in unit for a in self.args(nid, env) if hasattr(a, "data_ptr")]
+        arr = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+        if fn(arr) != 0:
+            from k31dsl.dsl.errors import K31Error
+            raise K31Error(f"launch group {gid} ({' + '.join(unit)}) failed on the AscendC emulator: "
+                           f"{fn.last_error()}")
+        self.launches += 1
 
 
 def executor(program, **options) -> AscendcProgram:
@@ -231,3 +259,55 @@ def _group_entry(p, entry: str, unit: list[str]) -> str:
         lines.append(f"  {{ K31Kernel_{k.name} op{i}; op{i}.Init({', '.join(args)}); op{i}.Process(); }}   // {nid}")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _default_cores() -> int:
+    from k31dsl.targets.ascendc.runtime import DEFAULT_CORES
+    return DEFAULT_CORES
+
+
+def _build_group(p, unit: list[str], cores: int):
+    """The group's SyncAll entry built for the emulator with the program's static shapes and
+    scalars baked into the tilings: a callable taking the tensors' data pointers (members' tensor
+    parameters in order) that returns the launch status."""
+    import ctypes
+
+    from k31dsl.lowering.pipeline import run_pipeline
+    from k31dsl.targets.ascendc import build as emu_build
+    from k31dsl.targets.ascendc.emit import emit_all
+    from k31dsl.targets.ascendc.runtime import translation_unit
+    gid = _ident(p.node(unit[0]).attrs["group"])
+    entry = f"k31_group_{_ident(p.name)}_{gid}"
+    files: dict[str, str] = {}
+    for nid in unit:
+        files.update(emit_all(run_pipeline(p.node(nid).kernel, "ascendc")))
+    lines = ['#include "kernel_operator.h"']
+    lines += [f'#include "{k}_kernel.cpp"' for k in dict.fromkeys(p.node(n).kernel.name for n in unit)]
+    lines.append(_group_entry(p, entry, unit))
+    lines.append(f'extern "C" int k31_launch_{entry}(void** ptrs) {{')
+    lines.append(f"  const int64_t cores = {cores};")
+    for i, nid in enumerate(unit):
+        lines += _tiling(p, nid, f"td{i}", {})
+    tds = [f"td{i}" for i in range(len(unit))]
+    lines.append("  int64_t blocks = 0, work = 0;")
+    for t in tds:
+        lines.append(f"  blocks = std::max<int64_t>(blocks, {t}.blockDim);")
+        lines.append(f"  work = std::max<int64_t>(work, {t}.workspaceBytes * {t}.blockDim);")
+    lines.append("  if (blocks <= 0) return 0;")
+    lines.append("  std::vector<uint8_t> workspace(static_cast<size_t>(work) + 32);")
+    n = sum(1 for nid in unit for q in p.node(nid).kernel.params if q.is_tensor)
+    args = [f"reinterpret_cast<GM_ADDR>(ptrs[{i}])" for i in range(n)] + ["workspace.data()"]
+    args += [f"reinterpret_cast<GM_ADDR>(&{t})" for t in tds]
+    lines.append(f"  return k31emu::Launch(static_cast<uint32_t>(blocks), [&]() {{ {entry}({', '.join(args)}); }});")
+    lines.append("}")
+    files[f"{entry}_emu.cpp"] = "#include <algorithm>\n#include <vector>\n" + "\n".join(lines) + "\n"
+    lib = emu_build.build(translation_unit(files, entry), name=entry, extra_flags=("-fwrapv", "-ffp-contract=off"))
+    fn = getattr(lib, f"k31_launch_{entry}")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+
+    def launch(ptrs) -> int:
+        return fn(ptrs)
+    launch.last_error = lambda: emu_build.last_error(lib)
+    launch.source = files[f"{entry}_emu.cpp"]
+    return launch
