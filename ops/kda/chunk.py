@@ -2,6 +2,8 @@
 §2). The kernels are in chunk_kernels.py; this module checks inputs, builds the chunk map for
 varlen, launches the two kernels and registers the op with its check against the fp64 oracle."""
 
+import itertools
+
 import k31dsl as k
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
@@ -182,9 +184,14 @@ def make_inputs(gen, B, T, H, HV, K, V, dtype, gate: str, n_seqs: int = 0, h0: b
         kw = {"A_log": torch.randn(HV, generator=gen) * 0.5, "dt_bias": torch.randn(HV * K, generator=gen)}
         if gate == "lb":
             kw["lower_bound"] = -5.0
-    if n_seqs:
-        cuts = torch.randperm(T - 1, generator=gen)[:n_seqs - 1].add(1).sort().values.tolist()
-        kw["cu_seqlens"] = torch.tensor([0] + cuts + [T], dtype=torch.int32)
+    if n_seqs:          # odd lengths when the parity of T allows it (ragged against every chunk size)
+        if (T - n_seqs) % 2 == 0 and T >= 3 * n_seqs:
+            lens = [2 * int(torch.randint(0, T // (2 * n_seqs) + 1, (1,), generator=gen)) + 1 for _ in range(n_seqs - 1)]
+            lens.append(T - sum(lens))
+        else:
+            cuts = torch.randperm(T - 1, generator=gen)[:n_seqs - 1].add(1).sort().values.tolist()
+            lens = [b - a for a, b in zip([0] + cuts, cuts + [T])]
+        kw["cu_seqlens"] = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
     n = n_seqs or B
     if h0:
         kw["initial_state"] = torch.randn(n, HV, K, V, generator=gen) * 0.5
