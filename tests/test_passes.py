@@ -569,3 +569,10 @@ def test_ascendc_launch_group_is_one_syncall_launch_on_the_emulator():
     assert ex.launches == 1 and "AscendC::SyncAll();" in ex._groups["g0"].source
     want = run(p, {"x": x}, target="numpy", passes=["verify"])["y"]
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_stream_limit_from_the_environment(monkeypatch):
+    from k31dsl.lowering.passes.streams import streams
+    monkeypatch.setenv("K31_MAX_STREAMS", "1")
+    s = streams(indexer_prolog_shaped())
+    assert s.meta["streams"]["count"] == 1 and s.meta["streams"]["events"] == []

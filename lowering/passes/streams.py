@@ -4,7 +4,7 @@ Each op (a launch group counts as one) gets a `stream` attr. The critical path (
 dependency chain, weighting each op by the bytes it reads and writes) stays on stream 0, the
 caller's stream. The other ops, in schedule order, continue the side stream of a predecessor
 they extend; an op that starts a new branch opens a new stream while fewer than `max_streams`
-exist, else joins the least loaded one. Every dependency between ops on different streams becomes
+exist (`max_streams`, default 3 or $K31_MAX_STREAMS), else joins the least loaded one. Every dependency between ops on different streams becomes
 an event: the producer's `record` attr names it, the consumer's `wait` attr waits for it (once per
 consumer stream). Targets: Triton `torch.cuda.Stream`/`Event`, AscendC `aclrtStream`/`aclrtEvent`
 in the host code, NumPy runs in order. `program.meta["streams"]` has the count, critical path and
@@ -13,10 +13,11 @@ events.
 from __future__ import annotations
 
 import functools
+import os
 
 import networkx as nx
 
-MAX_STREAMS = 3
+MAX_STREAMS = 3      # the default limit; K31_MAX_STREAMS overrides it for the pipelines
 
 
 def op_cost(p, nid: str) -> int:
@@ -57,7 +58,10 @@ def critical_path(ug, cost: dict) -> list:
     return path[::-1]
 
 
-def streams(program, max_streams: int = MAX_STREAMS):
+def streams(program, max_streams: int | None = None):
+    if max_streams is None:
+        max_streams = int(os.environ.get("K31_MAX_STREAMS", MAX_STREAMS))
+    max_streams = max(1, max_streams)
     p = program.copy()
     ug, members, unit_of = unit_graph(p)
     cost = {u: sum(op_cost(p, m) for m in ms) for u, ms in members.items()}
