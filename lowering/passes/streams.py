@@ -5,9 +5,8 @@ dependency chain, weighting each op by the bytes it reads and writes) stays on s
 caller's stream. The other ops, in schedule order, continue the side stream of a predecessor
 they extend; an op that starts a new branch opens a new stream while fewer than `max_streams`
 (default 3, or $K31_MAX_STREAMS) exist, else joins the least loaded one. Every dependency between
-ops on different streams becomes
-an event: the producer's `record` attr names it, the consumer's `wait` attr waits for it (once per
-consumer stream). Targets: Triton `torch.cuda.Stream`/`Event`, AscendC `aclrtStream`/`aclrtEvent`
+ops on different streams becomes an event: the producer's `record` attr names it, the consumer's
+`wait` attr waits for it (once per consumer stream). Targets: Triton `torch.cuda.Stream`/`Event`, AscendC `aclrtStream`/`aclrtEvent`
 in the host code, NumPy runs in order. `program.meta["streams"]` has the count, critical path and
 events.
 """
