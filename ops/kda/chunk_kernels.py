@@ -124,22 +124,24 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             # so exp(G_i - G_j) keeps fp32 accuracy after long runs of strong decay)
             lc = k.cumsum(a, axis=0)
             lend = row_of(lc, rid, BC - 1)
-            gc = gp[None, :] + lc
             gend = gp + lend
             e = k.exp(lc)                                      # exp(G_i - P_c) <= 1
             qe = qc * e
             ke = kc * e
-            kcol = kc * k.exp(lend[None, :] - lc)              # exp(E_c - G_j) <= 1
-            if SAFE:
-                kinv = kc * k.exp(-lc)                         # exp(P_c - G_j) <= exp(BC |lb|)
+            if SAFE:                                           # two tile exps per sub-chunk, the rest [BK] vectors
+                einv = k.exp(-lc)                              # exp(P_c - G_j) <= exp(BC |lb|)
+                kinv = kc * einv
+                kcol = kinv * k.exp(lend)[None, :]             # exp(E_c - G_j) <= 1
                 aq_d = mm(qe, kinv.T, PREC)
                 ak_d = mm(ke, kinv.T, PREC)
-            else:
+            else:                                              # exp(-lc) may overflow: no factorisation here
+                kcol = kc * k.exp(lend[None, :] - lc)
                 aq_d, ak_d = diag_exact(qc, kc, lc, rid)
             aq_d = k.where(rid[:, None] >= rid[None, :], aq_d, 0.0)
             ak_d = k.where(rid[:, None] > rid[None, :], ak_d * bc[:, None], 0.0)
             aqk[n, hv, k.span(c * BC, BC), k.span(c * BC, BC)] = aq_d.to(MT)
-            rw = bc[:, None] * kc * k.exp(gc)                  # beta Kt
+            eg = e * k.exp(gp)[None, :]                        # exp(G_i) <= 1
+            rw = bc[:, None] * kc * eg                         # beta Kt
             ru = bc[:, None] * vc                              # beta V
             qf, kf = qe, ke
             for c3 in k.static_range(c):                       # earlier sub-chunks, latest first
@@ -157,7 +159,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             uc = mm(ainv, ru, SOLVE)
             w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
             u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
-            qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * k.exp(gc)).to(MT)
+            qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * eg).to(MT)
             lends, kcols, ws, us = lends + (lend,), kcols + (kcol.to(KEEP),), ws + (wc.to(KEEP),), us + (uc.to(KEEP),)
             gp = gend
         gam[n, hv, k.span(0, BK)] = k.exp(gp)
