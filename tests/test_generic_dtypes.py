@@ -299,15 +299,24 @@ def _variants(kdef):
 
 
 def test_op_library_kernels_are_generic_and_every_dtype_variant_round_trips():
+    """Every kernel of the library, in every allowed dtype/bool variant (up to 48 per kernel, a
+    fresh random sample beyond that), verifies and round-trips through the text form; the
+    quantizer and norm kernels are each one generic kernel over bf16/f16/f32."""
     from k31dsl.ops.registry import all_ops as library
     specs = library()
-    kdefs = [kd for spec in specs.values() for kd in spec.kernels]
-    assert len(kdefs) == len(specs) == len({id(kd) for kd in kdefs})       # one kernel per op
+    kdefs = list({id(kd): kd for spec in specs.values() for kd in spec.kernels}.values())
+    for spec in specs.values():
+        if spec.module in ("quant", "common"):
+            assert len(spec.kernels) == 1, spec.name
+            slots = spec.kernels[0].signature().dtype_slots
+            assert slots and all(spec.kernels[0].signature().constexprs[s].allowed == FLOATS for s in slots)
+    rng = np.random.default_rng()
     n = 0
     for kdef in kdefs:
-        slots = kdef.signature().dtype_slots
-        assert slots and all(kdef.signature().constexprs[s].allowed == FLOATS for s in slots), kdef.name
-        for cx in _variants(kdef):
+        variants = _variants(kdef)
+        if len(variants) > 48:
+            variants = [variants[i] for i in rng.choice(len(variants), 48, replace=False)]
+        for cx in variants:
             ir = kdef.ir(**cx)
             verify(ir)
             text = print_kernel(ir)
