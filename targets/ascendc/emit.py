@@ -207,7 +207,7 @@ class AscendEmitter(PyEmitter):
         """C++ computing the host block (grid extents) from the tiling inputs; and the names of
         host values the body reads (they travel in the tiling struct)."""
         out = []
-        self.host_names = {}
+        self.host_names = {p.value.uid: f"td->{p.name}" for p in self.k.params if not p.is_tensor}
         for op in self.k.host.ops:
             r = op.result
             if op.name == "const":

@@ -17,6 +17,9 @@ from k31dsl.targets.ascendc.emit import emit_all
 from k31dsl.targets.common import CompiledKernel
 
 DEFAULT_CORES = int(os.environ.get("K31_ASCENDC_CORES", "8"))
+# g++ optimisation of emulator builds: -O0 compiles in about half the time of -O1 and the
+# emulated kernels of tests are small; K31_ASCENDC_OPT=-O2 for long emulator runs.
+OPT = os.environ.get("K31_ASCENDC_OPT", "-O0")
 
 
 def emit_files(kernel: Kernel, **options) -> dict[str, str]:
@@ -68,7 +71,7 @@ def build(kernel: Kernel, **options):
     files = emit_all(kernel, **options)
     name = kernel.name
     src = translation_unit(files, name)
-    lib = emu_build.build(src, name=f"k31_{name}", extra_flags=("-O1", "-fwrapv", "-ffp-contract=off"))
+    lib = emu_build.build(src, name=f"k31_{name}", extra_flags=(OPT, "-fwrapv", "-ffp-contract=off"))
     fn = getattr(lib, f"k31_launch_{name}")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),

@@ -14,7 +14,8 @@ from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.ir import COMPARE, Op, Value, walk
 from k31dsl.targets.ascendc import cexpr
 
-VEC_F32_BIN = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
+VEC_F32_BIN = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "minimum": "Min"}
+VEC_SCALAR = {"add": "Adds", "mul": "Muls", "maximum": "Maxs", "minimum": "Mins"}
 VEC_I32_BIN = {"add": "Add", "sub": "Sub", "mul": "Mul", "maximum": "Max", "minimum": "Min"}
 VEC_F32_UN = {"exp": "Exp", "log": "Ln", "sqrt": "Sqrt", "rsqrt": "Rsqrt", "abs": "Abs"}
 CMP = {"lt": "LT", "le": "LE", "gt": "GT", "ge": "GE", "eq": "EQ", "ne": "NE"}
@@ -138,19 +139,15 @@ def binary(em, op):
         em.vector_ops.add(VEC_I32_BIN[op.name])
         out = em.define(r)
         return em.pre(f"AscendC::{VEC_I32_BIN[op.name]}({out}, {em.n(a)}, {em.n(b)}, {n});")
-    if dt in (D.f32, D.i32) and tile_scalar and op.name in ("add", "mul", "sub"):
-        s = em.n(b)
-        if op.name == "sub":
-            s = f"(-{s})" if dt is D.f32 else f"k31::wrap_neg<int32_t>({s})"
-        inst = "Muls" if op.name == "mul" else "Adds"
-        em.vector_ops.add(inst)
+    if dt in (D.f32, D.i32) and tile_scalar and (op.name in VEC_SCALAR or op.name == "sub"):
         out = em.define(r)
-        return em.pre(f"AscendC::{inst}({out}, {em.n(a)}, static_cast<{em.C(a)}>({s}), {n});")
-    if dt is D.i32 and tile_scalar and op.name in ("maximum", "minimum"):
-        inst = "Maxs" if op.name == "maximum" else "Mins"
-        em.vector_ops.add(inst)
-        out = em.define(r)
-        return em.pre(f"AscendC::{inst}({out}, {em.n(a)}, static_cast<int32_t>({em.n(b)}), {n});")
+        return em.pre(_scalar_inst(em, op.name, dt, out, em.n(a), em.n(b), n) + ";")
+    if dt in (D.f32, D.i32) and em.is_tile(b) and _same(b, r) and not em.is_tile(a) and op.name in (
+            "add", "mul", "maximum", "minimum"):
+        out = em.define(r)                       # commutative: scalar on the left
+        return em.pre(_scalar_inst(em, op.name, dt, out, em.n(b), em.n(a), n) + ";")
+    if _row_broadcast(em, op):
+        return
     if dt is D.i32 and op.name in ("and", "or") and both:
         inst = "And" if op.name == "and" else "Or"
         em.vector_ops.add(inst)
@@ -179,6 +176,70 @@ def binary(em, op):
     if op.name in COMPARE:
         return mapped(em, op, lambda t: cexpr.binary(op.name, dt, t[0], t[1]))
     mapped(em, op, lambda t: cexpr.binary(op.name, dt, t[0], t[1]))
+
+
+def _scalar_inst(em, name, dt, out, t, sc, n) -> str:
+    """`out = t <name> sc` for a tile and a scalar with Adds/Muls/Maxs/Mins (sub: Adds of -sc,
+    exact); None when there is no such instruction."""
+    if name == "sub":
+        sc = f"(-{sc})" if dt is D.f32 else f"k31::wrap_neg<int32_t>({sc})"
+        name = "add"
+    inst = VEC_SCALAR[name]
+    em.vector_ops.add(inst)
+    return f"AscendC::{inst}({out}, {t}, static_cast<{cexpr.compute(dt)}>({sc}), {n})"
+
+
+def _row_broadcast(em, op) -> bool:
+    """Binary f32/i32 ops whose operands are full tiles, per-row values ([..., 1]) or one row
+    ([1, ..., L]): one vector instruction per row of 32-byte aligned rows."""
+    a, b = op.operands
+    r = op.result
+    dt = a.type.dtype
+    shape = r.type.shape
+    if dt not in (D.f32, D.i32) or len(shape) < 2 or not em.is_tile(a) or not em.is_tile(b):
+        return False
+    L = shape[-1]
+    rows = r.type.numel // L
+    if (L * 4) % 32:
+        return False
+    table = VEC_F32_BIN if dt is D.f32 else VEC_I32_BIN
+    if op.name not in table:
+        return False
+
+    def kind(x):
+        xs = (1,) * (len(shape) - len(x.type.shape)) + tuple(x.type.shape)
+        if xs == tuple(shape):
+            return "full"
+        if xs[:-1] == tuple(shape[:-1]) and xs[-1] == 1:
+            return "per_row"
+        if all(d == 1 for d in xs[:-1]) and xs[-1] == L:
+            return "one_row"
+        return None
+    ka, kb = kind(a), kind(b)
+    if None in (ka, kb) or (ka == "per_row" and kb == "per_row"):
+        return False
+    if "per_row" in (ka, kb):
+        name = op.name
+        if kb == "per_row":
+            t, sc = (a, b)
+        else:
+            t, sc = (b, a)
+            if name not in ("add", "mul", "maximum", "minimum"):
+                return False
+        if name not in VEC_SCALAR and name != "sub":
+            return False
+        out = em.define(r)
+        tx = f"{em.n(t)}[row * {L}]" if kind(t) == "full" else em.n(t)
+        inst = _scalar_inst(em, name, dt, f"{out}[row * {L}]", tx, f"{em.n(sc)}.GetValue(row)", L)
+        em.pre(f"for (int32_t row = 0; row < {rows}; ++row) {inst};   // per-row scalar operand")
+        return True
+    out = em.define(r)
+    ta = f"{em.n(a)}[row * {L}]" if ka == "full" else em.n(a)
+    tb = f"{em.n(b)}[row * {L}]" if kb == "full" else em.n(b)
+    em.vector_ops.add(table[op.name])
+    em.pre(f"for (int32_t row = 0; row < {rows}; ++row) AscendC::{table[op.name]}({out}[row * {L}], {ta}, {tb}, {L});"
+           "   // row-broadcast operand")
+    return True
 
 
 def unary(em, op):
@@ -308,6 +369,7 @@ def bitcast(em, op):
 # ---------------------------------------------------------------- reductions and scans
 
 RED = {"sum": "k31::SUM", "max": "k31::MAX", "min": "k31::MIN"}
+VEC_RED = {"sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin"}
 
 
 def reduce(em, op):
@@ -320,25 +382,27 @@ def reduce(em, op):
         return
     n = x.type.numel
     if not em.is_tile(r):
-        if dt is D.f32 and op.name == "sum":
-            em.vector_ops.add("ReduceSum")
+        if dt is D.f32:
+            inst = VEC_RED[op.name]
+            em.vector_ops.add(inst)
             one, work = em.scratch("float", 8), em.scratch("float", n)
             red = em.fresh("red")
             em.pre(f"AscendC::LocalTensor<float> {red} = {one};")
-            em.pre(f"AscendC::ReduceSum({red}, {em.n(x)}, {work}, {n});")
+            em.pre(f"AscendC::{inst}({red}, {em.n(x)}, {work}, {n});")
             return scalar_def(em, op, f"{red}.GetValue(0)")
         em.note_scalar(op, f"{op.name} of {dt.name}" + (" (NaN propagates)" if dt.is_float else ""))
         return scalar_def(em, op, f"k31::ReduceAll<{cexpr.tag(dt)}, {RED[op.name]}>({em.n(x)}, {n})")
     shape = x.type.shape
     L = shape[-1]
-    if dt is D.f32 and op.name == "sum" and axis == len(shape) - 1 and (L * 4) % 32 == 0:
-        em.vector_ops.add("ReduceSum")
+    if dt is D.f32 and axis == len(shape) - 1 and (L * 4) % 32 == 0:
+        inst = VEC_RED[op.name]
+        em.vector_ops.add(inst)
         rows = n // L
         one, work = em.scratch("float", 8), em.scratch("float", L)
         out = em.define(r)
         em.pre(f"{{ AscendC::LocalTensor<float> one = {one}, work = {work};")
         em.pre(f"  for (int32_t row = 0; row < {rows}; ++row) {{")
-        em.pre(f"    AscendC::ReduceSum(one, {em.n(x)}[row * {L}], work, {L});")
+        em.pre(f"    AscendC::{inst}(one, {em.n(x)}[row * {L}], work, {L});")
         em.pre(f"    {out}.SetValue(row, one.GetValue(0));")
         em.pre("  } }")
         return
