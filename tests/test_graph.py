@@ -245,3 +245,23 @@ def test_persistent_intermediates_are_reused_but_outputs_are_fresh():
     second = ex(ins)["y"]
     assert ex._kept[("t", "h")] is h1 and first.data_ptr() != second.data_ptr()
     torch.testing.assert_close(first, second)
+
+
+def test_left_out_outputs_are_allocated():
+    p = Program("auto")
+    x = p.input("x", (5, 48), k.f32)
+    w = p.weight("w", (48,), k.f32)
+    y = p.call(rmsnorm_rows, x, w, eps=1e-6, BM=2, BD=64, ONE_TILE=True)      # YT: its default, bf16
+    assert y.id == "%rmsnorm_rows_y.1" and y.shape == (5, 48) and y.dtype is k.bf16
+    z = p.call(rmsnorm_rows, y, w, eps=1e-6, BM=2, BD=64, ONE_TILE=True, YT=k.f32)
+    assert z.dtype is k.f32 and z.shape == (5, 48)
+    p.output(z)
+    verify(p)
+    xt, wt = torch.randn(5, 48), torch.randn(48)
+    want = norm.rmsnorm(norm.rmsnorm(xt.double().numpy(), wt.double().numpy(), 1e-6), wt.double().numpy(), 1e-6)
+    got = run(p, {"x": xt, "w": wt})["rmsnorm_rows_1_y"]
+    np.testing.assert_allclose(got.float().numpy(), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(K31Error, match="missing argument `acc`"):
+        p.call(accumulate, x=x)
+    with pytest.raises(K31Error, match="missing argument"):
+        p.call(scale_add, x, x, x)

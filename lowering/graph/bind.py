@@ -22,9 +22,9 @@ def loaded_params(kernel) -> list[str]:
     return [p.name for p in kernel.params if p.is_tensor and p.value.uid in loaded]
 
 
-def bind_call(program, kdef, args, kwargs, where=None):
-    """(kernel IR, constexprs, {param: tensor id or scalar}, [written params]). Errors point at
-    `where` (the user's p.call line) when given."""
+def bind_call(program, kdef, args, kwargs, where=None, call_name: str | None = None):
+    """(kernel IR, constexprs, {param: tensor id or scalar}, [written params]). Output tensors left
+    out are allocated (allocate_outputs). Errors point at `where` (the user's p.call line)."""
     from k31dsl.lowering.graph.ir import TensorRef
     if not hasattr(kdef, "signature"):
         raise K31Error(f"p.call expects a @k.kernel, got {type(kdef).__name__}")
@@ -44,11 +44,14 @@ def bind_call(program, kdef, args, kwargs, where=None):
             raise error(f"parameter `{k}` of `{kdef.name}` is given twice", where or kdef.loc)
         values[k] = v
     missing = [n for n in names if n not in values]
-    if missing:
-        raise error(f"`{kdef.name}`: missing argument(s) {', '.join(missing)}", where or kdef.loc,
+    scalars_missing = [p.name for p in sig.runtime if p.name in missing and not p.is_tensor]
+    if scalars_missing:
+        raise error(f"`{kdef.name}`: missing argument(s) {', '.join(scalars_missing)}", where or kdef.loc,
                     f"call it as p.call({kdef.name}, {', '.join(names)}, CONSTEXPR=...)")
     bound = {}
     for p in sig.runtime:
+        if p.name in missing:
+            continue
         v = values[p.name]
         if p.is_tensor:
             if not isinstance(v, TensorRef) or v.program is not program:
@@ -66,7 +69,8 @@ def bind_call(program, kdef, args, kwargs, where=None):
                             "pass a Python number")
             bound[p.name] = v
     for slot, users in sig.dtype_slots.items():
-        if slot in cx:
+        users = [u for u in users if u.name in bound]
+        if slot in cx or not users:
             continue
         dts = {program.tensor_node(bound[u.name]).dtype for u in users}
         cx[slot] = program.tensor_node(bound[users[0].name]).dtype
@@ -74,9 +78,37 @@ def bind_call(program, kdef, args, kwargs, where=None):
             raise error(f"tensors {', '.join(u.name for u in users)} of `{kdef.name}` share the dtype "
                         f"constexpr {slot} but have dtypes {', '.join(sorted(d.name for d in dts))}", where or users[0].loc)
     kernel = kdef.ir(**cx)
+    if missing:
+        allocate_outputs(program, kernel, bound, missing, call_name or kdef.name, where)
     check_binding(program, kernel, bound, where)
     written = stored_params(kernel)
     return kernel, cx, bound, written
+
+
+def allocate_outputs(program, kernel, bound: dict, missing: list[str], call_name: str, where) -> None:
+    """Tensor parameters left out of a p.call that the kernel only stores to become new temps
+    named `<call>_<param>`, their shapes from the dims the other arguments bind."""
+    written = set(stored_params(kernel)) - set(loaded_params(kernel))
+    env = {k: v for k, v in kernel.constexprs.items() if isinstance(v, int) and not isinstance(v, bool)}
+    for p in kernel.params:
+        if p.name in bound and isinstance(bound[p.name], str):
+            for expr, size in zip(p.value.type.dims, program.tensor_node(bound[p.name]).shape):
+                if expr.isidentifier():
+                    env.setdefault(expr, size)
+    for name in missing:
+        p = next(q for q in kernel.params if q.name == name)
+        if name not in written:
+            raise error(f"`{kernel.name}`: missing argument `{name}` (the kernel reads it, so it cannot be "
+                        "made for you)", where or p.loc, "pass a tensor for it")
+        shape = [_eval_dim(d, env) for d in p.value.type.dims]
+        if any(s is None for s in shape):
+            raise error(f"`{kernel.name}`: cannot size the output `{name}` {list(p.value.type.dims)} from the "
+                        "other arguments", where or p.loc, f"declare it with p.tensor(...) and pass it as {name}=")
+        base, n, tname = f"{call_name}_{name}", 0, f"{call_name}_{name}"
+        while tname in program.latest:
+            n += 1
+            tname = f"{base}_{n}"
+        bound[name] = program.tensor(tname, tuple(shape), p.value.type.dtype).id
 
 
 def _eval_dim(expr: str, env: dict):

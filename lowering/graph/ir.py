@@ -28,7 +28,9 @@ Building a program (static shapes; kernels are `@k.kernel` definitions):
 
 `p.call(kernel, *args, **kw)` binds the kernel's runtime parameters in order (tensors are the
 handles above, scalars are Python numbers; a keyword naming a parameter binds it too); other
-keywords are constexprs. Dtype constexprs not passed are bound from the tensors' dtypes. It
+keywords are constexprs. Dtype constexprs not passed are bound from the tensors' dtypes. A tensor
+parameter the kernel only stores to may be left out: it becomes a new temp `<call>_<param>` sized
+from the dims the other arguments bind (`y = p.call(rmsnorm_rows, x, w, eps=1e-6, ...)`). It
 returns the new version of each tensor the kernel stores to (one handle, a tuple, or None).
 """
 from __future__ import annotations
@@ -214,7 +216,7 @@ class Program:
         from k31dsl.lowering.graph.bind import bind_call
         name = self._unique(getattr(kernel, "name", "call"))
         loc = _caller_loc()
-        kir, cx, bound, written = bind_call(self, kernel, args, kwargs, loc)
+        kir, cx, bound, written = bind_call(self, kernel, args, kwargs, loc, name)
         node = CallNode(name, kir, kernel, cx, bound, loc=loc)
         self.g.add_node(name, node=node)
         for param, val in bound.items():
