@@ -130,25 +130,25 @@ def bench_prefill(t: int, dev, target: str, timer, compile_ok: bool, rows: list,
     ks = torch.zeros(t, dtype=torch.int32, device=dev)
     ke = torch.arange(1, t + 1, dtype=torch.int32, device=dev)
 
-    def ours():
-        return lightning_indexer(case["qc"], case["qs"], case["cache"], case["table"], case["w"], ks, ke,
-                                 max_len=t, target=target)
+    def ours(mma):
+        return lambda: lightning_indexer(case["qc"], case["qs"], case["cache"], case["table"], case["w"], ks, ke,
+                                         max_len=t, mma=mma, target=target)
 
-    scores = ours()
-    err = check_scores(scores, case, ks, ke, [0, t // 3, t - 1])
+    errs = {m: check_scores(ours(m)(), case, ks, ke, [0, t // 3, t - 1]) for m in ("fp8", "bf16")}
     flop = 2 * H * D * t * (t + 1) / 2
     qb, kb = case["q32"].to(torch.bfloat16), case["k32"][0].to(torch.bfloat16)
-    fns = {"k31dsl (MXFP8, paged)": ours,
+    fns = {"k31dsl (MXFP8, paged, fp8 mma)": ours("fp8"), "k31dsl (MXFP8, paged, bf16 mma)": ours("bf16"),
            "torch eager (bf16 keys)": lambda: torch_prefill(qb, kb, case["w"], ke, torch_prefill_chunk)}
     if compile_ok:
         chunk_c = torch.compile(torch_prefill_chunk)
         fns["torch.compile (bf16 keys)"] = lambda: torch_prefill(qb, kb, case["w"], ke, chunk_c)
     for name, fn in fns.items():
-        if timer.smoke and name != "k31dsl (MXFP8, paged)":
+        if timer.smoke and not name.startswith("k31dsl"):
             continue
         ms = timer.ms(fn)
+        err = errs["bf16" if "bf16 mma" in name else "fp8"] if name.startswith("k31dsl") else ""
         rows.append({"case": f"prefill T={t}", "impl": name, "ms": ms, "TFLOP/s": flop / (ms * 1e-3) / 1e12,
-                     "max rel err": err if name.startswith("k31dsl") else ""})
+                     "max rel err": err})
     results["prefill"] = {"T": t, "flop": flop, "rows": [r for r in rows if r["case"] == f"prefill T={t}"]}
 
 
@@ -160,12 +160,13 @@ def bench_decode(b: int, length: int, dev, target: str, timer, compile_ok: bool,
     ks = torch.zeros(b, dtype=torch.int32, device=dev)
     ke = torch.full((b,), length, dtype=torch.int32, device=dev)
 
-    def scores_fn():
+    def scores_fn(mma="fp8"):
         return lightning_indexer(case["qc"], case["qs"], case["cache"], case["table"], case["w"], ks, ke,
-                                 max_len=length, target=target)
+                                 max_len=length, mma=mma, target=target)
 
     scores = scores_fn()
     err = check_scores(scores, case, ks, ke, [0, b - 1])
+    err16 = check_scores(scores_fn("bf16"), case, ks, ke, [0, b - 1])
     idx = topk(scores, topk_k, target=target)
     want_v = scores.topk(min(topk_k, length), dim=1).values
     got_v = torch.where(idx >= 0, scores.gather(1, idx.clamp_min(0).long()), torch.full_like(want_v, float("-inf")))
@@ -174,8 +175,10 @@ def bench_decode(b: int, length: int, dev, target: str, timer, compile_ok: bool,
     floor_bytes = b * length * (132 + 4 + 4)
     qb, kb = case["q32"].to(torch.bfloat16), case["k32"].to(torch.bfloat16).contiguous()
     fns = {"k31dsl lightning_indexer": scores_fn,
+           "k31dsl lightning_indexer (bf16 mma)": lambda: scores_fn("bf16"),
            "k31dsl topk": lambda: topk(scores, topk_k, target=target),
            "k31dsl indexer + topk": lambda: topk(scores_fn(), topk_k, target=target),
+           "k31dsl indexer (bf16 mma) + topk": lambda: topk(scores_fn("bf16"), topk_k, target=target),
            "torch eager (bf16 keys)": lambda: torch_decode(qb, kb, case["w"], ke, topk_k)}
     if compile_ok:
         dec_c = torch.compile(torch_decode)
@@ -185,15 +188,16 @@ def bench_decode(b: int, length: int, dev, target: str, timer, compile_ok: bool,
             continue
         ms = timer.ms(fn)
         row = {"case": label, "impl": name, "ms": ms, "graph ms": timer.graph_ms(fn) if name.startswith("k31dsl") else ""}
-        if name == "k31dsl indexer + topk":
+        if name in ("k31dsl indexer + topk", "k31dsl indexer (bf16 mma) + topk"):
             row["GB/s"] = floor_bytes / (ms * 1e-3) / 1e9
             row["% of floor"] = 100 * floor_bytes / (ms * 1e-3) / (ceiling * 1e12) if ceiling == ceiling else ""
-        if name == "k31dsl lightning_indexer":
-            row["max rel err"] = err
+        if name.startswith("k31dsl lightning_indexer"):
+            row["max rel err"] = err16 if "bf16" in name else err
         if name == "k31dsl topk":
             row["max rel err"] = 0.0 if topk_ok else "MISMATCH"
         rows.append(row)
-    results[label] = {"B": b, "L": length, "floor_bytes": floor_bytes, "topk_ok": topk_ok, "score_err": err}
+    results[label] = {"B": b, "L": length, "floor_bytes": floor_bytes, "topk_ok": topk_ok, "score_err": err,
+                      "score_err_bf16": err16}
 
 
 def main(argv=None) -> int:

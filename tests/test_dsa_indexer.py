@@ -74,7 +74,8 @@ def test_causal_prefill_scores(target):
     cache, table, qc, qs, w, _, _ = C.paged_setup([t], t, 16, g)
     ke = torch.arange(1, t + 1, dtype=torch.int32)
     ks = torch.clamp(ke - 50, min=0).to(torch.int32)
-    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, max_len=t, target=target)
+    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, max_len=t, target=target,
+                              mma="bf16" if target == "triton" else "fp8")
     assert got.shape == (t, t)
     _scores_check(got, (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(),
                         ks.numpy(), ke.numpy(), t))
@@ -253,6 +254,7 @@ class _Specialised:
 # (their fp32 Hadamard dots are slow to compile: ~15 s each at BM=64 on one core)
 LI_DECODE = _Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
 LI_PREFILL = _Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
+LI_BF16 = _Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
 TOPK_MERGE = _Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True)
 Q_CHAIN = _Specialised(P.indexer_q_chain, BM=16)
 K_CHAIN = _Specialised(P.indexer_k_chain, BM=16)
@@ -261,5 +263,5 @@ CACHE_WRITE = _Specialised(I.indexer_cache_write_rows)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
+    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
                                           "TOPK_MERGE"], tmp_path, index_types=("int32",))

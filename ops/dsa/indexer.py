@@ -110,6 +110,34 @@ def indexer_cache_write_rows(k_codes: k.Tensor[k.f8e4m3, "T", "128"], k_scales: 
                    k_scales[k.span(pt * BT, BT), k.span(0, 4)], BT)
 
 
+
+# The bf16 variant: a power-of-two scale times an E4M3 code is exact in bf16 (4 significant bits,
+# the fp32 exponent range), so each operand can be dequantized once — the keys once per page for
+# all heads instead of scaling every (head, key) logit per group — and scored with one K=128 bf16
+# dot. Same products, fp32 accumulation in another order. (Exact unless a scaled value falls
+# below 2^-126, far outside activations.)
+
+@k.func
+def indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H):
+    """Query tokens t0 .. t0+NQ-1 as (dequantized values bf16 [NQ*H, 128], head weights [NQ*H])."""
+    M = NQ * H
+    c = k.reshape(q_codes[k.span(t0, NQ), k.span(0, H), k.span(0, 128, other=0.0)], (M, 4, 32)).to(k.f32)
+    sc = k.reshape(k.load(q_scales, (k.span(t0, NQ), k.span(0, H), k.span(0, 4)), other=1.0).to(k.f32), (M, 4))
+    w = k.reshape(weights[k.span(t0, NQ), k.span(0, H, other=0.0)], (M,))
+    return k.reshape((c * sc[:, :, None]).to(k.bf16), (M, 128)), w
+
+
+@k.func
+def indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB):
+    """Like `indexer_page_scores` from `indexer_query_bf16`'s operands: scores [NQ, PB*64]."""
+    BS = PB * 64
+    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128)], (BS, 4, 32)).to(k.f32)
+    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
+    kd = k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
+    r = k.relu(k.dot(qd, kd.T)) * w[:, None]
+    return k.sum(k.reshape(r, (NQ, H, BS)), axis=1)
+
+
 # (NQ query tokens, PB pages) per program -> warps; the public function picks NQ/PB per shape
 # (decode n = 1..4 tokens per sequence, or prefill), so these only set num_warps (a guess until
 # measured: M = NQ * 64 rows of the fp8 dot, one warpgroup per 64 rows).
@@ -124,7 +152,8 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
                             ksc: k.Tensor[k.e8m0, "P", "PG", "D // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
                             ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], scores: k.Tensor[k.f32, "T", "L"],
                             n_per_seq: k.i32, nsplit: k.i32,
-                            H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1):
+                            H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1,
+                            MMA_BF16: k.constexpr = False):
     # Program (b, qb, sp): tokens b*n + qb*NQ .. (+NQ) of sequence b against the key blocks of
     # split sp. Only blocks that hold some [ks, ke) position are scored; the rest are filled
     # with -inf (no runtime branches in the DSL: three loops with computed bounds).
@@ -148,10 +177,16 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
         for kb in range(k.maximum(a, bhi), z):
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
-        q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
+        if MMA_BF16:
+            qd, w = indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H)
+        else:
+            q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
         for kb in range(k.maximum(a, blo), k.minimum(z, bhi)):
             pages = block_table[b, k.span(kb * PB, PB, other=-1)]
-            sc = indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, NQ, H, PB)
+            if MMA_BF16:
+                sc = indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB)
+            else:
+                sc = indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, NQ, H, PB)
             pos = kb * BS + k.arange(BS)
             ok = (pos[None, :] >= lo_t[:, None]) & (pos[None, :] < hi_t[:, None])
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), k.where(ok, sc, float("-inf")),
@@ -235,7 +270,7 @@ def _li_config(n: int) -> dict:
 
 
 def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
-                      nsplit: int | None = None, target: str | None = None):
+                      mma: str = "fp8", nsplit: int | None = None, target: str | None = None):
     """Indexer scores over the paged MXFP8 key cache -> fp32 [T, max_len].
 
     q_codes float8_e4m3fn [T, H, 128], q_scales float8_e8m0fnu [T, H, 4] (MXFP8 of the rotated
@@ -243,7 +278,9 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     (each token's key range [ks, ke) in logical positions of its sequence). T = B * n: tokens
     b*n .. b*n+n-1 belong to sequence b (n = 1..4 query tokens per sequence in decode with
     speculative drafts; B = 1, n = T for one prefill sequence). max_len defaults to
-    max_pages * 64. Positions outside [ks, ke) score -inf."""
+    max_pages * 64. Positions outside [ks, ke) score -inf. mma="fp8": four fp8 dots (K=32) per page,
+    scale products applied to the logits; "bf16": operands dequantized exactly to bf16, one K=128
+    dot (fewer CUDA-core operations per key; the benchmark compares them)."""
     import torch
     target = resolve_target(target)
     op = "lightning_indexer"
@@ -269,6 +306,8 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         raise K31Error(f"{op}: {t} query tokens do not split evenly over the {b} sequences of `block_table`",
                        hint="pass n query tokens per sequence, sequence-major (T = B * n)")
     ks, ke = _int_vector(op, "ks", ks, t), _int_vector(op, "ke", ke, t)
+    if mma not in ("fp8", "bf16"):
+        raise K31Error(f"{op}: mma={mma!r} must be \"fp8\" or \"bf16\"")
     if max_len is None:
         max_len = block_table.shape[1] * PAGE
     if not isinstance(max_len, int) or max_len < 0 or max_len > block_table.shape[1] * PAGE:
@@ -284,5 +323,6 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         nsplit = max(1, min(blocks, -(-512 // progs)))
     kc, ksc = indexer_cache_views(cache)
     lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
-                                    block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h, **cfg)
+                                    block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h, **cfg,
+                                    **({"MMA_BF16": True} if mma == "bf16" else {}))
     return scores

@@ -82,8 +82,8 @@ def _check_cache_write(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-LI_CASES = [  # (sequence lengths, query tokens per sequence, heads)
-    ((150, 70, 5), 1, 16), ((100, 64), 4, 16), ((130,), 3, 32), ((40, 9), 2, 16)]
+LI_CASES = [  # (sequence lengths, query tokens per sequence, heads, mma variant)
+    ((150, 70, 5), 1, 16, "fp8"), ((100, 64), 4, 16, "bf16"), ((130,), 3, 32, "fp8"), ((40, 9), 2, 16, "bf16")]
 
 
 def _check_lightning_indexer(target: str, seed: int = 0) -> list[CaseResult]:
@@ -92,9 +92,9 @@ def _check_lightning_indexer(target: str, seed: int = 0) -> list[CaseResult]:
     ref = load_oracle("dsa_indexer")
     g = _gen(seed)
     out = []
-    for lens, n, h in LI_CASES:
+    for lens, n, h, mma in LI_CASES:
         cache, table, qc, qs, w, ks, ke = paged_setup(lens, n, h, g)
-        got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, target=target).cpu().numpy().astype(np.float64)
+        got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma=mma, target=target).cpu().numpy().astype(np.float64)
         args = (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(), ks.numpy(),
                 ke.numpy(), got.shape[1])
         want = ref.indexer_scores(*args)
@@ -103,7 +103,7 @@ def _check_lightning_indexer(target: str, seed: int = 0) -> list[CaseResult]:
         fin = np.isfinite(want)
         err = float((np.abs(got[fin] - want[fin]) / (mag[fin] + 1e-30)).max()) if fin.any() else 0.0
         tol = 1e-5           # fp32 sums of exact fp8 products: a few ulps of the magnitude
-        out.append(CaseResult(f"lens={list(lens)}, n={n}, H={h}", err if same_mask else float("inf"), tol,
+        out.append(CaseResult(f"lens={list(lens)}, n={n}, H={h}, mma={mma}", err if same_mask else float("inf"), tol,
                               same_mask and err <= tol, "error / sum_j |w| sum_g |group logit|; -inf outside [ks, ke)"))
     return out
 
