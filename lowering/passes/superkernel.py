@@ -67,7 +67,10 @@ def fused_name(kernels: list[str]) -> str:
 def fuse_pair(p, prod: str, cons: str):
     """(new program, message) or raises Refusal."""
     if would_cycle(p, {prod, cons}):
-        between = sorted(set(p.ops()) - {prod, cons})
+        import networkx as nx
+        from k31dsl.lowering.passes.memory_plan import op_dag
+        dag = op_dag(p)
+        between = sorted((nx.descendants(dag, prod) & nx.ancestors(dag, cons)) - {prod, cons})
         raise Refusal(f"another node ({', '.join(between[:3])}) depends on `{prod}` and feeds `{cons}`")
     drop = droppable(p, prod, cons)
     a, b = p.node(prod), p.node(cons)
