@@ -105,6 +105,47 @@ def test_two_phase_ops_equal_full_attnres_op(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_block_network_through_the_ops_matches_naive_block_attnres(target):
+    """A Block AttnRes network (L = 7 layers, blocks of 3, K3 boundary convention) run the
+    production way: attnres_prepare at each block start, attnres_update per later layer (the
+    running partial updated in place, bf16 h), the block's first layer reading O / L, and the
+    final aggregation as one more update — against the oracle's naive formulation (attention over
+    blocks + partial at every layer). Sublayers return bf16 in both."""
+    fp = load_oracle("fp")
+    rng = _rng()
+    t, d, n_layers, block = 4, 64, 7, 3
+    emb = rng.standard_normal((t, d))
+    queries = rng.standard_normal((n_layers + 1, d)) * 2 / np.sqrt(d)
+    ws = [rng.standard_normal((d, d)) / np.sqrt(d) for _ in range(n_layers)]
+    f = [(lambda h, w=w: fp.round_to(np.tanh(h @ w), fp.BF16)) for w in ws]
+    want_out, want_hs = ref.block_attnres_naive(emb, queries, f, block, 1e-6)
+
+    q = _t(queries)
+    ones = torch.ones(d)
+    blocks, prefix, hs, delta = [], _t(emb), [], None
+    for b0 in range(0, n_layers, block):
+        if delta is not None:                         # the previous block's last output joins its sum
+            prefix = partial + delta.float()
+        blocks.append(prefix)
+        o, m, l = ar.attnres_prepare(torch.stack(blocks), q[b0:b0 + block], target=target)
+        partial = torch.zeros(t, d)
+        for i, layer in enumerate(range(b0, min(b0 + block, n_layers))):
+            if layer == 0:
+                h = _t(emb, torch.bfloat16)
+            elif i == 0:
+                h = (o[0] / l[0][:, None]).to(torch.bfloat16)
+            else:
+                h, _ = ar.attnres_update(partial, delta, q[layer], o[i], m[i], l[i], ones, target=target)
+            hs.append(h)
+            delta = torch.tanh(h.float() @ _t(ws[layer])).to(torch.bfloat16)
+    o, m, l = ar.attnres_prepare(torch.stack(blocks), q[n_layers:], target=target)
+    out, _ = ar.attnres_update(partial, delta, q[n_layers], o[0], m[0], l[0], ones, out_dtype=torch.float32,
+                               target=target)
+    for got, want in zip(hs + [out], want_hs + [want_out]):
+        assert np.abs(to_f64(got) - want).max() <= 3e-2 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_update_writes_partial_in_place_and_repeats(target):
     """Two updates in a row accumulate both deltas into the same buffer (the running block sum)."""
     rng = _rng()
