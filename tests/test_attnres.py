@@ -257,6 +257,23 @@ def test_fused_program_launches_once_per_step():
     assert torch.equal(api[0], outs[0]["h"]) and torch.equal(api[1], outs[0]["y"])
 
 
+def test_fused_true_without_the_superkernel_pass_raises(monkeypatch):
+    """fused=True promises one kernel: with the pass taken out of the pipeline it is a K31Error,
+    while the default (fused=None) still runs the two-call program correctly."""
+    from k31dsl.lowering.graph import pipeline
+    monkeypatch.setitem(pipeline.GRAPH_PIPELINES, "numpy", ["build", "verify", "streams", "memory_plan"])
+    monkeypatch.setattr(ar, "_FUSED", {})
+    monkeypatch.setattr(ar, "_EXECUTABLES", {})
+    rng = _rng()
+    a = _update_args(rng, 3, 24)
+    b = tuple(x.clone() for x in a)
+    with pytest.raises(K31Error, match="did not fuse"):
+        ar.attnres_update(*(x.clone() for x in a), fused=True, target="numpy")
+    h, y = ar.attnres_update(*a, target="numpy")
+    h2, y2 = ar.attnres_update(*b, fused=False, target="numpy")
+    assert torch.equal(h, h2) and torch.equal(y, y2) and torch.equal(a[0], b[0])
+
+
 def test_fused_launchers_per_t_do_not_mix():
     """Calls with different T after each other (each gets its own fused program)."""
     rng = _rng()
