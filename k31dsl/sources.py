@@ -131,14 +131,15 @@ def parse_constexpr(item: str) -> tuple[str, object]:
 
 def load_kernels(spec: str, constexprs: dict) -> list:
     """Kernel IRs for `PATH[::KERNEL]`: a Python file with @k.kernel functions, a .k31 file, or a
-    folder (every kernel of its .py files, e.g. `ops/` for the whole op library)."""
+    folder (every kernel of the .py files under it, subfolders included, e.g. `ops/` for the
+    whole op library)."""
     path_text, _, selected = spec.partition("::")
     path = Path(path_text)
     if path.suffix == ".k31":
         return _load_k31(path, selected, constexprs)
     if path.is_dir():
         kdefs = []
-        for file in sorted(path.glob("*.py")):
+        for file in sorted(f for f in path.rglob("*.py") if "__pycache__" not in f.parts):
             kdefs += [d for d in _module_kernel_defs(import_path(file))
                       if Path(d.file).resolve() == file.resolve()]
         if selected:
