@@ -5,7 +5,7 @@ Kernel 1, `kda_chunk_prep`, grid (chunk, value head), all chunks in parallel. It
 in sub-chunks of BC (=16) rows, unrolled: L2 norm of q/k, gate (raw -> log decay, in-kernel),
 chunk-local cumsum G, the 16x16 blocks of Aqk = tril(Qt Kh^T) and Akk = strict(beta Kt Kh^T)
 with anchors that are never a future row, the UT solve by block forward substitution
-((I + Akk_cc)^-1 of each diagonal block by row substitution, off-diagonal blocks by dots), and
+((I + Akk_cc)^-1 of each diagonal block as a Neumann product, off-diagonal blocks by dots), and
 writes per chunk: W = Ainv beta Kt, U = Ainv beta V, Qt = scale q exp(G), Kb = k exp(G_C - G),
 Aqk (lower blocks only) and gamma = exp(G_C).
 
