@@ -160,9 +160,10 @@ def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, c
 
 def prolog_program(t: int, dm: int, ql: int, h: int, nbytes: int, act_dt, w_dt, eps: float = 1e-6):
     """The prolog as a graph program of three independent calls (q chain, k chain into the flat
-    cache, head weights); inputs x, qr, cos, sin, slots, cache (flat uint8, written in place),
-    weights wq_b, wk, k_norm_w, k_norm_b, weights_proj, hadamard; outputs q_codes, q_scales,
-    weights and cache. The `streams` pass puts the chains on three streams."""
+    cache, head weights); inputs x, qr, cos, sin, slots, cache (flat uint8) and the result
+    tensors q_codes, q_scales, weights (all written in place, so results never alias the
+    executable's own buffers); weights wq_b, wk, k_norm_w, k_norm_b, weights_proj, hadamard.
+    The `streams` pass puts the chains on three streams."""
     from k31dsl.lowering.graph import Program
     bm = min(64, max(16, 1 << max(0, (t - 1).bit_length())))          # token rows per program
     p = Program("indexer_prolog")
@@ -178,9 +179,9 @@ def prolog_program(t: int, dm: int, ql: int, h: int, nbytes: int, act_dt, w_dt, 
     ln_b = p.weight("k_norm_b", (HEAD_DIM,), k.f32)
     wp = p.weight("weights_proj", (h, dm), w_dt)
     had = p.weight("hadamard", (HEAD_DIM, HEAD_DIM), k.f32)
-    q_codes = p.tensor("q_codes", (t, h, HEAD_DIM), k.f8e4m3)
-    q_scales = p.tensor("q_scales", (t, h, GROUPS), k.e8m0)
-    weights = p.tensor("weights", (t, h), k.f32)
+    q_codes = p.input("q_codes", (t, h, HEAD_DIM), k.f8e4m3)      # outputs the caller allocates: results
+    q_scales = p.input("q_scales", (t, h, GROUPS), k.e8m0)        # never alias the executable's buffers
+    weights = p.input("weights", (t, h), k.f32)
     q_codes, q_scales = p.call(indexer_q_chain, qr, wq_b, cos, sin, had, q_codes, q_scales, BM=bm)
     cache = p.call(indexer_k_chain, x, wk, ln_w, ln_b, cos, sin, had, slots, cache, float(eps), BM=bm)
     weights = p.call(indexer_head_weights, x, wp, weights, float(h ** -0.5), H=h, BM=bm)
@@ -220,7 +221,10 @@ def indexer_prolog(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, 
         prog = prolog_program(t, dm, qr.shape[1], h, cache.numel(), D.from_torch(x.dtype), D.from_torch(wq_b.dtype), eps)
         passes = None if streams else ["build", "verify"]
         exe = _EXECUTABLES[key] = compile_program(prog, target, passes=passes)
-    out = exe({"x": x, "qr": qr, "cos": cos, "sin": sin, "slots": slots, "cache": cache.view(-1), "wq_b": wq_b,
+    q_codes = torch.empty((t, h, HEAD_DIM), dtype=torch.float8_e4m3fn, device=x.device)
+    q_scales = torch.empty((t, h, GROUPS), dtype=torch.float8_e8m0fnu, device=x.device)
+    weights = torch.empty((t, h), dtype=torch.float32, device=x.device)
+    exe({"q_codes": q_codes, "q_scales": q_scales, "weights": weights, "x": x, "qr": qr, "cos": cos, "sin": sin, "slots": slots, "cache": cache.view(-1), "wq_b": wq_b,
                "wk": wk, "k_norm_w": k_norm_w, "k_norm_b": k_norm_b, "weights_proj": weights_proj,
                "hadamard": hadamard_matrix(x.device)})
-    return out["q_codes"], out["q_scales"], out["weights"]
+    return q_codes, q_scales, weights
