@@ -178,6 +178,8 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     kc, ksc = indexer_cache_views(idx_cache)
     c, s, r = A.cache_views(mla_cache)
     kw = {"HI": q_idx_codes.shape[1], "KP": max(64, next_pow2(topk)), **config}
+    if kw["KP"] < topk or kw["KP"] & (kw["KP"] - 1) or kw["KP"] % (64 * kw.get("PB", 1)):
+        raise K31Error(f"{op}: KP={kw['KP']} must be a power of two >= topk ({topk}) and a multiple of 64 * PB")
     if "BH" not in config and h < 64:
         kw["BH"] = max(16, next_pow2(h))
     if return_indices:
