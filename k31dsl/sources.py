@@ -23,16 +23,25 @@ def _user_frame_loc(exc: BaseException, path: Path) -> Loc | None:
 
 
 def _package_module_name(path: Path) -> str | None:
-    """`ops/quant.py` of this checkout is `k31dsl.ops.quant`: import it under that name so that
-    relative imports work and its ops do not register twice."""
-    for name in ("k31dsl", "k31dsl.dsl", "k31dsl.ops", "k31dsl.model", "k31dsl.lowering"):
+    """`ops/quant.py` (or `ops/dsa/attention.py`) of this checkout is `k31dsl.ops.quant`
+    (`k31dsl.ops.dsa.attention`): import it under that name so that relative imports work and
+    its ops do not register twice."""
+    target = path.resolve()
+    for name in ("k31dsl.dsl", "k31dsl.ops", "k31dsl.model", "k31dsl.lowering", "k31dsl.targets", "k31dsl"):
         try:
             pkg = importlib.import_module(name)
         except ImportError:
             continue
         for d in getattr(pkg, "__path__", []):
-            if Path(d).resolve() == path.parent.resolve():
-                return f"{name}.{path.stem}"
+            root = Path(d).resolve()
+            if not target.is_relative_to(root):
+                continue
+            parts = target.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            folders = [root.joinpath(*parts[:i]) for i in range(1, len(parts))]
+            if all((f / "__init__.py").is_file() for f in folders):
+                return ".".join((name, *parts))
     return None
 
 
