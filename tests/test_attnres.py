@@ -1,7 +1,9 @@
 """Attention Residuals: the fp64 oracle's three formulations agree (full == naive block == two-phase),
 the ops against the oracle on every target through tests/test_ops.py (registered checks) plus
 the semantics tested here: in-place partial update, the norm gain fold, a block network run
-through the ops end to end, argument errors, and sm_90 compilation of the kernels."""
+through the ops end to end, every prepare config, the superkernel fusion of update + RMSNorm (one
+kernel, h not stored when not returned, bit-identical to the two kernels), argument errors, and
+sm_90 compilation of the kernels (the fused one included)."""
 
 import numpy as np
 import pytest
