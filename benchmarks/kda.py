@@ -98,7 +98,7 @@ def oracle_check(device, target, smoke) -> dict:
     o, ht = ours(args, kw, target)()
     cpu = {n: (t.cpu() if hasattr(t, "cpu") else t) for n, t in kw.items()}
     want_o, want_s = ref.kda(*(a.cpu() for a in args), **cpu)
-    floor_o, floor_s = 0.1 * np.abs(want_o).max(), 0.1 * np.abs(want_s).max()
+    floor_o, floor_s = np.abs(want_o).max(), np.abs(want_s).max()        # normwise (bf16 operands)
     return {"oracle o err": max_rel_err(o.cpu().double().numpy(), want_o, floor=floor_o),
             "oracle state err": max_rel_err(ht.cpu().double().numpy(), want_s, floor=floor_s)}
 
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
         decode = kda_decode.decode_rows(ns=(1, 3), h=1, hv=2, kdim=16, vdim=32, smoke=True) if args.smoke \
             else kda_decode.decode_rows()
         harness.print_table(kda_decode.COLUMNS, decode)
-    bad = check["oracle o err"] > 4e-2 or check["oracle state err"] > 4e-2
+    bad = check["oracle o err"] > 2e-2 or check["oracle state err"] > 2e-2
     if args.smoke:
         return 1 if bad else 0
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
