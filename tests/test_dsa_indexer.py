@@ -104,6 +104,19 @@ def test_decode_with_drafts_then_topk(n):
             assert set(idx[r][idx[r] >= 0]) == set(want_idx[r][want_idx[r] >= 0]), seed
 
 
+def test_empty_key_ranges_score_nothing():
+    """ks >= ke (a padded token), ke beyond max_len: rows of -inf, top-k all -1."""
+    g, seed = _gen()
+    cache, table, qc, qs, w, ks, ke = C.paged_setup([90, 30], 2, 16, g)
+    ks[0], ke[0] = 50, 50
+    ks[1], ke[1] = 60, 10
+    ks[3], ke[3] = 0, 1000                                  # clipped to max_len
+    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, max_len=100, target="numpy")
+    assert torch.isneginf(got[:2]).all(), seed
+    assert torch.isfinite(got[3, :100]).all() and got.shape == (4, 100)
+    assert (topk(got, 8, target="numpy")[:2] == -1).all()
+
+
 # ---------------------------------------------------------------- top-k
 
 @pytest.mark.parametrize("target", TARGETS)
