@@ -44,4 +44,5 @@ def all_ops() -> dict[str, OpSpec]:
     from k31dsl.ops import attnres  # noqa: F401
     from k31dsl.ops import kda  # noqa: F401
     from k31dsl.ops.dsa import indexer_checks  # noqa: F401
+    from k31dsl.ops.dsa import attention, fused  # noqa: F401
     return dict(REGISTRY)

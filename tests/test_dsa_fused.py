@@ -13,7 +13,7 @@ from hopper import assert_compiles_for_hopper
 from k31dsl import K31Error
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa import fused as F
-from k31dsl.ops.dsa.indexer import indexer_cache_write, new_indexer_cache
+from k31dsl.ops.dsa.fused import random_decode_step as decode_step
 from k31dsl.ops.testing import bytes_of, load_oracle, to_f64
 
 TARGETS = ["numpy", "triton"]
@@ -26,38 +26,6 @@ def _gen():
     seed = int(np.random.SeedSequence().entropy % 2**31)
     print("seed", seed)
     return torch.Generator().manual_seed(seed)
-
-
-def decode_step(g, ctx, n, heads_idx=16, heads=4, spare_pages=3, ks_from=None):
-    """Caches holding B sequences of lengths ctx (pages shuffled over the pool), and n query tokens
-    per sequence: token i of sequence b sees keys [ks, ctx[b] - n + i + 1)."""
-    B = len(ctx)
-    pages_of = [-(-c // A.PAGE) for c in ctx]
-    P = sum(pages_of) + spare_pages
-    perm = torch.randperm(P, generator=g).int()
-    bt = torch.randint(0, P, (B, max(pages_of) + 1), generator=g, dtype=torch.int32)   # stale entries past the end
-    used = 0
-    for b, np_ in enumerate(pages_of):
-        bt[b, :np_] = perm[used:used + np_]
-        used += np_
-    slots = torch.cat([bt[b, torch.arange(c) // A.PAGE] * A.PAGE + torch.arange(c) % A.PAGE
-                       for b, c in enumerate(ctx)]).int()
-    N = slots.numel()
-    icache = new_indexer_cache(P)
-    kcodes = (torch.randn(N, 128, generator=g) * 4).to(torch.float8_e4m3fn)
-    kscales = torch.randint(122, 130, (N, 4), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    indexer_cache_write(icache, kcodes, kscales, slots, target="numpy")
-    mcache = A.new_mla_cache(P)
-    A.mla_cache_write(mcache, A.random_latent(N, g, torch.float32), torch.randn(N, A.ROPE, generator=g), slots,
-                      target="numpy")
-    T = B * n
-    qc = (torch.randn(T, heads_idx, 128, generator=g) * 4).to(torch.float8_e4m3fn)
-    qs = torch.randint(122, 130, (T, heads_idx, 4), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    w = torch.randn(T, heads_idx, generator=g)
-    q = torch.randn(T, heads, A.LATENT + A.ROPE, generator=g).bfloat16()
-    ke = torch.tensor([ctx[t // n] - n + t % n + 1 for t in range(T)], dtype=torch.int32)
-    ks = torch.zeros(T, dtype=torch.int32) if ks_from is None else ks_from(ke)
-    return qc, qs, w, icache, q, mcache, bt, ks, ke
 
 
 def oracle_scores(args):

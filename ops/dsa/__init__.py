@@ -5,3 +5,6 @@ from k31dsl.ops.dsa.indexer import (PAGE, PAGE_BYTES, indexer_cache_views, index
                                     lightning_indexer, new_indexer_cache)
 from k31dsl.ops.dsa.prolog import hadamard_matrix, indexer_prolog  # noqa: F401
 from k31dsl.ops.dsa.topk import topk  # noqa: F401
+from k31dsl.ops.dsa.attention import (mla_cache_write, new_mla_cache, slots_of_positions,  # noqa: F401
+                                      sparse_mla_attention)
+from k31dsl.ops.dsa.fused import fused_li_sfa, li_sfa, li_sfa_unfused  # noqa: F401

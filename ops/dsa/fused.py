@@ -224,3 +224,79 @@ def li_sfa(*args, impl: str = "auto", target: str | None = None, **kwargs):
         impl = "fused" if longest <= FUSED_MAX_KEYS else "unfused"
     fn = fused_li_sfa if impl == "fused" else li_sfa_unfused
     return fn(*args, target=target, **kwargs)
+
+
+# ---------------------------------------------------------------- inputs and the registry check
+
+def random_decode_step(g, ctx, n, heads_idx=16, heads=4, spare_pages=3, ks_from=None):
+    """Random inputs of fused_li_sfa: caches holding B sequences of lengths ctx (pages shuffled over the pool), and n query tokens
+    per sequence: token i of sequence b sees keys [ks, ctx[b] - n + i + 1). Returns the argument
+    tuple up to ke (topk and sm_scale follow)."""
+    import torch
+    B = len(ctx)
+    pages_of = [-(-c // A.PAGE) for c in ctx]
+    P = sum(pages_of) + spare_pages
+    perm = torch.randperm(P, generator=g).int()
+    bt = torch.randint(0, P, (B, max(pages_of) + 1), generator=g, dtype=torch.int32)   # stale entries past the end
+    used = 0
+    for b, np_ in enumerate(pages_of):
+        bt[b, :np_] = perm[used:used + np_]
+        used += np_
+    slots = torch.cat([bt[b, torch.arange(c) // A.PAGE] * A.PAGE + torch.arange(c) % A.PAGE
+                       for b, c in enumerate(ctx)]).int()
+    N = slots.numel()
+    from k31dsl.ops.dsa.indexer import indexer_cache_write, new_indexer_cache
+    icache = new_indexer_cache(P)
+    kcodes = (torch.randn(N, 128, generator=g) * 4).to(torch.float8_e4m3fn)
+    kscales = torch.randint(122, 130, (N, 4), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    indexer_cache_write(icache, kcodes, kscales, slots, target="numpy")
+    mcache = A.new_mla_cache(P)
+    A.mla_cache_write(mcache, A.random_latent(N, g, torch.float32), torch.randn(N, A.ROPE, generator=g), slots,
+                      target="numpy")
+    T = B * n
+    qc = (torch.randn(T, heads_idx, 128, generator=g) * 4).to(torch.float8_e4m3fn)
+    qs = torch.randint(122, 130, (T, heads_idx, 4), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    w = torch.randn(T, heads_idx, generator=g)
+    q = torch.randn(T, heads, A.LATENT + A.ROPE, generator=g).bfloat16()
+    ke = torch.tensor([ctx[t // n] - n + t % n + 1 for t in range(T)], dtype=torch.int32)
+    ks = torch.zeros(T, dtype=torch.int32) if ks_from is None else ks_from(ke)
+    return qc, qs, w, icache, q, mcache, bt, ks, ke
+
+
+def _check_fused(target: str, seed: int = 0) -> list[CaseResult]:
+    """fused_li_sfa on a small decode step: the selected positions against the fp64 oracle's
+    top-k (swaps only between fp32-tied scores), o / lse against the fp64 attention oracle."""
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import bytes_of, device_for, load_oracle, to_f64
+    ref, iref = load_oracle("dsa_attention"), load_oracle("dsa_indexer")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for ctx, n, topk in (([100, 20], 1, 16), ([70], 2, 16)):
+        args = random_decode_step(g, ctx, n)
+        qc, qs, w, icache, q, mcache, bt, ks, ke = args
+        o, lse, sel = fused_li_sfa(*(a.to(dev) for a in args), topk, 0.135234, return_indices=True, target=target)
+        sa = (bytes_of(qc), bytes_of(qs), to_f64(w), icache.numpy(), bt.numpy(), ks.numpy(), ke.numpy(),
+              bt.shape[1] * A.PAGE)
+        scores, mag = iref.indexer_scores(*sa), iref.indexer_scores_magnitude(*sa)
+        want = iref.topk(scores, topk)
+        bad = 0
+        for r, row in enumerate(sel.cpu().numpy()):
+            G, W = set(row.tolist()) - {-1}, set(want[r].tolist()) - {-1}
+            kth = min((scores[r, i] for i in W), default=0.0)
+            bad += len(G) != len(W) or any(abs(scores[r, i] - kth) > 1e-5 * (mag[r, i] + 1) for i in G ^ W)
+        name = f"contexts {ctx}, next_n={n}, topk={topk}"
+        out.append(CaseResult(f"{name}: selected keys", bad, 0, bad == 0, "rows whose key set differs from top-k"))
+        lat, rope = ref.mla_cache_decode(mcache.numpy())
+        slots = ref.slots_of_positions(sel.cpu().numpy(), bt.numpy(), np.arange(q.shape[0]) // n)
+        want_o, want_l = ref.sparse_mla_attention(to_f64(q), lat, rope, slots, 0.135234)
+        e_o, e_l = A.sfa_errors(o, lse, want_o, want_l)
+        out.append(CaseResult(f"{name}: o", e_o, 2e-2, e_o <= 2e-2, "max abs err / max |o| (bf16 output)"))
+        out.append(CaseResult(f"{name}: lse", e_l, 1e-3, e_l <= 1e-3, "max abs err (natural log)"))
+    return out
+
+
+register(OpSpec("fused_li_sfa", "dsa", fused_li_sfa, [fused_li_sfa_decode],
+                "DSA decode step in one kernel: MXFP8 indexer scores, exact top-k, sparse MLA attention",
+                _check_fused, tags=["dsa", "attention", "fused"]))
