@@ -19,7 +19,7 @@ PREP_VARIANTS = {  # name: (score-block dots, solve dots, dtype of the tiles kep
     "tf32": ("tf32", "tf32", k.f32), "tf32-keep16": ("tf32", "tf32", k.bf16), "bf16": ("bf16", "bf16", k.bf16),
     "mixed": ("bf16", "tf32", k.f32), "mixed-keep16": ("bf16", "tf32", k.bf16)}
 # "mixed": bf16 score blocks (Aqk, Akk) + tf32 solve: as accurate as all-tf32 on the numpy emulation
-# (bf16 solve dots raise the state error 2.2e-2 -> 3.3e-2) and ptxas (sm_90a, 8 warps) spills 172 B
+# (bf16 solve dots raise the state error 2.2e-2 -> 3.3e-2) and ptxas (sm_90a, 8 warps) spills 128 B
 # per thread instead of 1000 B with tf32 score blocks
 DEFAULT_VARIANT = "mixed"
 _MAPS: dict = {}            # (cu_seqlens, chunk) -> (chunk_info, seq_chunks, cu) on a device
