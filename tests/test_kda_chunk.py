@@ -21,8 +21,8 @@ TARGETS = ["numpy", "triton"]
 # state fed to the tensor-core dots are bf16 as in fla, so small outputs carry absolute errors of a
 # few 1e-3 of max|o|: measured normwise (FLOOR 1) <= 8e-3 for o and state over 24 cases (with
 # FLOOR 0.1 up to 4.9e-2); bf16 cases are checked normwise at the house bf16 tolerance 2e-2.
-TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2}
-FLOOR = {torch.float32: 0.1, torch.bfloat16: 1.0}
+TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+FLOOR = {torch.float32: 0.1, torch.bfloat16: 1.0, torch.float16: 1.0}
 
 
 def _seed():
@@ -49,6 +49,7 @@ CASES = {  # name: (B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial 
     "varlen_3_odd": (1, 43, 1, 2, 16, 16, torch.float32, "lb", 16, 3, True),
     "varlen_softplus": (1, 39, 1, 1, 16, 16, torch.float32, "softplus", 32, 3, True),
     "bf16_lb": (1, 45, 1, 2, 32, 32, torch.bfloat16, "lb", 32, 0, True),
+    "f16_softplus_batch": (2, 21, 1, 2, 16, 16, torch.float16, "softplus", 16, 0, True),
 }
 
 
@@ -156,6 +157,13 @@ def test_empty_sequence_in_varlen_passes_state_through():
     assert torch.equal(ht[1], kw["initial_state"][1])
     want_o, want_s = load_oracle("kda").kda(*args, **kw)
     assert max_rel_err(to_f64(o), want_o, floor=0.1 * np.abs(want_o).max()) < 2e-4
+
+
+def test_empty_sequence_batch_returns_initial_state():
+    gen = torch.Generator().manual_seed(_seed())
+    args, kw = make_inputs(gen, 2, 0, 1, 2, 16, 16, torch.float32, "lb", 0, True)
+    o, ht = _run(args, kw, "numpy", 16)
+    assert o.shape == (2, 0, 2, 16) and torch.equal(ht, kw["initial_state"])
 
 
 def test_kda_gate_shapes_and_forms():
