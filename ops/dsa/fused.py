@@ -194,16 +194,19 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
 
 
 def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
-                   topk: int, sm_scale, *, return_indices: bool = False, target: str | None = None):
-    """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits to global
-    memory) -> topk -> slots_of_positions -> sparse_mla_attention."""
+                   topk: int, sm_scale, *, return_indices: bool = False, max_len: int | None = None,
+                   target: str | None = None):
+    """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits [T, max_len]
+    to global memory) -> topk -> slots_of_positions -> sparse_mla_attention. max_len (default:
+    max(ke), a host sync) bounds the logits' width."""
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
     op = "li_sfa_unfused"
     t, b, ks32, ke32 = _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache,
                                       block_table, ks, ke, topk, sm_scale)
-    max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
+    if max_len is None:
+        max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
     scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32, max_len,
                                target=target)
     pos = topk_op(scores, topk, target=target)

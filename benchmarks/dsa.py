@@ -1,0 +1,158 @@
+"""One DSA decode step of one layer on a GPU: the fused LI+SFA kernel (k31dsl fused_li_sfa) and the
+unfused k31dsl path (lightning_indexer -> topk -> slots_of_positions -> sparse_mla_attention) vs
+torch eager and torch.compile of the same math with bf16 keys (indexer scores, ReLU, head
+weights, torch.topk, gather, softmax attention over the 576/512 MLA latents).
+
+    python benchmarks/dsa.py [--shapes 64x32768,32x131072]     # GPU
+    python benchmarks/dsa.py --smoke                            # CPU, Triton interpreter, tiny shapes
+
+Shapes: indexer 64 heads x 128 (MXFP8 codes + e8m0 scales, paged key cache 132 B/token), top-k
+2048, MLA 128 heads, 576/512 (paged FP8 latent cache 656 B/token), next_n = 1, every sequence
+at full context L, pages shuffled over the pool. Byte floor of the fused FP8 path:
+B * (L * 132 + 2048 * 656) bytes at the copy ceiling measured in this run. Before timing, the
+fused and unfused selections are compared (rows whose key sets differ) and their outputs
+(max |o_fused - o_unfused| / max |o|). Writes results/dsa.json and .md (not in --smoke)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+REF_MS = {(64, 32768): {"eager": 1.60, "compile": 0.880}, (32, 131072): {"eager": 2.35, "compile": 1.33}}
+SM_SCALE = 0.135234
+
+
+def make_step(b, length, topk, h_idx, h, device, seed=0):
+    """Paged caches of B sequences of L tokens (random codes; fp32 tile scales ~ N(0,1) latents;
+    e8m0 scales near 2^0), the decode queries, and the same keys as dense bf16 tensors for the
+    torch anchors."""
+    import torch
+    from k31dsl.ops.dsa import attention as A
+    g = torch.Generator(device=device).manual_seed(seed)
+    pages_per = -(-length // 64)
+    n_pages = b * pages_per
+    bt = torch.randperm(n_pages, device=device, generator=g).to(torch.int32).view(b, pages_per)
+    # indexer cache: [P, 64*128 codes | 64*4 scales]
+    kx = torch.randn(n_pages, 64, 128, device=device, generator=g) * 4
+    kcodes = kx.to(torch.float8_e4m3fn)
+    kscale_b = torch.randint(125, 130, (n_pages, 64, 4), device=device, generator=g, dtype=torch.uint8)
+    icache = torch.cat([kcodes.view(torch.uint8).view(n_pages, -1), kscale_b.view(n_pages, -1)], 1).contiguous()
+    # MLA cache: [P, 64, 656] records
+    lat = torch.randn(n_pages, 64, 4, 128, device=device, generator=g)
+    amax = lat.abs().amax(-1).clamp_min(1e-4)
+    scale = amax / 448.0
+    codes = (lat / scale[..., None]).to(torch.float8_e4m3fn)
+    rope = torch.randn(n_pages, 64, 64, device=device, generator=g).to(torch.bfloat16)
+    mcache = torch.cat([codes.view(torch.uint8).view(n_pages, 64, 512), scale.view(torch.uint8).view(n_pages, 64, 16),
+                        rope.view(torch.uint8).view(n_pages, 64, 128)], 2).contiguous()
+    qc = (torch.randn(b, h_idx, 128, device=device, generator=g) * 4).to(torch.float8_e4m3fn)
+    qs = torch.randint(125, 130, (b, h_idx, 4), device=device, generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    w = torch.randn(b, h_idx, device=device, generator=g)
+    q = torch.randn(b, h, 576, device=device, generator=g).to(torch.bfloat16)
+    ks = torch.zeros(b, dtype=torch.int32, device=device)
+    ke = torch.full((b,), length, dtype=torch.int32, device=device)
+    args = (qc, qs, w, icache, q, mcache, bt, ks, ke)
+    # dense bf16 keys in logical order for the anchors (the same values)
+    perm = bt.long()
+    k_dense = (kcodes.float() * torch.exp2(kscale_b.float() - 127).repeat_interleave(32, -1))[perm].view(b, -1, 128)
+    kv_lat = (codes.float() * scale[..., None]).view(n_pages, 64, 512)[perm].view(b, -1, 512)
+    kv_dense = torch.cat([kv_lat, rope.float()[perm].view(b, -1, 64)], -1)[:, :length].to(torch.bfloat16)
+    q_idx = (qc.float() * torch.exp2(qs.view(torch.uint8).float() - 127).repeat_interleave(32, -1)).to(torch.bfloat16)
+    anchor_in = (q_idx, w, k_dense[:, :length].to(torch.bfloat16).contiguous(), q, kv_dense.contiguous())
+    del A
+    return args, anchor_in
+
+
+def torch_step(q_idx, w, k_idx, q, kv, topk: int = 2048, sm_scale: float = SM_SCALE):
+    """The same math in torch with bf16 keys: scores -> top-k -> sparse MQA attention."""
+    import torch
+    logits = torch.einsum("bhd,bld->bhl", q_idx, k_idx).float().relu_()
+    scores = torch.einsum("bhl,bh->bl", logits, w)
+    idx = scores.topk(min(topk, scores.shape[1]), dim=-1).indices
+    g = torch.gather(kv, 1, idx[..., None].expand(-1, -1, kv.shape[-1]))       # [B, k, 576]
+    s = torch.einsum("bhd,bkd->bhk", q, g).float() * sm_scale
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).to(kv.dtype)
+    return torch.einsum("bhk,bkc->bhc", p, g[..., :512]), lse
+
+
+def compare(fused, unfused):
+    import torch
+    o, lse, sel = fused
+    uo, ul, usel = unfused
+    diff_rows = sum(set(a.tolist()) != set(b_.tolist()) for a, b_ in zip(sel.cpu(), usel.cpu()))
+    rel = float((o.float() - uo.float()).abs().max() / uo.float().abs().max().clamp_min(1e-30))
+    return diff_rows, rel, float((lse - ul).abs().max()) if torch.isfinite(ul).all() else float("nan")
+
+
+def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | None):
+    import torch
+    from k31dsl.ops.dsa import fused as F
+    import harness
+    t0 = time.time()
+    args, anchor_in = make_step(b, length, topk, h_idx, h, device)
+    target = "triton"
+    row = {"B": b, "L": length}
+    unf = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, target=target, max_len=length)
+    print(f"[B={b} L={length}] inputs + unfused first call {time.time() - t0:.1f}s", flush=True)
+    fus = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, target=target)
+    print(f"[B={b} L={length}] fused first call {time.time() - t0:.1f}s", flush=True)
+    row["rows with different keys"], row["o rel diff"], row["lse diff"] = compare(fus, unf)
+    ref_o, _ = torch_step(*anchor_in, topk=topk)
+    row["o rel diff vs torch"] = float((fus[0].float() - ref_o.float()).abs().max() / ref_o.float().abs().max())
+    if not timed:
+        return row
+    fns = {"fused": lambda: F.fused_li_sfa(*args, topk, SM_SCALE, target=target),
+           "unfused": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length),
+           "eager": lambda: torch_step(*anchor_in, topk=topk)}
+    compiled = torch.compile(torch_step)
+    fns["compile"] = lambda: compiled(*anchor_in, topk=topk)
+    floor_bytes = b * (length * 132 + topk * 656)
+    for name, fn in fns.items():
+        row[f"{name} ms"] = harness.median_ms(fn)
+        row[f"{name} graph ms"] = harness.graph_median_ms(fn)
+        print(f"[B={b} L={length}] {name}: {row[f'{name} ms']:.4f} ms, graph {row[f'{name} graph ms']:.4f} ms",
+              flush=True)
+    row["floor ms"] = floor_bytes / (ceiling * 1e12) * 1e3
+    for name in ("fused", "unfused"):
+        best = min(row[f"{name} ms"], row[f"{name} graph ms"])
+        row[f"{name} % floor BW"] = 100 * row["floor ms"] / best
+        row[f"{name} vs compile"] = min(row["compile ms"], row["compile graph ms"]) / best
+    row["ref compile ms"] = REF_MS.get((b, length), {}).get("compile", float("nan"))
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="64x32768,32x131072")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), no timing")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        row = run_shape(2, 200, 16, 16, 4, "cpu", timed=False, ceiling=None)
+        print(row)
+        ok = row["rows with different keys"] == 0 and row["o rel diff"] < 2e-2
+        print("smoke", "ok" if ok else "FAILED")
+        return 0 if ok else 1
+    import harness
+    ceiling = harness.copy_ceiling_tbs()
+    rows = []
+    for spec in args.shapes.split(","):
+        b, length = (int(x) for x in spec.split("x"))
+        rows.append(run_shape(b, length, 2048, 64, 128, "cuda", timed=True, ceiling=ceiling))
+        cols = list(rows[0].keys())
+        payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "rows": rows}
+        harness.write("dsa", payload, cols, rows,
+                      notes=f"one decode step, one layer; copy ceiling {ceiling:.3f} TB/s; floor = "
+                            "B*(L*132 + 2048*656) bytes at that ceiling; `ms` do_bench median (Python launch "
+                            "included), `graph ms` CUDA-graph replay")
+        harness.print_table(cols, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
