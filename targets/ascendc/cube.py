@@ -98,8 +98,8 @@ def dot(em, op):
     em.pre("    qB1.EnQue(b1);")
     em.pre(f"    a1 = qA1.DeQue<{T}>();")
     em.pre(f"    AscendC::LocalTensor<{T}> a2 = qA2.AllocTensor<{T}>();")
-    em.pre(f"    for (int32_t i = 0; i < {M1}; ++i)   // NZ -> Zz, one fractal row per LoadData")
-    em.pre(f"      AscendC::LoadData(a2[i * {K1 * 16 * C0}], a1, AscendC::LoadData2DParams(i, {K1}, {M1}, 0, 0, false));")
+    em.pre(f"    for (int32_t m1 = 0; m1 < {M1}; ++m1)   // NZ -> Zz, one fractal row per LoadData")
+    em.pre(f"      AscendC::LoadData(a2[m1 * {K1 * 16 * C0}], a1, AscendC::LoadData2DParams(m1, {K1}, {M1}, 0, 0, false));")
     em.pre("    qA1.FreeTensor(a1);")
     em.pre("    qA2.EnQue(a2);")
     em.pre(f"    b1 = qB1.DeQue<{T}>();")
@@ -108,8 +108,8 @@ def dot(em, op):
         em.pre(f"    AscendC::LoadData(b2, b1, AscendC::LoadData2DParams(0, {K1 * N1}, 1, 0, 0, false));")
     else:
         kp = _up(tk, 16) // 16
-        em.pre(f"    for (int32_t i = 0; i < {kp}; ++i)   // NZ of B -> Zn: transpose each 16x16 fractal")
-        em.pre(f"      AscendC::LoadData(b2[i * {N1 * 256}], b1, AscendC::LoadData2DParams(i, {N1}, {kp}, 0, 0, true));")
+        em.pre(f"    for (int32_t k1 = 0; k1 < {kp}; ++k1)   // NZ of B -> Zn: transpose each 16x16 fractal")
+        em.pre(f"      AscendC::LoadData(b2[k1 * {N1 * 256}], b1, AscendC::LoadData2DParams(k1, {N1}, {kp}, 0, 0, true));")
     em.pre("    qB1.FreeTensor(b1);")
     em.pre("    qB2.EnQue(b2);")
     em.pre(f"    a2 = qA2.DeQue<{T}>();")

@@ -32,7 +32,12 @@ CPP_RESERVED = {"int", "float", "double", "char", "bool", "auto", "const", "for"
                 "register", "union", "enum", "goto", "sizeof", "volatile", "extern", "and", "or",
                 "not", "xor", "pipe", "td", "calc", "tmp", "k31", "std", "AscendC", "half",
                 "bfloat16_t", "exp", "log", "abs", "min", "max", "floor", "ceil", "sqrt", "int8_t",
-                "int32_t", "int64_t", "uint8_t", "uint32_t", "main", "p", "total", "signbit"}
+                "int32_t", "int64_t", "uint8_t", "uint32_t", "main", "p", "total", "signbit",
+                # locals of the generated blocks (DMA, reductions, Compare/Select, the cube path)
+                "ac", "c0", "len", "fast", "sc_ok", "r0", "rlo", "rhi_", "rhi", "full", "g", "u",
+                "bytes", "row", "one", "work", "fa", "fb", "mask", "hi", "l", "o0", "o1", "o2", "o3",
+                "x0", "x1", "x2", "v", "wa", "wb", "wc", "ha", "hb", "bT", "c1", "a1", "b1", "a2", "b2",
+                "mp", "k0", "m1", "k1", "ws", "op", "workspace", "tiling"}
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
@@ -57,7 +62,10 @@ class AscendEmitter(PyEmitter):
         self.fused: set[int] = set()         # compare ops folded into a Compare+Select
         for p in kernel.params:
             self.used.add(p.name)
-            self.names[p.value.uid] = p.name
+            # scalar parameters are locals of Program(): keep them clear of the generated locals
+            local = p.name + "_" if (not p.is_tensor and p.name in CPP_RESERVED) else p.name
+            self.used.add(local)
+            self.names[p.value.uid] = local
         self.used.update(kernel.constexprs)
 
     def reserved(self) -> set[str]:
@@ -314,7 +322,7 @@ def _files(em: AscendEmitter, parts: dict, used: dict) -> dict[str, str]:
         header=header, name=name, version=__version__,
         tensors=[{"name": p.name, "S": cexpr.storage(p.value.type.dtype), "rank": p.value.type.rank,
                   "dtype": p.value.type.dtype.name} for p in tensors],
-        scalars=[{"name": p.name, "C": cexpr.compute(p.value.type.dtype), "dtype": p.value.type.dtype.name,
+        scalars=[{"name": p.name, "local": em.n(p.value), "C": cexpr.compute(p.value.type.dtype), "dtype": p.value.type.dtype.name,
                   "float": p.value.type.dtype.is_float} for p in scalars],
         params=[p.name for p in k.params], host=parts["host"], body_host=parts["body_host"],
         grid=[em.host_names[g.uid] if g.uid in em.host_names else em.n(g) for g in k.grid],

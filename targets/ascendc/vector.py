@@ -148,6 +148,13 @@ def binary(em, op):
         return em.pre(_scalar_inst(em, op.name, dt, out, em.n(b), em.n(a), n) + ";")
     if _row_broadcast(em, op):
         return
+    if dt is D.f32 and op.name in VEC_F32_BIN and (tile_scalar or (em.is_tile(b) and _same(b, r) and not em.is_tile(a))):
+        # a scalar operand without an instruction of its own (Div, Sub from a scalar): Duplicate it
+        out = em.define(r)
+        ta = _as_tile(em, a, n)
+        tb = _as_tile(em, b, n)
+        em.vector_ops.add(VEC_F32_BIN[op.name])
+        return em.pre(f"AscendC::{VEC_F32_BIN[op.name]}({out}, {ta}, {tb}, {n});")
     if dt is D.i32 and op.name in ("and", "or") and both:
         inst = "And" if op.name == "and" else "Or"
         em.vector_ops.add(inst)
@@ -296,6 +303,7 @@ def _as_tile(em, v: Value, n: int) -> str:
     t = em.scratch("float", n)
     name = em.fresh("splat")
     em.pre(f"AscendC::LocalTensor<float> {name} = {t};")
+    em.vector_ops.add("Duplicate")
     em.pre(f"AscendC::Duplicate<float>({name}, static_cast<float>({em.n(v)}), {n});")
     return name
 
