@@ -138,9 +138,9 @@ def indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB):
     return k.sum(k.reshape(r, (NQ, H, BS)), axis=1)
 
 
-# (NQ query tokens, PB pages) per program -> warps; the public function picks NQ/PB per shape
-# (decode n = 1..4 tokens per sequence, or prefill), so these only set num_warps (a guess until
-# measured: M = NQ * 64 rows of the fp8 dot, one warpgroup per 64 rows).
+# (NQ query tokens, PB pages) per program -> warps. Decode fixes NQ/PB from the tokens per
+# sequence (these then only set num_warps); prefill lets the autotuner choose among all of them.
+# M = NQ * 64 rows of the dot, one warpgroup per 64 rows.
 LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, {"NQ": 1, "PB": 1, "num_warps": 4},
               {"NQ": 2, "PB": 2, "num_warps": 8}, {"NQ": 2, "PB": 1, "num_warps": 4},
               {"NQ": 4, "PB": 1, "num_warps": 8}]
@@ -261,12 +261,13 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
 
 
 def _li_config(n: int) -> dict:
-    """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB: all n <= 4 decode
-    tokens of a sequence share each key page they load; prefill takes 2 tokens x 2 pages."""
+    """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB for decode: all n <= 4
+    tokens of a sequence share each key page they load. Prefill (n > 4) passes neither, so the
+    Triton runtime autotunes over LI_CONFIGS on a GPU (the first config elsewhere)."""
     if n <= 4:
         nq = next_pow2(n)
         return {"NQ": nq, "PB": 1 if nq == 4 else 2}
-    return {"NQ": 2, "PB": 2}
+    return {}
 
 
 def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
@@ -317,9 +318,9 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         return scores
     n = t // b
     cfg = _li_config(n)
-    if nsplit is None:
-        blocks = -(-max_len // (PAGE * cfg["PB"]))
-        progs = b * -(-n // cfg["NQ"])
+    if nsplit is None:         # key splits: ~512 programs in all (counted for NQ = 1 in prefill)
+        blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
+        progs = b * -(-n // cfg.get("NQ", 1))
         nsplit = max(1, min(blocks, -(-512 // progs)))
     kc, ksc = indexer_cache_views(cache)
     lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
