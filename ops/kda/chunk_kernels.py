@@ -80,8 +80,21 @@ def diag_exact(qs, kc, gc, rid):
     return aq, ak
 
 
-# One prep config: with 4 warps ptxas (sm_90a) spills ~1 KB per thread, with 8 warps ~0.1 KB.
-PREP_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}]
+@k.func
+def load_sub_chunk(q, kk, v, g, beta, r0, t1, h, hv, rid, BK, BVV):
+    """Raw tiles of the 16 rows from r0 (rows at or past t1, the sequence end, read 0)."""
+    live = (r0 + rid) < t1
+    return (live, k.load(q, (k.span(r0, rid.shape[0]), h, k.span(0, BK)), mask=live[:, None], other=0.0),
+            k.load(kk, (k.span(r0, rid.shape[0]), h, k.span(0, BK)), mask=live[:, None], other=0.0),
+            k.load(v, (k.span(r0, rid.shape[0]), hv, k.span(0, BVV)), mask=live[:, None], other=0.0),
+            k.load(beta, (k.span(r0, rid.shape[0]), hv), mask=live, other=0.0),
+            k.load(g, (k.span(r0, rid.shape[0]), hv, k.span(0, BK)), mask=live[:, None], other=0.0))
+
+
+# 8 warps (with 4, ptxas for sm_90a spills ~1 KB per thread); with and without the prefetch of the
+# next sub-chunk (244 vs 128 B of spill stores per thread). Same results either way.
+PREP_CONFIGS = [{"BT": 64, "PREFETCH": True, "num_warps": 8, "num_stages": 1},
+                {"BT": 64, "PREFETCH": False, "num_warps": 8, "num_stages": 1}]
 
 
 @k.kernel(configs=PREP_CONFIGS)
@@ -98,6 +111,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                    GATE: k.constexpr[GATE_NONE, GATE_SOFTPLUS, GATE_LOWER] = GATE_LOWER,
                    SAFE: k.constexpr = True, L2: k.constexpr = True, PREC: k.constexpr[PRECISIONS] = "tf32",
                    SOLVE: k.constexpr[PRECISIONS] = "tf32", KEEP: k.constexpr[k.bf16, k.f32] = k.f32,
+                   PREFETCH: k.constexpr = True,
                    BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
     assert BC == 16, "the diagonal blocks are inverted as 16x16 Neumann products"
@@ -110,14 +124,17 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
         rid = k.arange(0, BC)
         gp = k.zeros((BK,), k.f32)          # G of the row before the sub-chunk (0 at the chunk start)
         lends, kcols, ws, us = (), (), (), ()
+        nxt = load_sub_chunk(q, kk, v, g, beta, t0, t1, h, hv, rid, BK, BVV)
         for c in k.static_range(NC):
-            r0 = t0 + c * BC
-            live = (r0 + rid) < t1
-            qc = k.load(q, (k.span(r0, BC), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-            kc = k.load(kk, (k.span(r0, BC), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-            vc = k.load(v, (k.span(r0, BC), hv, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
-            bc = k.load(beta, (k.span(r0, BC), hv), mask=live, other=0.0).to(k.f32)
-            graw = k.load(g, (k.span(r0, BC), hv, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+            # PREFETCH: the next sub-chunk's loads are issued before this one's math (they cannot
+            # move above this iteration's stores by themselves: outputs might alias the inputs);
+            # costs ~0.1 KB more spill per thread on sm_90a, so it is a tuning choice
+            if not PREFETCH and c > 0:
+                nxt = load_sub_chunk(q, kk, v, g, beta, t0 + c * BC, t1, h, hv, rid, BK, BVV)
+            live, qc, kc, vc, bc, graw = nxt
+            if PREFETCH and c + 1 < NC:
+                nxt = load_sub_chunk(q, kk, v, g, beta, t0 + (c + 1) * BC, t1, h, hv, rid, BK, BVV)
+            qc, kc, vc, bc, graw = qc.to(k.f32), kc.to(k.f32), vc.to(k.f32), bc.to(k.f32), graw.to(k.f32)
             if L2:
                 qc = l2norm_rows(qc)
                 kc = l2norm_rows(kc)
