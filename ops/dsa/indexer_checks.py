@@ -95,7 +95,7 @@ def _check_lightning_indexer(target: str, seed: int = 0) -> list[CaseResult]:
     g = _gen(seed)
     dev = device_for(target)
     out = []
-    for lens, n, h, mma in LI_CASES:
+    for lens, n, h, mma in LI_CASES if target in ("numpy", "triton") else LI_CASES[:2]:   # ascendc: g++ builds
         cache, table, qc, qs, w, ks, ke = paged_setup(lens, n, h, g)
         got = I.lightning_indexer(*[a.to(dev) for a in (qc, qs, cache, table, w, ks, ke)], mma=mma,
                                   target=target).cpu().numpy().astype(np.float64)
@@ -169,7 +169,7 @@ def _check_prolog(target: str, seed: int = 0) -> list[CaseResult]:
     g = _gen(seed)
     dev = device_for(target)
     out = []
-    for t, dm, ql, h in PROLOG_CASES:
+    for t, dm, ql, h in PROLOG_CASES if target in ("numpy", "triton") else PROLOG_CASES[:1]:
         args = prolog_inputs(t, dm, ql, h, g)
         slots = args[10]
         on_dev = [a.to(dev) for a in args]
