@@ -35,11 +35,16 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 # the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
 # ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
 # re-read more from DRAM. The autotuner decides.
-PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "ROWS": rows, "num_warps": w}
-                   for bd, w, re, un, rows in (
-                       (128, 4, False, False, 1), (256, 8, False, True, 1), (512, 16, False, True, 1),
-                       (512, 16, True, True, 1), (1024, 16, True, True, 1), (512, 8, True, True, 1),
-                       (256, 16, False, True, 1), (256, 8, True, True, 2))]
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "ROWS": rows, "PREFETCH": pf,
+                    "num_warps": w}
+                   for bd, w, re, un, rows, pf in (
+                       (128, 4, False, False, 1, False), (256, 8, False, True, 1, False),
+                       (512, 16, False, True, 1, False), (512, 16, True, True, 1, False),
+                       (1024, 16, True, True, 1, False), (512, 8, True, True, 1, False),
+                       (256, 16, False, True, 1, False), (256, 8, True, True, 2, False),
+                       (128, 4, False, False, 1, True), (256, 8, False, False, 1, True),
+                       (128, 4, True, False, 1, True), (256, 16, False, False, 1, True),
+                       (512, 16, False, True, 1, True))]
 # sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins), in config order,
 # and the rows (229 KB each) in flight on 132 SMs that this allows: 128 (4 programs/SM, 528 rows,
 # 121 MB), 121 (2/SM, 264 rows), 109, 128, 128 (+16 B spill), 137, 80 (1/SM, 132 rows, 30 MB: fits
@@ -58,16 +63,27 @@ ACC_BUDGET = 8192               # SB * NB * BD elements of the prepare accumulat
 # ---------------------------------------------------------------- kernels
 
 @k.func
-def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC):
-    """attnres_prepare_rows for token row t."""
+def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
+                     PREFETCH):
+    """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
+    current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound)."""
     sq = k.zeros((NB, BD), k.f32)
     if REDUCE_EACH:
         qv = k.zeros((SB, NB), k.f32)
     else:
         qv = k.zeros((SB, NB, BD), k.f32)
+    if PREFETCH:
+        x_next = v[k.span(0, NB, other=0.0), t, k.span(0, BD, other=0.0)]
+        q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
     for j in range(chunks):
-        x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
-        qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
+        if PREFETCH:
+            x = x_next.to(k.f32)
+            qt = q_next
+            x_next = v[k.span(0, NB, other=0.0), t, k.span((j + 1) * BD, BD, other=0.0)]   # past D: no traffic
+            q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
+        else:
+            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
         sq += x * x
         if REDUCE_EACH:
             qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
@@ -87,6 +103,8 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
     else:
         m[k.span(0, SB), t] = zmax
         l[k.span(0, SB), t] = esum
+    if PREFETCH and not UNROLL_SRC:
+        x_next = v[k.span(0, NB, other=0.0), t, k.span((chunks - 1) * BD, BD, other=0.0)]
     for jj in range(chunks):
         j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
         if UNROLL_SRC:
@@ -96,7 +114,11 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
                 xi = v[i, t, k.span(j * BD, BD, other=0.0)].to(k.f32)               # 0 past n
                 acc += wi[:, None] * xi[None, :]
         else:
-            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            if PREFETCH:
+                x = x_next.to(k.f32)
+                x_next = v[k.span(0, NB, other=0.0), t, k.span((j - 1) * BD, BD, other=0.0)]   # j = 0: none
+            else:
+                x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
             acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
         o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
 
@@ -141,7 +163,8 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
-                         UNROLL_SRC: k.constexpr = False, ROWS: k.constexpr = 1, WARPS: k.constexpr = 4):
+                         UNROLL_SRC: k.constexpr = False, ROWS: k.constexpr = 1, PREFETCH: k.constexpr = False,
+                         WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
@@ -156,7 +179,8 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
         if ROWS > 1:
             _prepare_row_block(v, q, o, m, l, eps, tb * ROWS, n, d, chunks, OT, NB, SB, BD, FINAL, ROWS)
         else:
-            _prepare_one_row(v, q, o, m, l, eps, tb, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC)
+            _prepare_one_row(v, q, o, m, l, eps, tb, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
+                             PREFETCH)
 
 
 @k.kernel(configs=ROW_CONFIGS)

@@ -344,6 +344,7 @@ class _Specialised:
 # the benchmark's shapes: S = 6 -> SB 8, n = 8, the largest chunk; D = 7168 -> one 8192 row tile
 PREPARE_BENCH = _Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, REDUCE_EACH=True, UNROLL_SRC=True)
 PREPARE_ROWS = _Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=256, ROWS=2)
+PREPARE_PREFETCH = _Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=128, PREFETCH=True)
 FULL_BF16 = _Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
 UPDATE_ROW = _Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
 RMSNORM_ROW = _Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
@@ -361,5 +362,6 @@ FUSED_UPDATE = _FusedUpdate()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    names = ["PREPARE_BENCH", "PREPARE_ROWS", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW", "FUSED_UPDATE"]
+    names = ["PREPARE_BENCH", "PREPARE_ROWS", "PREPARE_PREFETCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
+             "FUSED_UPDATE"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
