@@ -5,19 +5,17 @@ Result: int32 [R, k]; row r lists the positions of its min(k, valid) largest sco
 writes -inf outside each token's key range; NaN never counts). Ties go to the lower position, so
 the result is deterministic and identical on every target.
 
-Design (chunked merge, two launches): KP = next power of two >= k. Stage 1 gives each program a
-segment of SEG = CH * KP scores of one row; it keeps a running top-KP list (values + positions,
-in the order above) and merges each KP-wide chunk into it with one k.topk over the 2*KP-long
-concatenation [running, chunk]. The running list always holds lower positions than the chunk,
-and k.topk keeps the lower lane first on equal values, so ties resolve to the lower position.
-Stage 2 (one program per row) merges the NS = L / SEG segment lists the same way, in segment
-order, and writes -1 for invalid entries. A row that fits one segment skips stage 2. SEG is
-chosen so that stage 1 has a few hundred programs and stage 2 merges about as many lists as a
-stage-1 program merges chunks.
+Design (chunked merge, then a merge tree): KP = next power of two >= k. Stage 1 gives each
+program a segment of SEG = CH * KP scores of one row; it sorts the first KP-wide chunk and merges
+each further chunk into the running top-KP list (values + positions, in the order above) with one
+k.topk over the 2*KP-long concatenation [running, chunk]. The running list always holds lower
+positions than the chunk, and k.topk keeps the lower lane first on equal values, so ties resolve
+to the lower position. Then launches of the same kernel merge neighbouring segment lists in pairs
+(lower list first: the same tie rule) until one list per row is left; the last launch writes -1
+for invalid entries. CH is chosen for ~512 stage-1 programs; the tree keeps the sequential chain
+at CH + log2(L / SEG) merges (one program per row merging every list would be L / SEG).
 """
 from __future__ import annotations
-
-import math
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
@@ -70,12 +68,12 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
             out_i[r, k.span(sp * KP, KP)] = run_i
 
 
-def _plan(rows: int, length: int, kp: int, programs: int = 264) -> int:
-    """Chunks per stage-1 segment: about sqrt(chunks per row), more when rows are few."""
+def _plan(rows: int, length: int, kp: int, programs: int = 512) -> int:
+    """Chunks per stage-1 segment: a power of two (at most 8) leaving about `programs` programs."""
     chunks = -(-length // kp)
-    ch = max(1, math.isqrt(chunks))
-    while ch > 1 and rows * -(-chunks // ch) < programs // 2:
-        ch //= 2
+    ch = 1
+    while ch < 8 and rows * -(-chunks // (2 * ch)) >= programs:
+        ch *= 2
     return ch
 
 
@@ -111,5 +109,11 @@ def topk(scores, k_: int, *, chunks: int | None = None, target: str | None = Non
     v1 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
     i1 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
     kern(x, unused(torch.int32, length), v1, i1, seg, KP=kp)
+    while ns > 2:                    # pairwise merges of neighbouring lists
+        ns = -(-ns // 2)
+        v2 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
+        i2 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
+        kern(v1, i1, v2, i2, 2 * kp, KP=kp, HAS_IDX=True)
+        v1, i1 = v2, i2
     kern(v1, i1, unused(torch.float32, k_), out, ns * kp, KP=kp, HAS_IDX=True, FINAL=True)
     return out
