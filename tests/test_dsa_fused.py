@@ -133,3 +133,13 @@ def test_bad_inputs_raise_k31error(call, needle):
 def test_compiles_for_hopper(tmp_path):
     """The real decode sizes: 64 indexer heads, top-k 2048 (a 4096-wide merge), 64-head MLA blocks."""
     assert_compiles_for_hopper(F.__file__, ["fused_li_sfa_decode"], tmp_path, index_types=("int32",))
+
+
+def test_head_blocks_split_or_together():
+    """40 heads in 16-head blocks: one program per (token, head block) (the default for small
+    batches) and one program per token give the same result, and both match the oracle."""
+    g = _gen()
+    args = decode_step(g, [120, 30], 2, heads=40)
+    o, lse, sel = check_step(args, 16, 0.1, "numpy", F.fused_li_sfa, BH=16)
+    o2, lse2, sel2 = F.fused_li_sfa(*args, 16, 0.1, return_indices=True, target="numpy", BH=16, HB=3)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2) and torch.equal(sel, sel2)

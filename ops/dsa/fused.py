@@ -2,7 +2,8 @@
 unfused path it must agree with (`li_sfa_unfused`: lightning_indexer -> topk -> slots ->
 sparse_mla_attention), with `li_sfa` choosing between them per shape.
 
-DESIGN (one program per query token; nothing but o and lse reaches global memory):
+DESIGN (one program per query token, or per (token, head block) for small batches; nothing but o
+and lse reaches global memory):
   1. select — the query's indexer operands (64 heads x 128, MXFP8) stay in registers; the keys of
      its range [ks, ke) are scored page by page straight from the paged MXFP8 key cache through
      the block table (indexer.indexer_page_scores, shared with lightning_indexer), assembled into
@@ -39,8 +40,13 @@ FUSED_CONFIGS = [{"PB": 1, "BH": 64, "BK": 32, "num_warps": 8}, {"PB": 2, "BH": 
                  {"PB": 1, "BH": 64, "BK": 64, "num_warps": 8}]
 # Longest context (keys per query) for which li_sfa picks the fused kernel by default. A
 # prediction until the GPU run replaces it (benchmarks/NOTES.md): each KP keys cost one 2*KP
-# bitonic top-k, which loses to the unfused path's split top-k somewhere above 32K keys.
-FUSED_MAX_KEYS = 32768
+# bitonic top-k in one program per token, which loses to the unfused path's split top-k (and its
+# better spread over SMs) beyond a few chunks.
+FUSED_MAX_KEYS = 4096
+# Up to this many (token, head block) programs, each head block gets its own program (selection
+# repeated per head block); beyond it one program per token does all head blocks. ~2 waves of
+# an H200's 132 SMs.
+HEAD_SPLIT_PROGRAMS = 264
 
 
 @k.func
@@ -82,9 +88,13 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
                         lse: k.Tensor[k.f32, "T", "H"], sel: k.Tensor[k.i32, "T", "KS"],
                         n_per_seq: k.i32, topk: k.i32, sm_scale: k.f32,
                         QT: k.constexpr[k.bf16, k.f32] = k.bf16, HI: k.constexpr = 64, KP: k.constexpr = 2048,
-                        PB: k.constexpr = 1, BH: k.constexpr = 64, BK: k.constexpr = 32,
+                        PB: k.constexpr = 1, BH: k.constexpr = 64, BK: k.constexpr = 32, HB: k.constexpr = 1,
                         WRITE_SEL: k.constexpr = False):
-    for t in k.grid(q.shape[0]):
+    # Program (t, hp): query token t, head blocks [hp*HB, hp*HB + HB) of BH heads. With HB below
+    # the number of head blocks, the programs of one token each redo the selection (same keys,
+    # read from L2 by the second) to put more SMs on small batches.
+    nhb = k.cdiv(q.shape[1], BH)
+    for t, hp in k.grid(q.shape[0], k.cdiv(q.shape[1], BH * HB)):
         b = t // n_per_seq
         lo = k.maximum(ks[t], 0)
         hi = k.minimum(ke[t], block_table.shape[1] * 64)
@@ -103,7 +113,7 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
         slots = k.where(chosen, page * 64 + run_i % 64, -1)
         n_sel = k.sum(chosen.to(k.i32))
         n_slots = codes.shape[0]
-        for hb in range(k.cdiv(q.shape[1], BH)):
+        for hb in range(hp * HB, k.minimum(hp * HB + HB, nhb)):
             h0 = hb * BH
             ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
             m = k.full((BH,), float("-inf"), k.f32)
@@ -182,6 +192,9 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
         raise K31Error(f"{op}: KP={kw['KP']} must be a power of two >= topk ({topk}) and a multiple of 64 * PB")
     if "BH" not in config and h < 64:
         kw["BH"] = max(16, next_pow2(h))
+    nhb = -(-h // kw.get("BH", 64))
+    if "HB" not in config and t * nhb > HEAD_SPLIT_PROGRAMS:
+        kw["HB"] = nhb                                   # enough tokens: one program per token
     if return_indices:
         kw["WRITE_SEL"] = True
         sel_arg = sel
