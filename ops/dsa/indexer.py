@@ -131,7 +131,7 @@ def indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H):
 def indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB):
     """Like `indexer_page_scores` from `indexer_query_bf16`'s operands: scores [NQ, PB*64]."""
     BS = PB * 64
-    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128)], (BS, 4, 32)).to(k.f32)
+    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
     sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
     kd = k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
     r = k.relu(k.dot(qd, kd.T)) * w[:, None]
