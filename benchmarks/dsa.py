@@ -89,7 +89,10 @@ def compare(fused, unfused):
     return diff_rows, rel, float((lse - ul).abs().max()) if torch.isfinite(ul).all() else float("nan")
 
 
-def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | None):
+def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | None, fused: bool = True,
+              save=lambda row: None):
+    """Correctness first, then timings; the unfused path and the anchors before the fused kernel
+    (whose first compile at KP = 2048 takes minutes), `save(row)` after each step."""
     import torch
     from k31dsl.ops.dsa import fused as F
     import harness
@@ -99,30 +102,39 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
     row = {"B": b, "L": length}
     unf = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, target=target, max_len=length)
     print(f"[B={b} L={length}] inputs + unfused first call {time.time() - t0:.1f}s", flush=True)
+    ref_o, _ = torch_step(*anchor_in, topk=topk)
+    row["unfused o rel diff vs torch"] = float((unf[0].float() - ref_o.float()).abs().max() / ref_o.float().abs().max())
+    fns = {"unfused": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length),
+           "eager": lambda: torch_step(*anchor_in, topk=topk)}
+    if timed:
+        compiled = torch.compile(torch_step)
+        fns["compile"] = lambda: compiled(*anchor_in, topk=topk)
+        row["floor ms"] = b * (length * 132 + topk * 656) / (ceiling * 1e12) * 1e3
+        row["ref compile ms"] = REF_MS.get((b, length), {}).get("compile", float("nan"))
+
+    def measure(name):
+        row[f"{name} ms"] = harness.median_ms(fns[name])
+        row[f"{name} graph ms"] = harness.graph_median_ms(fns[name])
+        print(f"[B={b} L={length}] {name}: {row[f'{name} ms']:.4f} ms, graph {row[f'{name} graph ms']:.4f} ms",
+              flush=True)
+        if name in ("fused", "unfused") and "compile ms" in row:
+            best = min(row[f"{name} ms"], row[f"{name} graph ms"])
+            row[f"{name} % floor BW"] = 100 * row["floor ms"] / best
+            row[f"{name} vs compile"] = min(row["compile ms"], row["compile graph ms"]) / best
+        save(row)
+
+    if timed:
+        for name in ("eager", "compile", "unfused"):
+            measure(name)
+    if not fused:
+        return row
     fus = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, target=target)
     print(f"[B={b} L={length}] fused first call {time.time() - t0:.1f}s", flush=True)
     row["rows with different keys"], row["o rel diff"], row["lse diff"] = compare(fus, unf)
-    ref_o, _ = torch_step(*anchor_in, topk=topk)
-    row["o rel diff vs torch"] = float((fus[0].float() - ref_o.float()).abs().max() / ref_o.float().abs().max())
-    if not timed:
-        return row
-    fns = {"fused": lambda: F.fused_li_sfa(*args, topk, SM_SCALE, target=target),
-           "unfused": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length),
-           "eager": lambda: torch_step(*anchor_in, topk=topk)}
-    compiled = torch.compile(torch_step)
-    fns["compile"] = lambda: compiled(*anchor_in, topk=topk)
-    floor_bytes = b * (length * 132 + topk * 656)
-    for name, fn in fns.items():
-        row[f"{name} ms"] = harness.median_ms(fn)
-        row[f"{name} graph ms"] = harness.graph_median_ms(fn)
-        print(f"[B={b} L={length}] {name}: {row[f'{name} ms']:.4f} ms, graph {row[f'{name} graph ms']:.4f} ms",
-              flush=True)
-    row["floor ms"] = floor_bytes / (ceiling * 1e12) * 1e3
-    for name in ("fused", "unfused"):
-        best = min(row[f"{name} ms"], row[f"{name} graph ms"])
-        row[f"{name} % floor BW"] = 100 * row["floor ms"] / best
-        row[f"{name} vs compile"] = min(row["compile ms"], row["compile graph ms"]) / best
-    row["ref compile ms"] = REF_MS.get((b, length), {}).get("compile", float("nan"))
+    save(row)
+    if timed:
+        fns["fused"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, target=target)
+        measure("fused")
     return row
 
 
@@ -130,6 +142,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), no timing")
+    ap.add_argument("--no-fused", action="store_true", help="skip the fused kernel (its first compile takes minutes)")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -141,16 +154,23 @@ def main(argv=None) -> int:
     import harness
     ceiling = harness.copy_ceiling_tbs()
     rows = []
-    for spec in args.shapes.split(","):
-        b, length = (int(x) for x in spec.split("x"))
-        rows.append(run_shape(b, length, 2048, 64, 128, "cuda", timed=True, ceiling=ceiling))
-        cols = list(rows[0].keys())
-        payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "rows": rows}
-        harness.write("dsa", payload, cols, rows,
+
+    def save(row):
+        cols = list(dict.fromkeys(c for r in rows + [row] for c in r))
+        done = rows + ([row] if row not in rows else [])
+        payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "rows": done}
+        harness.write("dsa", payload, cols, done,
                       notes=f"one decode step, one layer; copy ceiling {ceiling:.3f} TB/s; floor = "
                             "B*(L*132 + 2048*656) bytes at that ceiling; `ms` do_bench median (Python launch "
                             "included), `graph ms` CUDA-graph replay")
-        harness.print_table(cols, rows)
+
+    for spec in args.shapes.split(","):
+        b, length = (int(x) for x in spec.split("x"))
+        rows.append(run_shape(b, length, 2048, 64, 128, "cuda", timed=True, ceiling=ceiling,
+                              fused=not args.no_fused, save=save))
+        save(rows[-1])
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    harness.print_table(cols, rows)
     return 0
 
 
