@@ -2,7 +2,8 @@
 # One device call for several benchmarks: install k31dsl (+ the carried wheels in .whl: lark,
 # fla-core, einops) without network, then run each named benchmark with its own time limit,
 # logging to $OUT and copying benchmarks/results/ there.
-#   bash benchmarks/gpu_run.sh "kda:240 dsa:200 attnres:120"
+#   bash benchmarks/gpu_run.sh "kda:240:--no-variants,--shapes=8192x96 dsa:200 attnres:120"
+# (name:limit[:args], the args comma-separated)
 set -uo pipefail
 OUT=${OUT:-/tmp/k31out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$OUT/install.log" 2>&1
@@ -10,9 +11,9 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 K31_CACHE_DIR=/tmp/k31cache TRITO
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 for spec in ${1:-}; do
-  name=${spec%%:*}; limit=${spec##*:}
+  IFS=: read -r name limit args <<< "$spec"
   echo "=== $name (limit ${limit}s) $(date +%T)"
-  timeout "$limit" python3 "benchmarks/$name.py" ${BENCH_ARGS:-} > "$OUT/$name.log" 2>&1
+  timeout "$limit" python3 "benchmarks/$name.py" ${args//,/ } > "$OUT/$name.log" 2>&1
   echo "rc=$? $(date +%T)"; grep -v Warning "$OUT/$name.log" | tail -25
 done
 tar czf "$OUT/results.tgz" benchmarks/results   # one file: the device tool returns only a few
