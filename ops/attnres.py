@@ -10,14 +10,14 @@ q an input-independent pseudo-query into which the key-RMSNorm gain is folded (q
   merged with (O, M, L) by online softmax -> h (bf16), then the next layer's RMSNorm -> y (bf16).
   It is two kernels (update, then a row RMSNorm) that the graph's superkernel pass fuses into one.
 
-Layout: one program per token row t (or per ROWS rows). The prepare kernel sweeps the row's n
+Layout: one program per token row t. The prepare kernel sweeps the row's n
 sources twice in BD-column chunks: the first sweep accumulates every source's sum of squares and
 the S x n dot products; the second runs over the chunks in reverse order, so that it starts on
 the chunks the first sweep read last (still in L2 on a GPU), and writes O. Configs choose the
-chunk width, the warps, how the sums are reduced, and whether a program owns several rows
-(sharing each query chunk among them). The update and RMSNorm kernels hold a whole row as one
-BD = next_pow2(D) tile, so the RMSNorm program reads exactly the h row that the same update
-program wrote: the condition for the superkernel pass to fuse them (h stays in registers).
+chunk width, the warps, how the sums are reduced, and whether the next chunk is prefetched.
+The update and RMSNorm kernels hold a whole row as one BD = next_pow2(D) tile, so the RMSNorm
+program reads exactly the h row that the same update program wrote: the condition for the
+superkernel pass to fuse them (h stays in registers).
 """
 
 import math
@@ -35,21 +35,19 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 # the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
 # ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
 # re-read more from DRAM. The autotuner decides.
-PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "ROWS": rows, "PREFETCH": pf,
-                    "num_warps": w}
-                   for bd, w, re, un, rows, pf in (
-                       (128, 4, False, False, 1, False), (256, 8, False, True, 1, False),
-                       (512, 16, False, True, 1, False), (512, 16, True, True, 1, False),
-                       (1024, 16, True, True, 1, False), (512, 8, True, True, 1, False),
-                       (256, 16, False, True, 1, False), (256, 8, True, True, 2, False),
-                       (128, 4, False, False, 1, True), (256, 8, False, False, 1, True),
-                       (128, 4, True, False, 1, True), (256, 16, False, False, 1, True),
-                       (512, 16, False, True, 1, True))]
-# sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins), in config order,
-# and the rows (229 KB each) in flight on 132 SMs that this allows: 128 (4 programs/SM, 528 rows,
-# 121 MB), 121 (2/SM, 264 rows), 109, 128, 128 (+16 B spill), 137, 80 (1/SM, 132 rows, 30 MB: fits
-# the 50 MB L2), 204 (1/SM of 2 rows, 264 rows). ROWS = 4 spilled 352 B and ROWS = 2 at 16 warps
-# 232 B: not listed.
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "num_warps": w}
+                   for bd, w, re, un, pf in (
+                       (128, 4, False, False, False), (256, 8, False, True, False), (512, 16, False, True, False),
+                       (512, 16, True, True, False), (512, 8, True, True, False), (256, 16, False, True, False),
+                       (128, 4, False, False, True), (256, 8, False, False, True), (128, 4, True, False, True),
+                       (256, 16, False, False, True), (512, 16, False, True, True), (512, 16, False, False, True),
+                       (512, 16, True, False, True))]
+# sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins) and the rows
+# (229 KB each) in flight on 132 SMs that they allow: 4 warps 128 (4 programs/SM, 528 rows,
+# 121 MB: sweep 2 mostly from DRAM); 8 warps 121-142 (1-2/SM); 16 warps 80-128 (1/SM, 132 rows,
+# 30 MB: fits the 50 MB L2), with PREFETCH at BD 512 two 16 KB chunks in flight per SM.
+# Tried and left out: several rows per program sharing each query chunk (204 registers at 2 rows,
+# spills at 4; not chosen in GPU run 1), BD 1024 (spills).
 # WARPS is a constexpr the kernels do not read: the Triton runtime tells configs apart by their
 # constexprs only, so a config that differs in num_warps alone needs one. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
@@ -123,39 +121,6 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
 
 
-@k.func
-def _prepare_row_block(v, q, o, m, l, eps, t0, n, d, chunks, OT, NB, SB, BD, FINAL, ROWS):
-    """attnres_prepare_rows for ROWS token rows t0.. (rows past T load 0 and store nothing)."""
-    rsel = k.arange(ROWS)
-    sq = k.zeros((ROWS, NB), k.f32)
-    qv = k.zeros((ROWS, SB, NB), k.f32)
-    for j in range(chunks):
-        qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]           # shared by the rows
-        for r in k.static_range(ROWS):
-            x = v[k.span(0, NB, other=0.0), t0 + r, k.span(j * BD, BD, other=0.0)].to(k.f32)
-            sq += k.where((rsel == r)[:, None], k.sum(x * x, axis=1)[None, :], 0.0)
-            qv += k.where((rsel == r)[:, None, None], k.sum(qt[:, None, :] * x[None, :, :], axis=2)[None, :, :], 0.0)
-    z = qv * k.rsqrt(sq / d.to(k.f32) + eps)[:, None, :]                            # [ROWS, SB, NB]
-    z = k.where((k.arange(NB) < n)[None, None, :], z, float("-inf"))
-    zmax = k.max(z, axis=2)
-    e = k.exp(z - zmax[:, :, None])
-    esum = k.sum(e, axis=2)
-    if FINAL:
-        e = e / esum[:, :, None]
-    else:
-        m[k.span(0, SB), k.span(t0, ROWS)] = zmax.T
-        l[k.span(0, SB), k.span(t0, ROWS)] = esum.T
-    for jj in range(chunks):
-        j = chunks - 1 - jj
-        for r in k.static_range(ROWS):
-            er = k.sum(k.where((rsel == r)[:, None, None], e, 0.0), axis=0)             # [SB, NB]
-            acc = k.zeros((SB, BD), k.f32)
-            for i in k.static_range(NB):
-                wi = k.sum(k.where((k.arange(NB) == i)[None, :], er, 0.0), axis=1)
-                acc += wi[:, None] * v[i, t0 + r, k.span(j * BD, BD, other=0.0)].to(k.f32)[None, :]
-            o[k.span(0, SB), t0 + r, k.span(j * BD, BD)] = acc.to(OT)
-
-
 @k.kernel(configs=PREPARE_CONFIGS)
 def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S", "D"],
                          o: k.Tensor["OT", "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],
@@ -163,24 +128,16 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
-                         UNROLL_SRC: k.constexpr = False, ROWS: k.constexpr = 1, PREFETCH: k.constexpr = False,
+                         UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
                          WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
-    # ROWS > 1: a program owns ROWS token rows and loads each query chunk once for all of them
-    # (the queries are re-read from L2 once per program: S * D * 4 bytes, 172 KB at S = 6); it
-    # always reduces per chunk and unrolls the second sweep over the sources.
-    for tb in k.grid(k.cdiv(v.shape[1], ROWS)):
-        n = v.shape[0]
-        d = v.shape[2]
-        chunks = k.cdiv(d, BD)
-        if ROWS > 1:
-            _prepare_row_block(v, q, o, m, l, eps, tb * ROWS, n, d, chunks, OT, NB, SB, BD, FINAL, ROWS)
-        else:
-            _prepare_one_row(v, q, o, m, l, eps, tb, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
-                             PREFETCH)
+    # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
+    for t in k.grid(v.shape[1]):
+        _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB, BD,
+                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH)
 
 
 @k.kernel(configs=ROW_CONFIGS)
@@ -268,7 +225,7 @@ def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
     if final:
         kw["FINAL"] = True
     if sb * nb > 64 or nb > 16:
-        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, ROWS=1)
+        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False)
     attnres_prepare_rows[target](v, q, o, m, l, eps, **kw)
 
 
