@@ -99,6 +99,20 @@ def test_extreme_gates_stay_finite_and_exact(gate, target):
     _assert_close(ht, want_s, tol, f"extreme {gate} state", seed)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_state_v_first_layout(target):
+    """state_v_first: initial and final states are [N, HV, V, K]; same results as [N, HV, K, V]."""
+    seed = _seed()
+    args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 37, 1, 2, 16, 32, torch.float32, "lb", 2, True)
+    o, ht = _run(args, kw, target, 16)
+    kw_t = dict(kw, initial_state=kw["initial_state"].transpose(-1, -2).contiguous())
+    o2, ht2 = _run(args, kw_t, target, 16, state_v_first=True)
+    assert ht2.shape == (2, 2, 32, 16)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2.transpose(-1, -2)), f"seed {seed}"
+    want_o, want_s = load_oracle("kda").kda(*args, **kw)
+    _assert_close(ht2.transpose(-1, -2), want_s, 2e-4, "v-first state", seed)
+
+
 def test_chunked_equals_recurrent():
     """The oracle's chunked WY/UT form equals its recurrence, and the kernels at chunk 16, 32 and
     64 (numpy) all match the recurrence: the chunking is invisible up to rounding."""
@@ -213,6 +227,8 @@ PREP_LB_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.b
 PREP_SOFTPLUS_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.f32, BETAT=k.f32, MT=k.bf16, GATE=1, SAFE=False,
                             PREC="bf16", SOLVE="tf32", BT=64, BC=16, BK=128, BVV=128)
 STATE_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128, BV=32)
+STATE_VFIRST_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, VFIRST=True,
+                           BT=64, BK=128, BV=64)
 GATE_GPU = GpuSpec(kda_gate_rows, XT=k.bf16, MODE=2, BM=16, BK=128)
 
 
@@ -220,4 +236,5 @@ def test_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
     # the softplus prep differs from PREP_LB_GPU only in its diagonal blocks (CUDA-core loops); it
     # compiles too but costs another minute of ptxas on 2 cores, so CI checks the benchmarked pair
-    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "STATE_GPU"], tmp_path, index_types=("int32",))
+    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "STATE_GPU", "STATE_VFIRST_GPU"], tmp_path,
+                               index_types=("int32",))

@@ -66,7 +66,7 @@ def _host_list(t) -> list[int]:
     return out
 
 
-def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size):
+def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size, v_first=False):
     op = "chunk_kda"
     for name, t, rank in (("q", q, 4), ("k", kk, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
         require_tensor(op, name, t)
@@ -103,26 +103,28 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size):
     n = len(cu) - 1
     if initial_state is not None:
         require_tensor(op, "initial_state", initial_state, (k.f32,))
-        if tuple(initial_state.shape) != (n, HV, K, V):
-            raise K31Error(f"{op}: `initial_state` must be fp32 [N, HV, K, V] = {[n, HV, K, V]}, "
-                           f"got {list(initial_state.shape)}")
+        want = (n, HV, V, K) if v_first else (n, HV, K, V)
+        if tuple(initial_state.shape) != want:
+            raise K31Error(f"{op}: `initial_state` must be fp32 [N, HV, {'V, K' if v_first else 'K, V'}] = "
+                           f"{list(want)}, got {list(initial_state.shape)}")
     return B, T, H, K, HV, V, cu
 
 
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, target=None,
-              _variant: str | None = None):
+              use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, state_v_first=False,
+              target=None, _variant: str | None = None):
     """KDA forward, chunked -> (o [B, T, HV, V] like v, final_state fp32 [N, HV, K, V] or None).
 
     q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H); g [B, T, HV, K] the natural-log decay,
     or the raw gate when any of A_log [HV], dt_bias [HV*K], lower_bound is given (then the gate of
     kda_gate is applied in-kernel); beta [B, T, HV]; initial_state fp32 [N, HV, K, V]; varlen by
     cu_seqlens [N + 1] with B == 1. scale defaults to K^-0.5; q and k are L2-normalised in-kernel
-    unless use_qk_l2norm=False."""
+    unless use_qk_l2norm=False. state_v_first=True: initial and final states are [N, HV, V, K]
+    (K contiguous, the layout kda_decode's state_v_first pool uses)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
-    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size)
+    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size, state_v_first)
     gate_in = A_log is not None or dt_bias is not None or lower_bound is not None
     a_log, bias, mode, lb = check_gate_params(op, HV, K, A_log, dt_bias, lower_bound)
     mode = mode if gate_in else GATE_NONE
@@ -139,7 +141,8 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     aqk = torch.empty(nt1, HV, bt, bt, dtype=mt, device=dev)
     gam = torch.empty(nt1, HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B * T, HV, V, dtype=v.dtype, device=dev)
-    ht = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else \
+    ht_shape = (n, HV, V, K) if state_v_first else (n, HV, K, V)
+    ht = torch.empty(ht_shape, dtype=torch.float32, device=dev) if output_final_state else \
         torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
     h0 = initial_state.contiguous() if initial_state is not None else torch.empty(1, 1, 1, 1, dtype=torch.float32,
                                                                                    device=dev)
@@ -162,6 +165,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     if nt or output_final_state:
         kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
                                 HAS_H0=initial_state is not None, STORE_HT=bool(output_final_state), PREC=prec,
+                                VFIRST=bool(state_v_first),
                                 BK=K, **tiles_state)
     return o.view(B, T, HV, V), (ht if output_final_state else None)
 

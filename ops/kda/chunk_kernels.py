@@ -210,7 +210,7 @@ def kda_chunk_state(w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", 
                     h0: k.Tensor[k.f32, "NS", "HS", "KS", "VS"], ht: k.Tensor[k.f32, "NF", "HF", "KF", "VF"],
                     o: k.Tensor["OT", "T", "HV", "V"],
                     MT: k.constexpr[k.bf16, k.f32] = k.bf16, OT: k.constexpr[FLOAT_INPUTS] = k.bf16,
-                    HAS_H0: k.constexpr = False, STORE_HT: k.constexpr = False,
+                    HAS_H0: k.constexpr = False, STORE_HT: k.constexpr = False, VFIRST: k.constexpr = False,
                     PREC: k.constexpr[PRECISIONS] = "tf32",
                     BT: k.constexpr = 64, BK: k.constexpr = 128, BV: k.constexpr = 32):
     for pv, s, hv in k.grid(k.cdiv(o.shape[2], BV), cu.shape[0] - 1, o.shape[1]):
@@ -220,7 +220,9 @@ def kda_chunk_state(w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", 
         t1 = cu[s + 1]
         cols = pv * BV
         ii = k.arange(0, BT)
-        if HAS_H0:
+        if HAS_H0 and VFIRST:           # states stored [V, K] (state_v_first, K contiguous)
+            st = h0[s, hv, k.span(cols, BV, other=0.0), k.span(0, BK)].T
+        elif HAS_H0:
             st = h0[s, hv, k.span(0, BK), k.span(cols, BV, other=0.0)]
         else:
             st = k.zeros((BK, BV), k.f32)
@@ -235,5 +237,7 @@ def kda_chunk_state(w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", 
             k.store(o, (k.span(r0, BT), hv, k.span(cols, BV)), ob.to(OT), mask=(r0 + ii < t1)[:, None])
             kbt = kb[c, hv, k.span(0, BT), k.span(0, BK)].T
             st = gam[c, hv, k.span(0, BK)][:, None] * st + k.dot(kbt, vd, precision=PREC)
-        if STORE_HT:
+        if STORE_HT and VFIRST:
+            ht[s, hv, k.span(cols, BV), k.span(0, BK)] = st.T
+        elif STORE_HT:
             ht[s, hv, k.span(0, BK), k.span(cols, BV)] = st
