@@ -197,6 +197,14 @@ def test_every_prepare_config_matches_the_oracle(target):
         ar.attnres_prepare_rows[target](v, q, o, m, l, 1e-6, NB=4, SB=4, BD=min(cfg["BD"], 32), **cx)
         for got, w in zip((o, m, l), want):
             assert np.abs(to_f64(got) - w).max() <= 1e-5 * np.abs(w).max(), cfg
+    vb = v.to(torch.bfloat16)                   # full AttnRes (FINAL): bf16 in and out, one query
+    full = ref.attnres(to_f64(vb), to_f64(q[0]), 1e-6)
+    for cfg in ar.PREPARE_CONFIGS:
+        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD")}
+        h, stats = torch.empty(1, t, d, dtype=torch.bfloat16), torch.empty(1, t)
+        ar.attnres_prepare_rows[target](vb, q[:1], h, stats, stats, 1e-6, NB=4, SB=1, BD=min(cfg["BD"], 32),
+                                        FINAL=True, **cx)
+        assert np.abs(to_f64(h[0]) - full).max() <= 8e-3 * np.abs(full).max(), cfg
 
 
 # ---------------------------------------------------------------- the superkernel fusion
