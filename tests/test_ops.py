@@ -13,7 +13,7 @@ from k31dsl.ops.registry import all_ops
 from k31dsl.ops.testing import bytes_of, load_oracle, to_f64
 
 OPS = all_ops()
-TARGETS = ["numpy", "triton"]
+TARGETS = ["numpy", "triton", "ascendc"]
 
 
 @pytest.mark.parametrize("target", TARGETS)

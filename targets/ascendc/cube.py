@@ -21,6 +21,27 @@ def _up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def prepare(em):
+    """A dot whose B is `x.T` used nowhere else reads x [N, K] directly as B^T (its NZ fractals
+    are L0B's Zn fractals): no transposed copy in UB."""
+    from k31dsl.dsl.ir import walk
+    extra, skip = [], set()
+    for op in walk(em.k.body):
+        if op.name != "dot":
+            continue
+        b = op.operands[1]
+        t = em.plan.defs.get(b.uid)
+        if t is None or t.name != "trans" or len(em.plan.uses.get(b.uid, [])) != 1:
+            continue
+        if em.plan.chain[id(t)] != em.plan.chain[id(op)]:
+            continue
+        em.fused.add(id(t))
+        em.b_transposed[id(op)] = t.operands[0]
+        extra.append((t.operands[0], op))
+        skip.add(b.uid)
+    return extra, skip
+
+
 def dot(em, op):
     a, b = op.operands
     r = op.result
@@ -51,14 +72,24 @@ def dot(em, op):
     cb = em.cube_bytes
     cb["ws"] = max(cb.get("ws", 0), ws)
     cb["a1"] = max(cb.get("a1", 512), Mp * _up(tk, C0) * isz)
-    cb["b1"] = max(cb.get("b1", 512), _up(tk, 16) * _up(N, C0) * isz if T != "float" else Np * _up(tk, C0) * isz)
+    bt = T == "float" or id(op) in em.b_transposed
+    cb["b1"] = max(cb.get("b1", 512), Np * _up(tk, C0) * isz if bt else _up(tk, 16) * _up(N, C0) * isz)
     cb["a2"], cb["b2"] = cb["a1"], cb["b1"]
     cb["co1"] = max(cb.get("co1", 1024), Mp * Np * 4)
     out = em.define(r)
     A, B = em.n(a), em.n(b)
     em.pre(f"// k.dot [{M},{K}] @ [{K},{N}] on the Cube unit ({T} operands, fp32 accumulation in CO1)")
     em.pre("{")
-    if widen:
+    if widen and id(op) in em.b_transposed:
+        wa = em.scratch("half", M * K)
+        em.scalar_unit.add("dot (fp8 -> half widening)")
+        em.pre("  // scalar unit: fp8 -> half (exact; the A2 cube has no fp8 input)")
+        em.pre(f"  AscendC::LocalTensor<half> ha = {wa};")
+        tag = f"k31::{dt.name}"
+        em.pre(f"  k31::Map1<k31::f16, {tag}>(ha, {A}, k31::Sh{{{{1, 1, {M}, {K}}}}}, "
+               f"k31::St{{{{0, 0, {K}, 1}}}}, [=](uint8_t v) -> float {{ return k31::to_float<{tag}>(v); }});")
+        A = "ha"
+    elif widen:
         wa, wb = em.scratch("half", M * K), em.scratch("half", K * N)
         em.scalar_unit.add("dot (fp8 -> half widening)")
         em.pre(f"  // scalar unit: fp8 -> half (exact; the A2 cube has no fp8 input)")
@@ -68,7 +99,16 @@ def dot(em, op):
             em.pre(f"  k31::Map1<k31::f16, {tag}>({dst}, {src}, k31::Sh{{{{1, 1, {rows}, {cols}}}}}, "
                    f"k31::St{{{{0, 0, {cols}, 1}}}}, [=](uint8_t v) -> float {{ return k31::to_float<{tag}>(v); }});")
         A, B = "ha", "hb"
-    if T == "float":
+    bt_route = T == "float" or id(op) in em.b_transposed
+    if id(op) in em.b_transposed:
+        x = em.b_transposed[id(op)]              # B = x.T: x [N, K] is B^T already
+        B = em.n(x)
+        if widen:
+            em.pre(f"  AscendC::LocalTensor<half> hbt = {em.scratch('half', K * N)};")
+            em.pre(f"  k31::Map1<k31::f16, k31::{dt.name}>(hbt, {B}, k31::Sh{{{{1, 1, {N}, {K}}}}}, "
+                   f"k31::St{{{{0, 0, {K}, 1}}}}, [=](uint8_t v) -> float {{ return k31::to_float<k31::{dt.name}>(v); }});")
+            B = "hbt"
+    elif T == "float":
         bt = em.scratch("float", K * N)
         em.scalar_unit.add("dot (fp32 B transposed for L0B)")
         em.pre(f"  AscendC::LocalTensor<float> bT = {bt};")
@@ -91,7 +131,7 @@ def dot(em, op):
     em.pre(f"    AscendC::DataCopy(a1, wa[k0], AscendC::Nd2NzParams(1, {M}, {tk}, 0, {K}, {Mp}, 1, 0));   // ND -> NZ")
     em.pre("    qA1.EnQue(a1);")
     em.pre(f"    AscendC::LocalTensor<{T}> b1 = qB1.AllocTensor<{T}>();")
-    if T == "float":
+    if bt_route:
         em.pre(f"    AscendC::DataCopy(b1, wb[k0], AscendC::Nd2NzParams(1, {N}, {tk}, 0, {K}, {Np}, 1, 0));   // B^T: NZ = Zn fractals")
     else:
         em.pre(f"    AscendC::DataCopy(b1, wb[k0 * {N}], AscendC::Nd2NzParams(1, {tk}, {N}, 0, {N}, {_up(tk, 16)}, 1, 0));")
@@ -104,7 +144,7 @@ def dot(em, op):
     em.pre("    qA2.EnQue(a2);")
     em.pre(f"    b1 = qB1.DeQue<{T}>();")
     em.pre(f"    AscendC::LocalTensor<{T}> b2 = qB2.AllocTensor<{T}>();")
-    if T == "float":
+    if bt_route:
         em.pre(f"    AscendC::LoadData(b2, b1, AscendC::LoadData2DParams(0, {K1 * N1}, 1, 0, 0, false));")
     else:
         kp = _up(tk, 16) // 16

@@ -59,7 +59,8 @@ class AscendEmitter(PyEmitter):
         self.vector_ops: set[str] = set()
         self.uses_cube = False
         self.cube_bytes = {}
-        self.fused: set[int] = set()         # compare ops folded into a Compare+Select
+        self.fused: set[int] = set()         # ops folded into their user (compare, trans)
+        self.b_transposed: dict = {}         # id(dot) -> x where the dot's B is x.T
         for p in kernel.params:
             self.used.add(p.name)
             # scalar parameters are locals of Program(): keep them clear of the generated locals
@@ -79,7 +80,8 @@ class AscendEmitter(PyEmitter):
             return
         self.last_src = key
         text = linecache.getline(op.loc.file, op.loc.line).strip()
-        self.line(depth, f"// src: {os.path.basename(op.loc.file)}:{op.loc.line}: {text}"[:118])
+        line = f"// src: {os.path.basename(op.loc.file)}:{op.loc.line}: {text}"[:118]
+        self.line(depth, line.rstrip("\\ "))      # a trailing backslash would continue the comment
 
     def line(self, depth: int, text: str):
         self.lines.append("  " * depth + text)
@@ -175,7 +177,8 @@ class AscendEmitter(PyEmitter):
             if self.is_tile(r):
                 self.pre(f"AscendC::LocalTensor<{self.S(r)}> {name} = calc.GetWithOffset<{self.S(r)}>("
                          f"{r.type.numel}, {self.plan.roots[r.uid].offset});  // carried by the loop")
-                self.copy_tile(name, self.n(init), r.type)
+                if not self._coalesced(init, r):
+                    self.copy_tile(name, self.n(init), r.type)
             else:
                 self.pre(f"{self.C(r)} {name} = {self.n(init)};")
         i = self.name(iv)
@@ -189,7 +192,8 @@ class AscendEmitter(PyEmitter):
         y = body.ops[-1]
         self.depth = depth + 1
         self.scratch_used = 0
-        pending = [(c, v) for c, v in zip(carried, y.operands) if self.n(c) != self.n(v)]
+        pending = [(c, v) for c, v, r in zip(carried, y.operands, op.results)
+                   if self.n(c) != self.n(v) and not self._coalesced(v, r)]
         staged = {}
         for c, v in pending:            # a yield reading another carried value: stage it first
             if any(self.n(v) == self.n(c2) for c2, _ in pending if c2 is not c):
@@ -209,6 +213,10 @@ class AscendEmitter(PyEmitter):
         self.free_after(self.plan.pos[id(y)], depth + 1)
         self.line(depth, "}")
         self.last_src = None
+
+    def _coalesced(self, v: Value, res: Value) -> bool:
+        root = self.plan.root_of(v) if self.is_tile(v) else None
+        return root is not None and root.coalesce == res.uid
 
     # ------------------------------------------------------------ host side
     def host_lines(self) -> tuple[list[str], list[str]]:
@@ -246,7 +254,13 @@ RULES = {**vector.RULES, **memory.RULES, **cube.RULES}
 
 def _render(kernel: Kernel, options: dict, mode: str) -> tuple[AscendEmitter, dict]:
     em = AscendEmitter(kernel, options, mode)
-    vector.prepare(em)
+    extra, skip = [], set()
+    for prep in (vector.prepare, cube.prepare):
+        e, s = prep(em)
+        extra += e
+        skip |= s
+    if extra or skip:                  # fused operands are read at their user: plan again
+        em.plan = build_plan(kernel, mode, extra, skip)
     host = em.host_lines()
     em.lines, em.last_src = [], None
     pids = [em.name(a) for a in kernel.body.args]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from k31dsl.dsl.ir import Block, Kernel, Op, TileType, Value
+from k31dsl.dsl.ir import BINARY, COMPARE, UNARY, Block, Kernel, Op, TileType, Value
 from k31dsl.targets.ascendc import cexpr
 
 ALIAS_OPS = ("expand", "reshape")
@@ -50,6 +50,7 @@ class Root:
     end: int = -1
     offset: int = 0                # pool byte offset
     loc: object = None
+    coalesce: int | None = None    # built in this carried buffer (root uid of a loop result)
 
     @property
     def bytes(self) -> int:
@@ -101,9 +102,9 @@ def _lifted(plan: Plan, def_op: Op, use: Op) -> int:
     return plan.pos[id(use)]
 
 
-def build_plan(kernel: Kernel, mode: str = "double", extra_uses=()) -> Plan:
+def build_plan(kernel: Kernel, mode: str = "double", extra_uses=(), skip=()) -> Plan:
     """`extra_uses`: (value, op) pairs of values an op reads besides its operands (the operands
-    of a compare folded into the `where` that uses it)."""
+    of an op folded into its user); `skip`: uids of folded results that get no buffer."""
     plan = Plan(mode)
     _number(plan, kernel.body, (), [0])
     for v, op in extra_uses:
@@ -122,7 +123,7 @@ def build_plan(kernel: Kernel, mode: str = "double", extra_uses=()) -> Plan:
                 plan.root[arg.uid] = res.uid
     for op in _walk(kernel.body):
         for r in op.results:
-            if not is_tile(r) or plan.root.get(r.uid, r.uid) != r.uid:
+            if not is_tile(r) or plan.root.get(r.uid, r.uid) != r.uid or r.uid in skip:
                 continue
             kind = "pool"
             if mode != "pool" and op.name == "load" and row_aligned(r.type):
@@ -155,8 +156,79 @@ def build_plan(kernel: Kernel, mode: str = "double", extra_uses=()) -> Plan:
     for root in plan.roots.values():
         if root.kind == "in":
             plan.frees.setdefault(root.end, []).append(root)
+    _coalesce_yields(plan, kernel, members)
     _place_pool(plan)
     return plan
+
+
+def _body_pos(plan: Plan, loop: Op, use: Op) -> int:
+    """A use's position seen from `loop`'s body: the end of a nested loop holding it."""
+    chain = plan.chain[id(use)]
+    inner = chain[chain.index(loop) + 1:] if loop in chain else ()
+    return plan.end[id(inner[0])] if inner else plan.pos[id(use)]
+
+
+LANEWISE = BINARY | COMPARE | UNARY | {"where", "cast"}
+
+
+def _lanewise(plan: Plan, op: Op, root_uid: int) -> bool:
+    """Whether `op` may write its result over operands of root `root_uid` (each lane read
+    before the same lane is written: same shape, same element width)."""
+    if op.name not in LANEWISE:
+        return False
+    r = op.result
+    for x in op.operands:
+        if plan.root.get(x.uid, x.uid) == root_uid:
+            if x.type.shape != r.type.shape or cexpr.itemsize(x.type.dtype) != cexpr.itemsize(r.type.dtype):
+                return False
+    return True
+
+
+def _coalesce_yields(plan: Plan, kernel: Kernel, members: dict):
+    """A tile yielded by a loop body is built directly in the carried buffer when it is defined
+    in the body after the last use of the carried value (accumulators update in place)."""
+    taken = set()
+    for loop in _walk(kernel.body):
+        if loop.name != "for":
+            continue
+        body = loop.regions[0]
+        y = body.ops[-1]
+        for init, res in zip(loop.operands[3:], loop.results):     # the initial value, likewise
+            croot = plan.roots.get(res.uid)
+            ir = plan.root.get(init.uid, init.uid)
+            root = plan.roots.get(ir)
+            if croot is None or root is None or root.kind != "pool" or ir in taken:
+                continue
+            d = plan.defs[ir]
+            users = [u for m in [ir] + members.get(ir, []) for u in plan.uses.get(m, [])]
+            if d.name == "for" or plan.chain[id(d)] != plan.chain[id(loop)] or any(u is not loop for u in users) \
+                    or sum(1 for x in loop.operands[3:] if plan.root.get(x.uid, x.uid) == ir) != 1:
+                continue
+            croot.start = min(croot.start, root.start)
+            root.coalesce = res.uid
+            taken.add(ir)
+        for c, v, res in zip(body.args[1:], y.operands, loop.results):
+            croot = plan.roots.get(res.uid)
+            vr = plan.root.get(v.uid, v.uid)
+            root = plan.roots.get(vr)
+            if croot is None or root is None or root.kind != "pool" or vr in taken:
+                continue
+            d = plan.defs[vr]
+            if d.name == "for" or plan.chain[id(d)] != plan.chain[id(loop)] + (loop,):
+                continue
+            last_c = plan.pos[id(loop)]
+            for uid in [c.uid] + [m for m in members.get(res.uid, []) if m != c.uid]:
+                for u in plan.uses.get(uid, []):
+                    if u is d and _lanewise(plan, d, res.uid):
+                        continue                 # acc = acc + x: read and written lane by lane
+                    if loop in plan.chain[id(u)]:
+                        last_c = max(last_c, _body_pos(plan, loop, u))
+            if plan.pos[id(d)] <= last_c or root.end > plan.pos[id(y)]:
+                continue
+            if sum(1 for x in y.operands if plan.root.get(x.uid, x.uid) == vr) != 1:
+                continue
+            root.coalesce = res.uid
+            taken.add(vr)
 
 
 def _walk(block: Block):
@@ -170,7 +242,8 @@ def _place_pool(plan: Plan):
     """First-fit offsets by liveness (intervals are inclusive: an op's result never shares bytes
     with its operands)."""
     placed: list[Root] = []
-    for root in sorted((r for r in plan.roots.values() if r.kind == "pool"), key=lambda r: (r.start, -r.bytes)):
+    pool = [r for r in plan.roots.values() if r.kind == "pool"]
+    for root in sorted((r for r in pool if r.coalesce is None), key=lambda r: (r.start, -r.bytes)):
         busy = sorted((p.offset, p.offset + p.bytes) for p in placed
                       if not (p.end < root.start or root.end < p.start))
         off = 0
@@ -181,6 +254,9 @@ def _place_pool(plan: Plan):
         root.offset = off
         placed.append(root)
         plan.pool_bytes = max(plan.pool_bytes, off + root.bytes)
+    for root in pool:
+        if root.coalesce is not None:
+            root.offset = plan.roots[root.coalesce].offset
 
 
 def live_at_peak(plan: Plan) -> list[Root]:
@@ -188,7 +264,8 @@ def live_at_peak(plan: Plan) -> list[Root]:
     best, best_pos = -1, 0
     points = sorted({r.start for r in plan.roots.values()})
     for p in points:
-        total = sum(r.bytes for r in plan.roots.values() if r.kind == "pool" and r.start <= p <= r.end)
+        total = sum(r.bytes for r in plan.roots.values()
+                    if r.kind == "pool" and r.coalesce is None and r.start <= p <= r.end)
         if total > best:
             best, best_pos = total, p
-    return [r for r in plan.roots.values() if r.kind == "pool" and r.start <= best_pos <= r.end]
+    return [r for r in plan.roots.values() if r.kind == "pool" and r.coalesce is None and r.start <= best_pos <= r.end]

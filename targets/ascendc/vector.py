@@ -330,10 +330,8 @@ def prepare(em):
         if em.plan.chain[id(cop)] != em.plan.chain[id(op)]:
             continue
         em.fused.add(id(cop))
-        extra += [(v, op) for v in cop.operands]
-    if extra:                      # the compare's operands are read at the where: replan
-        from k31dsl.targets.ascendc.plan import build_plan
-        em.plan = build_plan(em.k, em.mode, extra)
+        extra += [(v, op) for v in cop.operands]      # the compare's operands are read at the where
+    return extra, set()
 
 
 CAST_VEC = {("f32", "bf16"): "CAST_RINT", ("f32", "f16"): "CAST_RINT", ("bf16", "f32"): "CAST_NONE",
