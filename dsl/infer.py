@@ -261,8 +261,8 @@ def _topk(ts, attrs):
     if x.is_scalar or len(x.shape) > 2:
         raise TypeRuleError(f"k.topk works on 1-D or 2-D tiles, got shape {list(x.shape)}",
                             "k.reshape to [rows, length] first")
-    if not (x.dtype is D.f32 or x.dtype is D.i32):
-        raise TypeRuleError(f"k.topk needs f32 or i32 values, got {x.dtype.name}", "cast to k.f32")
+    if not (x.dtype is D.f32 or x.dtype is D.i32 or x.dtype is D.i64):
+        raise TypeRuleError(f"k.topk needs f32, i32 or i64 values, got {x.dtype.name}", "cast to k.f32")
     n = attrs["n"]
     if not 1 <= n <= x.shape[-1]:
         raise TypeRuleError(f"k.topk n={n} must be between 1 and the tile length {x.shape[-1]}",

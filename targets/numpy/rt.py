@@ -181,7 +181,8 @@ def cumsum(x, axis, reverse):
 def topk(x, n):
     """Largest n along the last axis, descending; ties go to the lower position."""
     x = np.asarray(x)
-    order = np.argsort(-x.astype(np.float64), axis=-1, kind="stable")[..., :n]
+    key = ~x if x.dtype.kind == "i" else -x.astype(np.float64)     # ~x: exact order reversal of ints
+    order = np.argsort(key, axis=-1, kind="stable")[..., :n]
     return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
 
 

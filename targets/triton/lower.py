@@ -317,8 +317,14 @@ def topk(em, op):
     x = op.operands[0]
     X = em.t(x)
     em.use("topk")
-    order = X if x.type.dtype is D.i32 else f"_f32_order({X})"
     rank = len(x.type.shape)
+    if x.type.dtype is D.i64:       # packed sort keys: the values are the keys, no position half
+        if any(op.results[1] in o.operands for o in em.defs.values()):
+            from k31dsl.dsl.errors import error
+            raise error("the triton target gives only the values of k.topk on an i64 tile, not their "
+                        "positions", op.loc, "pack the position into the low bits of each i64 key")
+        return f"_topk_i64({X}, {op.attrs['n']}, {x.type.shape[-1]}, {rank - 1})"
+    order = X if x.type.dtype is D.i32 else f"_f32_order({X})"
     return f"_topk({X}, {order}, {op.attrs['n']}, {x.type.shape[-1]}, {rank - 1})"
 
 
