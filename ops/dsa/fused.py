@@ -8,10 +8,11 @@ and lse reaches global memory):
      its range [ks, ke) are scored page by page straight from the paged MXFP8 key cache through
      the block table (indexer.indexer_page_scores, shared with lightning_indexer), assembled into
      chunks of KP = next_pow2(topk) scores, and each chunk is merged into a running top-KP list
-     (values + positions) by one k.topk over the 2*KP concatenation [running, chunk]. The
-     running list only holds lower positions than the chunk and k.topk keeps the lower lane on
-     equal values, so ties go to the lower position: the list is exactly topk()'s result, in the
-     same order (score descending, position ascending), -inf entries being "no key".
+     by one k.topk over the 2*KP concatenation [running, chunk] of i64 sort keys (score order
+     bits << 32 | 2^31 - 1 - position): ties go to the lower position, the list is exactly
+     topk()'s result in the same order (score descending, position ascending), and the
+     positions ride in the keys, so the merge needs no gather (a k.take of positions after a
+     value top-k costs O(n^2/32) warp shuffles at n = 4096 on Hopper, and minutes of compile).
   2. attend — the first min(topk, valid) positions are mapped to physical slots through the
      block table and attended exactly like sparse_mla_attention (same @k.funcs: per-128-tile
      scale folded into the score / probability tiles, online softmax over blocks of BK), head
@@ -49,12 +50,27 @@ FUSED_MAX_KEYS = 4096
 HEAD_SPLIT_PROGRAMS = 264
 
 
+NO_KEY = -2139095041 * 2 ** 32          # the sort key of a -inf score: below every valid key
+
+
 @k.func
-def merge_running(run_v, run_i, v, i, KP):
-    """Merge a chunk (values v, positions i, [KP], positions above every running one) into the
-    running list (sorted by value descending, position ascending)."""
-    tv, tp = k.topk(k.cat(run_v, v), KP)
-    return tv, k.take(k.cat(run_i, i), tp)
+def sort_keys(v, pos):
+    """i64 keys ordering (score descending, position ascending): the score's order-preserving
+    int32 (-0 as +0, NaN lowest) in the high half, 2^31 - 1 - position in the low half. Keys of
+    -inf or NaN scores are <= NO_KEY."""
+    b = v.bitcast(k.i32)
+    o = k.where(v == 0.0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
+    o = k.where(v != v, -2147483647 - 1, o)
+    return (o.to(k.i64) << 32) | (2147483647 - pos).to(k.i64)
+
+
+@k.func
+def merge_running(run, v, pos, KP):
+    """Merge a chunk (scores v, positions pos, [KP]) into the running list of the KP largest sort
+    keys (descending). Positions live in the keys, so one k.topk of the 2*KP concatenation
+    does it, with no gather."""
+    top, _ = k.topk(k.cat(run, sort_keys(v, pos)), KP)
+    return top
 
 
 @k.func
@@ -100,12 +116,12 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
         hi = k.minimum(ke[t], block_table.shape[1] * 64)
         # 1. select: running exact top-KP over the query's key range, chunk by chunk
         q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, HI)
-        run_v = k.full((KP,), float("-inf"), k.f32)
-        run_i = k.full((KP,), -1, k.i32)
+        run = k.full((KP,), NO_KEY, k.i64)
         for c in range(lo // KP, k.cdiv(hi, KP)):
             v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KP, PB)
-            run_v, run_i = merge_running(run_v, run_i, v, c * KP + k.arange(KP), KP)
-        chosen = (k.arange(KP) < topk) & (run_v > float("-inf"))
+            run = merge_running(run, v, c * KP + k.arange(KP), KP)
+        chosen = (k.arange(KP) < topk) & (run > NO_KEY + 2147483647)
+        run_i = (2147483647 - (run & 2147483647)).to(k.i32)
         if WRITE_SEL:
             sel[t, k.span(0, KP)] = k.where(chosen, run_i, -1)
         # 2. attend over the chosen keys (a prefix of the list), slots from the block table
