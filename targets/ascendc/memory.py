@@ -320,7 +320,7 @@ def store(em, op: Op):
         n *= d
     vname = em.n(value) if em.is_tile(value) else None
     root = em.plan.root_of(value) if em.is_tile(value) else None
-    out_kind = root is not None and root.kind == "out" and root.value is value
+    out_kind = root is not None and root.kind == "out"
     if not em.is_tile(value) or value.type.shape != shape:
         from k31dsl.dsl.ir import TileType, Value
         tmp = Value(TileType(dt, shape))
@@ -343,7 +343,7 @@ def store(em, op: Op):
         em.pre("  // scalar unit: scatter / masked store, lane by lane")
         em.pre(f"  {cond}k31::StoreLanes<{tag}>({t}Gm, {vname}, ac, {sh4(shape)}, {m}, {sm});")
         if out_kind:
-            em.pre(f"  {em.queue_of[('out', value.uid)]}.FreeTensor({vname});")
+            em.pre(f"  {em.queue_of[('out', root.uid)]}.FreeTensor({vname});")
         em.pre("}")
         return
     rows_axis, outer = geo
@@ -356,7 +356,7 @@ def store(em, op: Op):
     em.pre("  if (fast) {")
     staged = em.fresh("st")
     if out_kind:
-        q = em.queue_of[("out", value.uid)]
+        q = em.queue_of[("out", root.uid)]
         em.pre(f"    {q}.EnQue({vname});")
         em.pre(f"    AscendC::LocalTensor<{S}> {staged} = {q}.DeQue<{S}>();")
     elif em.mode == "pool":
@@ -392,14 +392,14 @@ def store(em, op: Op):
     _outer_loops(em, outer, shape, body)
     em.pre("    }")
     if out_kind or q is not None:
-        qq = em.queue_of[("out", value.uid)] if out_kind else q
+        qq = em.queue_of[("out", root.uid)] if out_kind else q
         em.pre(f"    {qq}.FreeTensor({staged});")
     em.pre("  } else {")
     em.scalar_unit.add("store")
     em.pre("    // scalar unit: strided or negative-start access, lane by lane")
     em.pre(f"    k31::StoreLanes<{tag}>({t}Gm, {vname}, ac, {sh4(shape)}, {NULL_MASK}, k31::St{{{{0, 0, 0, 0}}}});")
     if out_kind:
-        em.pre(f"    {em.queue_of[('out', value.uid)]}.FreeTensor({vname});")
+        em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({vname});")
     em.pre("  }")
     em.pre("}")
 

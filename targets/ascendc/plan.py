@@ -145,13 +145,17 @@ def build_plan(kernel: Kernel, mode: str = "double", extra_uses=(), skip=()) -> 
     # computed tiles stored once, unmasked, as they are: build them in the VECOUT buffer
     if mode != "pool":
         for ru, root in plan.roots.items():
-            users = [u for uid in [ru] + members.get(ru, []) for u in plan.uses.get(uid, [])]
+            group = {ru, *members.get(ru, [])}
+            users = [u for uid in group for u in plan.uses.get(uid, [])
+                     if not (u.name in ALIAS_OPS + ("bitcast",) and u.results[0].uid in group)]
             def_op = plan.defs[ru]
-            if (len(users) == 1 and users[0].name == "store" and not users[0].attrs["mask"]
-                    and not members.get(ru) and def_op.name not in ("load", "for")
-                    and users[0].operands[1 + len(users[0].attrs["index"])] is root.value
-                    and row_aligned(root.value.type)
-                    and plan.chain[id(users[0])] == plan.chain[id(def_op)]):
+            if len(users) != 1 or users[0].name != "store" or users[0].attrs["mask"] or \
+                    def_op.name in ("load", "for") or plan.chain[id(users[0])] != plan.chain[id(def_op)]:
+                continue
+            st = users[0]
+            stored = st.operands[1 + len(st.attrs["index"])]
+            if stored.uid in group and row_aligned(stored.type) and \
+                    sum(1 for x in st.operands if x.uid in group) == 1:
                 root.kind = "out"
     for root in plan.roots.values():
         if root.kind == "in":
