@@ -30,6 +30,7 @@ SHAPES = {  # name: (sequence lengths, heads)
 }
 LB = -5.0
 CHUNK = 64
+DEVICE, HEAD_DIM = "cuda", 128           # module constants so a CPU dry run can shrink them
 
 
 def flops(tokens: int, heads: int, d: int = 128, c: int = CHUNK) -> tuple[float, float]:
@@ -41,12 +42,12 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
     """fla-shaped bf16 inputs: q, k, v, raw gate g, beta (post-sigmoid), A_log, dt_bias (fp32),
     fp32 initial state; cu_seqlens when there is more than one sequence (or varlen=True)."""
     import torch
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)      # on the device: 3 GB of randn on a CPU is slow
     t = sum(lens)
     n = len(lens)
 
     def rnd(*shape, s=1.0):
-        return (torch.randn(*shape, generator=gen) * s).to(device)
+        return torch.randn(*shape, generator=gen, device=device) * s
     q, k, v = (rnd(1, t, heads, d).to(dtype) for _ in range(3))
     g = rnd(1, t, heads, d, s=2.0).to(dtype)
     beta = torch.sigmoid(rnd(1, t, heads)).to(dtype)
@@ -110,71 +111,121 @@ def tuned_configs() -> dict:
 
 
 VARIANTS = ("tf32", "bf16")           # the default is "mixed" (ops/kda/chunk.py)
+T0 = [0.0]
 
 
-def prefill_rows(names, smoke=False, variants=True, save=None):
+def log(msg: str) -> None:
+    """Progress with the elapsed time, flushed (a time limit keeps what was printed)."""
+    import time
+    if not T0[0]:
+        T0[0] = time.time()
+    print(f"[{time.time() - T0[0]:7.1f} s] {msg}", flush=True)
+
+
+def elapsed() -> float:
+    import time
+    return time.time() - T0[0] if T0[0] else 0.0
+
+
+def smoke_rows():
+    import time
+    import torch
+    rows = []
+    for name, (lens, heads, d) in {"smoke_T96_H2": ([96], 2, 32), "smoke_varlen_3": ([40, 9, 77], 2, 32)}.items():
+        args, kw = make_inputs(lens, heads, d, "cpu", torch.bfloat16)
+        t0 = time.perf_counter()
+        ours(args, kw, "triton")()
+        rows.append({"shape": name, "impl": "k31dsl (interpreter)", "ms": 1e3 * (time.perf_counter() - t0)})
+    return rows
+
+
+def prefill_rows(names, budget: float, variants=True, save=None):
+    """Phases, each skipped once the time budget is spent (fla's first call autotunes for minutes):
+    1. ours on every shape (first call = compile + autotune, then timings); 2. fla on every shape
+    (first call, error vs ours, timings); 3. the variant rows on T=8192 H=96."""
+    import time
     import torch
     import harness
-    rows = []
-    if smoke:
-        import time
-        for name, (lens, heads, d) in {"smoke_T96_H2": ([96], 2, 32), "smoke_varlen_3": ([40, 9, 77], 2, 32)}.items():
-            args, kw = make_inputs(lens, heads, d, "cpu", torch.bfloat16)
-            fn = ours(args, kw, "triton")
-            t0 = time.perf_counter()
-            fn()
-            rows.append({"shape": name, "impl": "k31dsl (interpreter)", "ms": 1e3 * (time.perf_counter() - t0)})
-        return rows
-    for name in names:
-        lens, heads = SHAPES[name]
-        args, kw = make_inputs(lens, heads, 128, "cuda", torch.bfloat16)
-        mine, theirs = ours(args, kw, "triton"), None
-        o, ht = mine()
-        row = {"shape": name, "impl": "k31dsl", "fla ref ms": FLA_REF_MS[name]}
-        try:
-            theirs = fla_fn(args, kw)
-            fo, fs = theirs()
-            row.update({"o err vs fla": rel_err(o, fo), "state err vs fla": rel_err(ht, fs)})
-        except Exception as e:  # noqa: BLE001 - report, keep timing ours
-            print(f"fla unavailable for {name}: {type(e).__name__}: {e}")
-            theirs = None
-        tokens = sum(lens)
-        paper, full = flops(tokens, heads)
-        timings = {"k31dsl": mine} | ({"fla": theirs} if theirs is not None else {})
-        for impl, fn in timings.items():
-            ms = harness.median_ms(fn, warmup=5, rep=50)
-            gms = harness.graph_median_ms(fn, rep=20)
-            r = dict(row) if impl == "k31dsl" else {"shape": name, "impl": "fla (same run)", "fla ref ms": FLA_REF_MS[name]}
-            r.update({"ms": ms, "graph ms": gms, "TFLOP/s (paper model)": paper / ms / 1e9,
-                      "TFLOP/s (full tiles)": full / ms / 1e9})
-            rows.append(r)
-        if theirs is not None:
-            rows[-2]["speed-up vs fla"] = rows[-1]["ms"] / rows[-2]["ms"]
-        rows[-1 if theirs is None else -2]["vs fla ref"] = FLA_REF_MS[name] / rows[-1 if theirs is None else -2]["ms"]
+    rows, ours_row = [], {}
+
+    def done(r):
+        rows.append(r)
         if save is not None:
             save(rows)
-        del args, kw
-        torch.cuda.empty_cache()
-    if variants and "T8192_H96" in names:      # other prep numerics / chunk 32 (after the main rows)
-        name = "T8192_H96"
-        args, kw = make_inputs(*SHAPES[name], 128, "cuda", torch.bfloat16)
-        fla_rows = [r for r in rows if r["shape"] == name and r["impl"].startswith("fla")]
-        ref_out = None
+    for name in names:
+        if elapsed() > budget:
+            log(f"budget spent: skipping k31dsl {name}")
+            continue
+        lens, heads = SHAPES[name]
+        args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
+        fn = ours(args, kw, "triton")
+        log(f"k31dsl {name}: first call ...")
+        t0 = time.time()
+        fn()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        log(f"k31dsl {name}: first call (compile/autotune) {time.time() - t0:.1f} s")
+        paper, full = flops(sum(lens), heads)
+        ms = harness.median_ms(fn, warmup=5, rep=50)
+        gms = harness.graph_median_ms(fn, rep=20)
+        r = {"shape": name, "impl": "k31dsl", "ms": ms, "graph ms": gms, "fla ref ms": FLA_REF_MS[name],
+             "vs fla ref": FLA_REF_MS[name] / ms, "TFLOP/s (paper model)": paper / ms / 1e9,
+             "TFLOP/s (full tiles)": full / ms / 1e9}
+        log(f"k31dsl {name}: {ms:.3f} ms (graph {gms:.3f} ms), fla ref {FLA_REF_MS[name]} ms")
+        ours_row[name] = r
+        done(r)
+        del args, kw, fn
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    fla_ms = {}
+    for name in names:
+        if elapsed() > budget:
+            log(f"budget spent: skipping fla {name}")
+            continue
+        lens, heads = SHAPES[name]
+        args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
         try:
-            ref_out = fla_fn(args, kw)()
-        except Exception:  # noqa: BLE001 - already reported above
-            pass
-        for label, fn in (("k31dsl chunk 32", ours(args, kw, "triton", 32)),
-                          *((f"k31dsl prep {v}", ours(args, kw, "triton", variant=v)) for v in VARIANTS)):
-            o2, h2 = fn()
+            theirs = fla_fn(args, kw)
+            log(f"fla {name}: first call (fla autotunes on its first calls; minutes are normal) ...")
+            t0 = time.time()
+            fo, fs = theirs()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            log(f"fla {name}: first call (compile/autotune) {time.time() - t0:.1f} s")
+        except Exception as e:  # noqa: BLE001 - report, keep what we have
+            log(f"fla unavailable for {name}: {type(e).__name__}: {e}")
+            break
+        o, ht = ours(args, kw, "triton")()
+        errs = {"o err vs fla": rel_err(o, fo), "state err vs fla": rel_err(ht, fs)}
+        del o, ht
+        paper, full = flops(sum(lens), heads)
+        ms = harness.median_ms(theirs, warmup=5, rep=50)
+        gms = harness.graph_median_ms(theirs, rep=20)
+        fla_ms[name] = ms
+        if name in ours_row:
+            ours_row[name].update(errs)
+            ours_row[name]["speed-up vs fla"] = ms / ours_row[name]["ms"]
+        log(f"fla {name}: {ms:.3f} ms (graph {gms:.3f} ms); errors of ours vs fla {errs}")
+        done({"shape": name, "impl": "fla (same run)", "ms": ms, "graph ms": gms, "fla ref ms": FLA_REF_MS[name],
+              "TFLOP/s (paper model)": paper / ms / 1e9, "TFLOP/s (full tiles)": full / ms / 1e9})
+        del args, kw, fo, fs
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    name = "T8192_H96"
+    if variants and name in names:            # other prep numerics / chunk 32
+        args, kw = make_inputs(*SHAPES[name], HEAD_DIM, DEVICE, torch.bfloat16)
+        for label, chunk, variant in (("k31dsl chunk 32", 32, None),
+                                      *((f"k31dsl prep {v}", CHUNK, v) for v in VARIANTS)):
+            if elapsed() > budget:
+                log(f"budget spent: skipping {label}")
+                continue
+            fn = ours(args, kw, "triton", chunk, variant)
+            fn()
             r = {"shape": name, "impl": label, "ms": harness.median_ms(fn, warmup=5, rep=50)}
-            if ref_out is not None:
-                r.update({"o err vs fla": rel_err(o2, ref_out[0]), "state err vs fla": rel_err(h2, ref_out[1])})
-            if fla_rows:
-                r["speed-up vs fla"] = fla_rows[0]["ms"] / r["ms"]
-            rows.append(r)
-            if save is not None:
-                save(rows)
+            if name in fla_ms:
+                r["speed-up vs fla"] = fla_ms[name] / r["ms"]
+            log(f"{label}: {r['ms']:.3f} ms")
+            done(r)
     return rows
 
 
@@ -188,20 +239,25 @@ def main(argv=None) -> int:
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--no-variants", action="store_true", help="skip the chunk-32 / prep-numerics rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
+    ap.add_argument("--budget", type=float, default=200.0,
+                    help="seconds after which no new phase starts (each phase prints and saves as it goes)")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import harness
     names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    log("fp64 oracle check (small shape; compiles and autotunes our kernels) ...")
     check = oracle_check("cpu" if args.smoke else "cuda", "triton", args.smoke)
-    print("fp64 oracle check:", check)
+    log(f"fp64 oracle check: {check}")
+
     def save(rows):                     # after every shape, so a time limit keeps what was measured
         harness.write("kda", {"env": harness.environment(), "oracle_check": check, "rows": rows, "partial": True},
                       COLUMNS, rows, notes="partial run (written after each shape)")
-    rows = prefill_rows(names, smoke=args.smoke, variants=not args.no_variants, save=None if args.smoke else save)
+    rows = smoke_rows() if args.smoke else prefill_rows(names, args.budget, not args.no_variants, save)
     harness.print_table(COLUMNS if not args.smoke else ["shape", "impl", "ms"], rows)
     decode = []
-    if not args.no_decode and (Path(__file__).parent / "kda_decode.py").exists():
+    if not args.no_decode and (Path(__file__).parent / "kda_decode.py").exists() and elapsed() <= args.budget:
+        log("decode rows (benchmarks/kda_decode.py) ...")
         import kda_decode
         decode = kda_decode.decode_rows(ns=(1, 3), h=1, hv=2, kdim=16, vdim=32, smoke=True) if args.smoke \
             else kda_decode.decode_rows()
