@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+import k31dsl as k
+
 from hopper import assert_compiles_for_hopper
 from k31dsl import K31Error
 from k31dsl.ops.dsa import attention as A
@@ -143,3 +145,38 @@ def test_head_blocks_split_or_together():
     o, lse, sel = check_step(args, 16, 0.1, "numpy", F.fused_li_sfa, BH=16)
     o2, lse2, sel2 = F.fused_li_sfa(*args, 16, 0.1, return_indices=True, target="numpy", BH=16, HB=3)
     assert torch.equal(o, o2) and torch.equal(lse, lse2) and torch.equal(sel, sel2)
+
+
+@k.kernel
+def topk_i64_keys(x: k.Tensor[k.i64, "R", "L"], out: k.Tensor[k.i64, "R", "N"], L: k.constexpr = 64,
+                  N: k.constexpr = 16):
+    for r in k.grid(x.shape[0]):
+        top, _ = k.topk(x[r, k.span(0, L)], N)
+        out[r, k.span(0, N)] = top
+
+
+@k.kernel
+def topk_i64_positions(x: k.Tensor[k.i64, "R", "L"], out: k.Tensor[k.i32, "R", "N"], L: k.constexpr = 64,
+                       N: k.constexpr = 16):
+    for r in k.grid(x.shape[0]):
+        _, pos = k.topk(x[r, k.span(0, L)], N)
+        out[r, k.span(0, N)] = pos
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_topk_of_i64_sort_keys(target):
+    """The merge's k.topk on i64 keys: exact order of keys that differ only in low bits (beyond
+    fp64 precision), equal keys, negative keys."""
+    g = _gen()
+    hi = torch.randint(-5, 5, (3, 64), generator=g, dtype=torch.int64) << 40
+    x = hi | torch.randint(0, 2 ** 31, (3, 64), generator=g, dtype=torch.int64)
+    x[0, :10] = x[0, 10]                                          # ties
+    out = torch.empty(3, 16, dtype=torch.int64)
+    topk_i64_keys[target](x, out)
+    assert torch.equal(out, x.sort(dim=1, descending=True).values[:, :16])
+
+
+def test_topk_i64_positions_refused_on_triton():
+    with pytest.raises(K31Error) as e:
+        topk_i64_positions["triton"](torch.zeros(2, 64, dtype=torch.int64), torch.empty(2, 16, dtype=torch.int32))
+    assert "positions" in str(e.value)

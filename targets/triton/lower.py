@@ -319,7 +319,8 @@ def topk(em, op):
     em.use("topk")
     rank = len(x.type.shape)
     if x.type.dtype is D.i64:       # packed sort keys: the values are the keys, no position half
-        if any(op.results[1] in o.operands for o in em.defs.values()):
+        from k31dsl.dsl.ir import walk
+        if any(op.results[1] in o.operands for o in walk(em.k.body)):
             from k31dsl.dsl.errors import error
             raise error("the triton target gives only the values of k.topk on an i64 tile, not their "
                         "positions", op.loc, "pack the position into the low bits of each i64 key")
