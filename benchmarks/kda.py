@@ -3,8 +3,13 @@ fla-core's chunk_kda, same inputs, bf16, K = V = 128, lower-bound gate -5 with A
 norm and gate in the kernel, fp32 initial and final state; then the decode part from
 benchmarks/kda_decode.py (fused_recurrent_kda) when that file is present.
 
-    python benchmarks/kda.py [--shapes all] [--no-decode]      # GPU
-    python benchmarks/kda.py --smoke                             # CPU, Triton interpreter
+    python benchmarks/kda.py [--shapes all] [--budget 200] [--no-variants] [--no-decode]   # GPU
+    python benchmarks/kda.py --smoke                                                      # CPU, interpreter
+
+Phases, with timestamped progress and results/kda.{json,md} rewritten after every row: the fp64
+oracle check at a small shape (compiles and autotunes our kernels), ours on every shape, fla on
+every shape (its first call per shape autotunes, which can take minutes), the variant rows, the
+decode rows. No phase starts after --budget seconds.
 
 Shapes (fla reference on H200, research/kda.md §5.3): B=1 T=8192 H=96 (2.63 ms), B=1 T=32768
 H=12 (2.04 ms), varlen 8 x 8192 H=96 (20.75 ms), B=1 T=131072 H=12 (7.36 ms). Reports ms (do_bench
