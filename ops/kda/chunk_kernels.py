@@ -29,6 +29,7 @@ from k31dsl.ops.kda.gate import GATE_LOWER, GATE_NONE, GATE_SOFTPLUS, gate_value
 
 L2_EPS = 1e-6
 PRECISIONS = ("ieee", "tf32", "bf16")     # "bf16": operands rounded to bf16 (tensor cores at full rate)
+DOT_PRECISIONS = ("ieee", "tf32")         # k.dot's own (the state kernel's operands are MT already)
 
 
 @k.func
@@ -211,7 +212,7 @@ def kda_chunk_state(w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", 
                     o: k.Tensor["OT", "T", "HV", "V"],
                     MT: k.constexpr[k.bf16, k.f32] = k.bf16, OT: k.constexpr[FLOAT_INPUTS] = k.bf16,
                     HAS_H0: k.constexpr = False, STORE_HT: k.constexpr = False, VFIRST: k.constexpr = False,
-                    PREC: k.constexpr[PRECISIONS] = "tf32",
+                    PREC: k.constexpr[DOT_PRECISIONS] = "tf32",
                     BT: k.constexpr = 64, BK: k.constexpr = 128, BV: k.constexpr = 32):
     for pv, s, hv in k.grid(k.cdiv(o.shape[2], BV), cu.shape[0] - 1, o.shape[1]):
         c0 = seq_chunks[s]
