@@ -128,6 +128,8 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
         page = k.load(block_table, (b, k.where(chosen, run_i // 64, 0)), other=-1)
         slots = k.where(chosen, page * 64 + run_i % 64, -1)
         n_sel = k.sum(chosen.to(k.i32))
+        slot_rows = k.reshape(slots, (KP // BK, BK))       # block j of the list = row j (no gather)
+        row_ids = k.arange(KP // BK)
         n_slots = codes.shape[0]
         for hb in range(hp * HB, k.minimum(hp * HB + HB, nhb)):
             h0 = hb * BH
@@ -139,7 +141,7 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
             a2 = k.zeros((BH, 128), k.f32)
             a3 = k.zeros((BH, 128), k.f32)
             for j in range(k.cdiv(n_sel, BK)):
-                idx = k.take(slots, j * BK + k.arange(BK))
+                idx = k.sum(k.where(row_ids[:, None] == j, slot_rows, 0), axis=0)
                 valid = (idx >= 0) & (idx < n_slots)
                 m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
                                                     sm_scale, m, l, a0, a1, a2, a3)
