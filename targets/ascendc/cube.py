@@ -92,7 +92,7 @@ def dot(em, op):
     elif widen:
         wa, wb = em.scratch("half", M * K), em.scratch("half", K * N)
         em.scalar_unit.add("dot (fp8 -> half widening)")
-        em.pre(f"  // scalar unit: fp8 -> half (exact; the A2 cube has no fp8 input)")
+        em.pre("  // scalar unit: fp8 -> half (exact; the A2 cube has no fp8 input)")
         em.pre(f"  AscendC::LocalTensor<half> ha = {wa}, hb = {wb};")
         tag = f"k31::{dt.name}"
         for dst, src, rows, cols in (("ha", A, M, K), ("hb", B, K, N)):

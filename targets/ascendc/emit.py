@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.errors import K31Error, error
 from k31dsl.dsl.ir import Kernel, Op, TileType, Value
 from k31dsl.targets.ascendc import cexpr, cube, memory, vector
 from k31dsl.targets.ascendc.plan import build_plan, ceil32, is_tile, live_at_peak
@@ -150,6 +150,10 @@ class AscendEmitter(PyEmitter):
         self.origin(op, depth)
         self.depth = depth
         self.scratch_used = 0
+        for r in op.results:
+            if isinstance(r.type, TileType) and len(r.type.shape) > 4:
+                raise error(f"the ascendc target handles tiles of rank <= 4, `{op.name}` makes {r.type}",
+                            op.loc, "reshape to at most 4 axes")
         if op.name == "for":
             self.for_op(op, depth)
         else:
@@ -316,7 +320,6 @@ def _budget_error(kernel: Kernel, em: AscendEmitter, used: dict, tried) -> K31Er
            f"in one liveness-shared pool: {used['pool']} B of tiles + {used['tmp']} B of scratch"
            + (f"; {first[0][2]['total']} B with double buffering" if first else "") + "). Largest live tiles:\n"
            + "\n".join(lines))
-    from k31dsl.dsl.errors import error
     return error(msg, kernel.loc, "use smaller tile constexprs (block sizes) for this target")
 
 

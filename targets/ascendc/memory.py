@@ -87,7 +87,7 @@ def _dma_prologue(em, kinds, shape, rows_axis, outer):
     if rows_axis is not None:
         nr = shape[-2]
         em.pre(f"  const int64_t r0 = ac.start[{rows_axis}];")
-        em.pre(f"  const int64_t rlo = r0 < 0 ? -r0 : 0;")
+        em.pre("  const int64_t rlo = r0 < 0 ? -r0 : 0;")
         em.pre(f"  const int64_t rhi_ = ac.size[{rows_axis}] - r0 < {nr} ? ac.size[{rows_axis}] - r0 : {nr};")
         em.pre("  const int64_t rhi = rhi_ < rlo ? rlo : rhi_;")
     else:
@@ -181,7 +181,7 @@ def load(em, op: Op):
             else:
                 sq = em.queue(("stage", r.uid), "VECIN", sbytes, f"{name} rows (pitched)", op.loc)
                 em.pre(f"    AscendC::LocalTensor<{S}> {stage} = {sq}.AllocTensor<{S}>();")
-        em.pre(f"    if (!full) {{")
+        em.pre("    if (!full) {")
         _fill_lines(em, stage, dt, fillv, rows_total * P, "      ")
         em.pre("    }")
         em.pre("    if (sc_ok && len > 0 && rhi > rlo) {")
