@@ -32,16 +32,24 @@ ROPE_HALF = 32
 # ---------------------------------------------------------------- shared pieces (@k.func)
 
 @k.func
-def project3(a, w, r0, row0, BM, BK):
+def dot_mixed(a, b, AT, WT):
+    """a @ b; activations and weights of different dtypes meet in f32 (a dot takes one dtype)."""
+    if AT is WT:
+        return k.dot(a, b)
+    return k.dot(a.to(k.f32), b.to(k.f32))
+
+
+@k.func
+def project3(a, w, r0, row0, BM, BK, AT, WT):
     """a[r0:r0+BM, :] @ w[row0:row0+128, :]^T as three f32 column blocks [BM,32], [BM,32], [BM,64]."""
     p1 = k.zeros((BM, 32), k.f32)
     p2 = k.zeros((BM, 32), k.f32)
     p3 = k.zeros((BM, 64), k.f32)
     for kk in range(k.cdiv(a.shape[1], BK)):
         at = a[k.span(r0, BM), k.span(kk * BK, BK, other=0.0)]
-        p1 += k.dot(at, w[k.span(row0, 32), k.span(kk * BK, BK, other=0.0)].T)
-        p2 += k.dot(at, w[k.span(row0 + 32, 32), k.span(kk * BK, BK, other=0.0)].T)
-        p3 += k.dot(at, w[k.span(row0 + 64, 64), k.span(kk * BK, BK, other=0.0)].T)
+        p1 += dot_mixed(at, w[k.span(row0, 32), k.span(kk * BK, BK, other=0.0)].T, AT, WT)
+        p2 += dot_mixed(at, w[k.span(row0 + 32, 32), k.span(kk * BK, BK, other=0.0)].T, AT, WT)
+        p3 += dot_mixed(at, w[k.span(row0 + 64, 64), k.span(kk * BK, BK, other=0.0)].T, AT, WT)
     return p1, p2, p3
 
 
@@ -71,7 +79,7 @@ def indexer_q_chain(qr: k.Tensor["AT", "T", "QL"], wq_b: k.Tensor["WT", "HD", "Q
                     AT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
                     BM: k.constexpr = 16, BK: k.constexpr = 64):
     for pm, h in k.grid(k.cdiv(qr.shape[0], BM), q_codes.shape[1]):
-        p1, p2, p3 = project3(qr, wq_b, pm * BM, h * 128, BM, BK)
+        p1, p2, p3 = project3(qr, wq_b, pm * BM, h * 128, BM, BK, AT, WT)
         codes, scales = rope_hadamard_mx(p1, p2, p3, cos, sin, had, pm * BM, BM)
         q_codes[k.span(pm * BM, BM), h, k.span(0, 128)] = k.reshape(codes, (BM, 128))
         q_scales[k.span(pm * BM, BM), h, k.span(0, 4)] = scales
@@ -84,7 +92,7 @@ def indexer_k_chain(x: k.Tensor["AT", "T", "DM"], wk: k.Tensor["WT", "128", "DM"
                     eps: k.f32, AT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
                     BM: k.constexpr = 16, BK: k.constexpr = 64):
     for pm in k.grid(k.cdiv(x.shape[0], BM)):
-        p1, p2, p3 = project3(x, wk, pm * BM, 0, BM, BK)
+        p1, p2, p3 = project3(x, wk, pm * BM, 0, BM, BK, AT, WT)
         mean = (k.sum(p1, axis=1) + k.sum(p2, axis=1) + k.sum(p3, axis=1)) / 128.0
         d1 = p1 - mean[:, None]
         d2 = p2 - mean[:, None]
@@ -106,8 +114,8 @@ def indexer_head_weights(x: k.Tensor["AT", "T", "DM"], wp: k.Tensor["WT", "H", "
     for pm in k.grid(k.cdiv(x.shape[0], BM)):
         acc = k.zeros((BM, H), k.f32)
         for kk in range(k.cdiv(x.shape[1], BK)):
-            acc += k.dot(x[k.span(pm * BM, BM), k.span(kk * BK, BK, other=0.0)],
-                         wp[k.span(0, H), k.span(kk * BK, BK, other=0.0)].T)
+            acc += dot_mixed(x[k.span(pm * BM, BM), k.span(kk * BK, BK, other=0.0)],
+                             wp[k.span(0, H), k.span(kk * BK, BK, other=0.0)].T, AT, WT)
         w[k.span(pm * BM, BM), k.span(0, H)] = acc * scale
 
 
