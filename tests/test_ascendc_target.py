@@ -92,6 +92,11 @@ def test_float_math_matches_reference(rng):
     o = got["ascendc"]["o"].numpy()
     with np.errstate(all="ignore"):
         assert (o[2] == (x.double() / y.double()).float().numpy())[6:].all()   # Div is IEEE
+    on = np.full((13, n), np.nan, np.float32)                # NumPy arrays work too (same build)
+    k.compile(float_math, target="ascendc")(x.numpy(), y.numpy(), on)
+    np.testing.assert_array_equal(on, o)
+    src = source(float_math)                                 # where(a < b, ...) over 64 lanes
+    assert "AscendC::Compare(" in src and "VSEL_TENSOR_TENSOR_MODE" in src
 
 
 @k.kernel
