@@ -245,8 +245,8 @@ def test_reductions_and_scans(rng):
 @k.kernel
 def select_gather(x: k.Tensor[k.f32, "R", "L"], idx: k.Tensor[k.i32, "R", "J"], vals: k.Tensor[k.f32, "R", "KN"],
                   pos: k.Tensor[k.i32, "R", "KN"], g: k.Tensor[k.f32, "R", "J"], gt: k.Tensor[k.f32, "J", "R"],
-                  cat: k.Tensor[k.f32, "R", "L2"], sc: k.Tensor[k.f32, "R", "L"],
-                  BL: k.constexpr = 32, BJ: k.constexpr = 8, KN: k.constexpr = 4):
+                  cat: k.Tensor[k.f32, "R", "L2"], sc: k.Tensor[k.f32, "R", "L"], g2: k.Tensor[k.f32, "R", "J"],
+                  sc2: k.Tensor[k.f32, "R", "E", "L"], BL: k.constexpr = 32, BJ: k.constexpr = 8, KN: k.constexpr = 4):
     for r in k.grid(x.shape[0]):
         row = x[r, k.span(0, BL, other=-INF)]
         v, p = k.topk(row, KN)
@@ -263,6 +263,10 @@ def select_gather(x: k.Tensor[k.f32, "R", "L"], idx: k.Tensor[k.i32, "R", "J"], 
         k.store(sc, (r, j), gathered * 10.0, mask=ok)      # scatter with a mask
         masked = k.load(x, (r, k.span(0, BL)), mask=m, other=5.0)
         k.store(sc, (r, k.span(0, BL)), masked, mask=m & (masked > 0.0))
+        jr = k.minimum(k.abs(j), 6)                        # rows 5, 6 are past R = 5
+        rows = k.load(x, (jr, k.span(0, BL)), other=1.0)   # row gather: one DMA per row
+        g2[r, k.span(0, BJ)] = k.sum(rows, axis=1)
+        k.store(sc2, (r, jr, k.span(0, BL)), rows * 3.0)   # row scatter, repeated rows: last wins
 
 
 def test_topk_gather_scatter_masks(rng):
@@ -271,9 +275,12 @@ def test_topk_gather_scatter_masks(rng):
     x[1, 3] = x[1, 7] = 9.0                                 # ties keep the lower position first
     idx = rng.integers(-3, length + 3, (r, jn)).astype(np.int32)
     outs = {"vals": torch.zeros(r, 4), "pos": torch.zeros(r, 4, dtype=torch.int32), "g": torch.zeros(r, jn),
-            "gt": torch.zeros(jn, r), "cat": torch.zeros(r, 64), "sc": torch.zeros(r, length)}
+            "gt": torch.zeros(jn, r), "cat": torch.zeros(r, 64), "sc": torch.zeros(r, length),
+            "g2": torch.zeros(r, jn), "sc2": torch.zeros(r, 8, length)}
     got = run_both(select_gather, {"x": torch.from_numpy(x), "idx": torch.from_numpy(idx)}, outs)
-    compare(got, exact=tuple(outs))
+    compare(got, exact=tuple(n for n in outs if n != "g2"))   # g2: float sums
+    src = source(select_gather)
+    assert "one DataCopyPad per gathered row" in src and "one DataCopyPad per scattered row" in src
 
 
 # ---------------------------------------------------------------- loops and carried values

@@ -71,6 +71,33 @@ def _dma_geometry(kinds, shape):
     return row_axis, outer
 
 
+def _gather_rows(kinds, shape, dt):
+    """The tensor axis of a row gather/scatter `t[idx_tile, ..., k.span(c, L)]` (one index-tile
+    axis, the last axis a span of 32-byte aligned rows, the others scalar), else None."""
+    parsed = [parse_index_kind(k)[0] for k in kinds]
+    if parsed.count("gather") != 1 or parsed[-1] != "span" or len(shape) != 2:
+        return None
+    if any(k not in ("gather", "scalar") for k in parsed[:-1]):
+        return None
+    if (shape[-1] * cexpr.itemsize(dt)) % 32:
+        return None
+    return parsed.index("gather")
+
+
+def _row_dma(em, tensor, kinds, idx, shape, gaxis, body):
+    """Lines of a per-row DMA loop over a gathered axis; `body(g, u)` emits the copy of one row
+    (GM element offset g, UB element offset u, `len` lanes)."""
+    R = len(kinds)
+    L = shape[-1]
+    em.pre(f"  const int64_t c0 = ac.start[{R - 1}];")
+    em.pre(f"  const int64_t len = c0 >= ac.size[{R - 1}] ? 0 : (ac.size[{R - 1}] - c0 < {L} ? ac.size[{R - 1}] - c0 : {L});")
+    sc = [f"ac.start[{a}] >= 0 && ac.start[{a}] < ac.size[{a}]" for a, kd in enumerate(kinds) if kd == "scalar"]
+    em.pre(f"  const bool sc_ok = {' && '.join(sc) if sc else 'true'};")
+    em.pre(f"  const bool fast = ac.stride[{R - 1}] == 1 && c0 >= 0;")
+    base = " + ".join([f"ac.start[{a}] * ac.stride[{a}]" for a, kd in enumerate(kinds) if kd == "scalar"] + ["c0"])
+    return base
+
+
 def _dma_prologue(em, kinds, shape, rows_axis, outer):
     """Lines computing c0/len/fast/sc_ok/rlo/rhi/full from `ac`."""
     R = len(kinds)
@@ -163,7 +190,29 @@ def load(em, op: Op):
         em.pre(f"AscendC::LocalTensor<{S}> {name} = calc.GetWithOffset<{S}>({n}, {root.offset});")
     em.pre("{")
     em.pre("  " + _access(em, tensor, kinds, idx))
-    if geo is None:
+    gaxis = _gather_rows(kinds, shape, dt) if geo is None else None
+    if gaxis is not None:
+        base = _row_dma(em, tensor, kinds, idx, shape, gaxis, None)
+        gidx = em.n(idx[gaxis])
+        em.pre("  if (fast) {   // one DataCopyPad per gathered row; the index is read on the scalar unit")
+        _fill_lines(em, name, dt, fillv, n, "    ")
+        em.pre(f"    for (int32_t row = 0; row < {shape[0]}; ++row) {{")
+        em.pre(f"      const int64_t gi = {gidx}.GetValue(row);")
+        em.pre(f"      if (!sc_ok || len <= 0 || gi < 0 || gi >= ac.size[{gaxis}]) continue;")
+        em.pre("      const uint32_t bytes = static_cast<uint32_t>(len * %d);" % isz)
+        em.vector_ops.add("DataCopyPad")
+        em.pre(f"      AscendC::DataCopyPad({name}[row * {L}], {em.n(tensor)}Gm[{base} + gi * ac.stride[{gaxis}]], "
+               f"AscendC::DataCopyExtParams(1, bytes, 0, 0, 0), AscendC::DataCopyPadExtParams<{S}>(true, 0, "
+               f"static_cast<uint8_t>(((bytes + 31) / 32 * 32 - bytes) / {isz}), {fillv}));")
+        em.pre("    }")
+        if mask is not None:
+            _mask_fill(em, name, mask, shape, fillv, "    ")
+        em.pre("  } else {")
+        em.scalar_unit.add("load")
+        em.pre("    // scalar unit: strided rows, lane by lane")
+        _generic_load(em, f"{em.n(tensor)}Gm", name, tag, shape, mask, fillv, "    ")
+        em.pre("  }")
+    elif geo is None:
         em.scalar_unit.add("load")
         em.pre("  // scalar unit: gather / non-row access, lane by lane")
         _generic_load(em, f"{em.n(tensor)}Gm", name, tag, shape, mask, fillv)
@@ -333,8 +382,13 @@ def store(em, op: Op):
         else:
             _fill(em, vname, tmp, em.n(value), n)
     geo = None if mask is not None else _dma_geometry(kinds, shape)
+    gaxis = _gather_rows(kinds, shape, dt) if geo is None and mask is None else None
     em.pre("{")
     em.pre("  " + _access(em, tensor, kinds, idx))
+    if gaxis is not None:
+        _scatter_rows(em, tensor, kinds, idx, shape, gaxis, vname, out_kind, root, S, tag, n, op)
+        em.pre("}")
+        return
     if geo is None:
         em.scalar_unit.add("store")
         m, sm = (f"&{em.n(mask)}", strides4(mask.type.shape, shape)) if mask is not None and em.is_tile(mask) else \
@@ -402,6 +456,39 @@ def store(em, op: Op):
         em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({vname});")
     em.pre("  }")
     em.pre("}")
+
+
+def _scatter_rows(em, tensor, kinds, idx, shape, gaxis, vname, out_kind, root, S, tag, n, op):
+    """One DataCopyPad per scattered row (rows in index order: a repeated index keeps the last)."""
+    t = em.n(tensor)
+    dt = tensor.type.dtype
+    isz = cexpr.itemsize(dt)
+    L = shape[-1]
+    base = _row_dma(em, tensor, kinds, idx, shape, gaxis, None)
+    em.pre("  if (fast) {   // one DataCopyPad per scattered row; the index is read on the scalar unit")
+    if out_kind:
+        q = em.queue_of[("out", root.uid)]
+        staged = em.fresh("st")
+        em.pre(f"    {q}.EnQue({vname});")
+        em.pre(f"    AscendC::LocalTensor<{S}> {staged} = {q}.DeQue<{S}>();")
+    else:
+        staged = vname
+    em.vector_ops.add("DataCopyPad")
+    em.pre(f"    for (int32_t row = 0; row < {shape[0]}; ++row) {{")
+    em.pre(f"      const int64_t gi = {em.n(idx[gaxis])}.GetValue(row);")
+    em.pre(f"      if (!sc_ok || len <= 0 || gi < 0 || gi >= ac.size[{gaxis}]) continue;")
+    em.pre(f"      AscendC::DataCopyPad({t}Gm[{base} + gi * ac.stride[{gaxis}]], {staged}[row * {L}], "
+           f"AscendC::DataCopyExtParams(1, static_cast<uint32_t>(len * {isz}), 0, 0, 0));")
+    em.pre("    }")
+    if out_kind:
+        em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({staged});")
+    em.pre("  } else {")
+    em.scalar_unit.add("store")
+    em.pre("    // scalar unit: strided rows, lane by lane")
+    em.pre(f"    k31::StoreLanes<{tag}>({t}Gm, {vname}, ac, {sh4(shape)}, {NULL_MASK}, k31::St{{{{0, 0, 0, 0}}}});")
+    if out_kind:
+        em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({vname});")
+    em.pre("  }")
 
 
 RULES = {"load": load, "store": store}
