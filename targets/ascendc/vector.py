@@ -161,6 +161,21 @@ def binary(em, op):
         out = em.define(r)
         return em.pre(f"AscendC::{inst}({out}.ReinterpretCast<int16_t>(), {em.n(a)}.ReinterpretCast<int16_t>(), "
                       f"{em.n(b)}.ReinterpretCast<int16_t>(), {2 * n});  // int32 as int16 pairs")
+    if dt is D.i32 and op.name in ("and", "or") and (tile_scalar or (em.is_tile(b) and _same(b, r) and not em.is_tile(a))):
+        t, sc = (a, b) if tile_scalar else (b, a)
+        inst = "And" if op.name == "and" else "Or"
+        em.vector_ops.update({inst, "Duplicate"})
+        out = em.define(r)
+        splat = em.fresh("splat")
+        em.pre(f"AscendC::LocalTensor<int32_t> {splat} = {em.scratch('int32_t', n)};")
+        em.pre(f"AscendC::Duplicate<int32_t>({splat}, static_cast<int32_t>({em.n(sc)}), {n});")
+        return em.pre(f"AscendC::{inst}({out}.ReinterpretCast<int16_t>(), {em.n(t)}.ReinterpretCast<int16_t>(), "
+                      f"{splat}.ReinterpretCast<int16_t>(), {2 * n});  // int32 as int16 pairs")
+    if dt is D.i32 and op.name == "sub" and em.is_tile(b) and _same(b, r) and not em.is_tile(a):
+        em.vector_ops.update({"Muls", "Adds"})     # s - t = (-t) + s, wrapping like the IR
+        out = em.define(r)
+        em.pre(f"AscendC::Muls({out}, {em.n(b)}, int32_t(-1), {n});")
+        return em.pre(f"AscendC::Adds({out}, {out}, static_cast<int32_t>({em.n(a)}), {n});")
     if dt is D.i32 and op.name in ("shl", "shr") and tile_scalar:
         sop = em.plan.defs.get(b.uid)
         if sop is not None and sop.name == "const" and 0 <= sop.attrs["value"] < 32:
