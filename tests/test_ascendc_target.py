@@ -437,3 +437,13 @@ def test_attention_scores_match_reference(rng):
     kv = torch.from_numpy(rng.standard_normal((n, d)).astype(np.float32)).to(torch.bfloat16)
     got = run_both(attn_scores, {"q": q, "kv": kv}, {"o": torch.zeros(m, d)})
     compare(got, rtol=2e-5, atol=1e-4)
+
+
+def test_call_errors_name_the_parameter():
+    x = np.zeros(70, np.float32)
+    o = np.zeros((13, 70), np.float32)
+    o.flags.writeable = False
+    with pytest.raises(K31Error, match="argument `o` of `float_math` is a read-only array"):
+        k.compile(float_math, target="ascendc")(x, x, o)
+    with pytest.raises(K31Error, match="negative stride"):
+        k.compile(float_math, target="ascendc")(x[::-1], x, np.zeros((13, 70), np.float32))
