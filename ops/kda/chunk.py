@@ -2,6 +2,7 @@
 §2). The kernels are in chunk_kernels.py; this module checks inputs, builds the chunk map for
 varlen, launches the two kernels and registers the op with its check against the fp64 oracle."""
 
+import contextlib
 import itertools
 
 import k31dsl as k
@@ -23,6 +24,13 @@ PREP_VARIANTS = {  # name: (score-block dots, solve dots, dtype of the tiles kep
 # per thread instead of 1000 B with tf32 score blocks
 DEFAULT_VARIANT = "mixed"
 _MAPS: dict = {}            # (cu_seqlens, chunk) -> (chunk_info, seq_chunks, cu) on a device
+# benchmarks/kda.py sets this to a callable(phase name) -> context manager that brackets each kernel
+# launch ("prep", "state") with CUDA events, so one run tells where the time goes; None otherwise
+_PHASE_HOOK = None
+
+
+def _phase(name: str):
+    return _PHASE_HOOK(name) if _PHASE_HOOK is not None else contextlib.nullcontext()
 
 
 def _pow2_dim(op: str, name: str, d: int):
@@ -158,15 +166,15 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     tiles_state = {} if tuned else {"BT": bt, "BV": min(32, V)}
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
-        kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
-                               GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve,
-                               KEEP=keep,
-                               BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
+        with _phase("prep"):
+            kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
+                                   GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec,
+                                   SOLVE=solve, KEEP=keep, BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
     if nt or output_final_state:
-        kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
-                                HAS_H0=initial_state is not None, STORE_HT=bool(output_final_state), PREC=prec,
-                                VFIRST=bool(state_v_first),
-                                BK=K, **tiles_state)
+        with _phase("state"):
+            kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
+                                    HAS_H0=initial_state is not None, STORE_HT=bool(output_final_state), PREC=prec,
+                                    VFIRST=bool(state_v_first), BK=K, **tiles_state)
     return o.view(B, T, HV, V), (ht if output_final_state else None)
 
 
