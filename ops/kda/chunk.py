@@ -159,10 +159,10 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     # sub-chunks); `_variant` picks another for measurements (benchmarks/kda.py)
     prep_prec, solve, keep = PREP_VARIANTS[_variant or DEFAULT_VARIANT] if mt != torch.float32 else \
         ("ieee", "ieee", D.f32)
-    # On a GPU at chunk 64 the tile sizes and launch options come from the kernels' configs
-    # (autotuned per shape); elsewhere (interpreter, numpy, chunk 16/32) they are passed.
+    # On a GPU at chunk 64 the state kernel's BV and launch options are autotuned per shape over its
+    # configs; elsewhere (interpreter, numpy, chunk 16/32) they are passed.
     tuned = target == "triton" and dev.type == "cuda" and bt == 64 and V >= 64
-    tiles_prep = {} if tuned else {"BT": bt}
+    tiles_prep = {"BT": bt}         # prep: launch options per chunk size from its configs, no tuning
     tiles_state = {} if tuned else {"BT": bt, "BV": min(32, V)}
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]

@@ -97,7 +97,10 @@ def load_sub_chunk(q, kk, v, g, beta, r0, t1, h, hv, rid, BK, BVV):
 # PREFETCH pair apart. ptxas for sm_90a with the GPU's divisibility-16 specialisation: 8 warps
 # 255 registers + 472 B stack, the same with PREFETCH off or the kept tiles in bf16 (the kept
 # tiles are not the register hog); the prefetch hides 3 of the 4 sub-chunk load latencies.
-PREP_CONFIGS = [{"BT": 64, "PREFETCH": True, "num_warps": 8, "num_stages": 1}]
+# chunk_kda always passes BT, so these are launch options per chunk size, never tuned. Chunk 32
+# (2 sub-chunks per program): 226 registers, no spill at 8 warps (4 warps: 255 + 128 B).
+PREP_CONFIGS = [{"BT": 64, "PREFETCH": True, "num_warps": 8, "num_stages": 1},
+                {"BT": 32, "PREFETCH": True, "num_warps": 8, "num_stages": 1}]
 
 
 @k.kernel(configs=PREP_CONFIGS)
