@@ -51,6 +51,7 @@ class Root:
     offset: int = 0                # pool byte offset
     loc: object = None
     coalesce: int | None = None    # built in this carried buffer (root uid of a loop result)
+    share: int | None = None       # computed in place over this (dying) operand's buffer
 
     @property
     def bytes(self) -> int:
@@ -161,8 +162,35 @@ def build_plan(kernel: Kernel, mode: str = "double", extra_uses=(), skip=()) -> 
         if root.kind == "in":
             plan.frees.setdefault(root.end, []).append(root)
     _coalesce_yields(plan, kernel, members)
+    _in_place(plan)
     _place_pool(plan)
     return plan
+
+
+def _in_place(plan: Plan):
+    """A lane-wise op whose operand tile dies at it writes its result over that operand
+    (Add(x, x, y)-style): one buffer for the chain instead of two."""
+    for ru, root in sorted(plan.roots.items(), key=lambda kv: kv[1].start):
+        d = plan.defs[ru]
+        if root.kind != "pool" or root.coalesce is not None or d.name not in LANEWISE:
+            continue
+        for x in d.operands:
+            if not is_tile(x):
+                continue
+            ou = plan.root.get(x.uid, x.uid)
+            op_root = plan.roots.get(ou)
+            if op_root is None or op_root.kind != "pool" or op_root.coalesce is not None or ou == ru:
+                continue
+            if plan.defs[ou].name == "for" or not _lanewise(plan, d, ou):
+                continue
+            head = op_root
+            while head.share is not None:
+                head = plan.roots[head.share]
+            if head.coalesce is not None or head.end != plan.pos[id(d)] or head.bytes < root.bytes:
+                continue
+            root.share = head.uid
+            head.end = max(head.end, root.end)
+            break
 
 
 def _body_pos(plan: Plan, loop: Op, use: Op) -> int:
@@ -247,7 +275,7 @@ def _place_pool(plan: Plan):
     with its operands)."""
     placed: list[Root] = []
     pool = [r for r in plan.roots.values() if r.kind == "pool"]
-    for root in sorted((r for r in pool if r.coalesce is None), key=lambda r: (r.start, -r.bytes)):
+    for root in sorted((r for r in pool if r.coalesce is None and r.share is None), key=lambda r: (r.start, -r.bytes)):
         busy = sorted((p.offset, p.offset + p.bytes) for p in placed
                       if not (p.end < root.start or root.end < p.start))
         off = 0
@@ -259,6 +287,9 @@ def _place_pool(plan: Plan):
         placed.append(root)
         plan.pool_bytes = max(plan.pool_bytes, off + root.bytes)
     for root in pool:
+        if root.share is not None:
+            root.offset = plan.roots[root.share].offset
+    for root in pool:
         if root.coalesce is not None:
             root.offset = plan.roots[root.coalesce].offset
 
@@ -269,7 +300,8 @@ def live_at_peak(plan: Plan) -> list[Root]:
     points = sorted({r.start for r in plan.roots.values()})
     for p in points:
         total = sum(r.bytes for r in plan.roots.values()
-                    if r.kind == "pool" and r.coalesce is None and r.start <= p <= r.end)
+                    if r.kind == "pool" and r.coalesce is None and r.share is None and r.start <= p <= r.end)
         if total > best:
             best, best_pos = total, p
-    return [r for r in plan.roots.values() if r.kind == "pool" and r.coalesce is None and r.start <= best_pos <= r.end]
+    return [r for r in plan.roots.values()
+            if r.kind == "pool" and r.coalesce is None and r.share is None and r.start <= best_pos <= r.end]
