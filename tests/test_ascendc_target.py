@@ -447,3 +447,19 @@ def test_call_errors_name_the_parameter():
         k.compile(float_math, target="ascendc")(x, x, o)
     with pytest.raises(K31Error, match="negative stride"):
         k.compile(float_math, target="ascendc")(x[::-1], x, np.zeros((13, 70), np.float32))
+
+
+@k.kernel
+def lane_chain(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], B: k.constexpr = 64):
+    for i in k.grid(k.cdiv(x.shape[0], B)):
+        a = x[k.span(i * B, B, other=0.0)]
+        y[k.span(i * B, B)] = (k.exp(a) * 2.0 + a) * a
+
+
+def test_codegen_lane_wise_ops_reuse_a_dying_operand():
+    """exp(a) * 2.0: the product is written over exp(a)'s UB buffer (it dies there)."""
+    import re
+    src = source(lane_chain)
+    offsets = dict(re.findall(r"LocalTensor<\w+> (\w+) = calc\.GetWithOffset<\w+>\(\d+, (\d+)\);", src))
+    dst, a = re.search(r"AscendC::Muls\((\w+), (\w+), ", src).groups()
+    assert dst != a and offsets[dst] == offsets[a]
