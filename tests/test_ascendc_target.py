@@ -326,7 +326,7 @@ def matmul_bias(a: k.Tensor["T", "M", "K"], b: k.Tensor["T", "K", "N"], bias: k.
         c[k.span(pm * BM, BM), k.span(pn * BN, BN)] = acc
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_tiled_matmul_with_bias_through_the_cube(rng, dtype):
     m, n, kk = 45, 37, 53                       # odd against every tile
     a = torch.from_numpy(rng.standard_normal((m, kk)).astype(np.float32)).to(dtype)
@@ -336,7 +336,7 @@ def test_tiled_matmul_with_bias_through_the_cube(rng, dtype):
     compare(got, rtol=1e-5, atol=1e-5)
     want = a.double() @ b.double() + bias.double()
     np.testing.assert_allclose(got["ascendc"]["c"].double().numpy(), want.numpy(), rtol=1e-5, atol=1e-4)
-    src = source(matmul_bias, T=k.bf16 if dtype == torch.bfloat16 else k.f32)
+    src = source(matmul_bias, T={torch.bfloat16: k.bf16, torch.float8_e4m3fn: k.f8e4m3}.get(dtype, k.f32))
     for line in ("AscendC::Nd2NzParams", "AscendC::LoadData(", "AscendC::Mmad(", "AscendC::Fixpipe(",
                  "TQue<AscendC::TPosition::CO1, 1>"):
         assert line in src, line
