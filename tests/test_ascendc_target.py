@@ -340,6 +340,9 @@ def test_tiled_matmul_with_bias_through_the_cube(rng, dtype):
     for line in ("AscendC::Nd2NzParams", "AscendC::LoadData(", "AscendC::Mmad(", "AscendC::Fixpipe(",
                  "TQue<AscendC::TPosition::CO1, 1>"):
         assert line in src, line
+    assert "k31::Trans" not in src
+    if dtype == torch.float32:                     # fp32 B [K, N] reaches L0B transposed by the MTE
+        assert "AscendC::LoadDataWithTranspose(" in src
 
 
 # ---------------------------------------------------------------- generated code

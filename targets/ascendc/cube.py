@@ -4,8 +4,9 @@ The operands are UB tiles (computed by the vector core), and on A2/A3 the Cube u
 L1 only, so a dot makes the round trip a mixed kernel makes: UB -> this block's GM workspace
 (DataCopy, MTE3) -> L1 with ND->NZ (DataCopy with Nd2NzParams) -> L0A (Zz) / L0B (Zn) with
 LoadData -> Mmad into CO1 (L0C, fp32, accumulating over K steps) -> Fixpipe to GM (ND) ->
-DataCopy back to UB. B goes ND [K, N] through a transposing LoadData for 2-byte types; fp32
-B goes as B^T [N, K] (transposed on the scalar unit first), whose NZ fractals are already Zn.
+DataCopy back to UB. B goes ND [K, N] through a transposing LoadData for 2-byte types and through
+LoadDataWithTranspose per 16 k-rows for fp32; a B that is `x.T` goes as x = B^T [N, K], whose NZ
+fractals are already Zn.
 fp8 operands are widened to half first (exact; A2 has no fp8 cube). K is split into steps that
 fit L0A/L0B (64 KB each: half of it per operand step, so the next step can load)."""
 from __future__ import annotations
@@ -65,6 +66,8 @@ def dot(em, op):
     steps = (K + tk - 1) // tk
     em.uses_cube = True
     em.vector_ops.update({"Nd2Nz DataCopy", "LoadData", "Mmad", "Fixpipe"})
+    if T == "float" and id(op) not in em.b_transposed:
+        em.vector_ops.add("LoadDataWithTranspose")
     # this dot's GM workspace layout (reused by every dot of the kernel: they run one by one)
     offA, offB = 0, _up(M * K * isz, 512)
     offC = offB + _up(K * N * isz, 512)
@@ -72,8 +75,7 @@ def dot(em, op):
     cb = em.cube_bytes
     cb["ws"] = max(cb.get("ws", 0), ws)
     cb["a1"] = max(cb.get("a1", 512), Mp * _up(tk, C0) * isz)
-    bt = T == "float" or id(op) in em.b_transposed
-    cb["b1"] = max(cb.get("b1", 512), Np * _up(tk, C0) * isz if bt else _up(tk, 16) * _up(N, C0) * isz)
+    cb["b1"] = max(cb.get("b1", 512), _up(tk, 16) * Np * isz, Np * _up(tk, C0) * isz)
     cb["a2"], cb["b2"] = cb["a1"], cb["b1"]
     cb["co1"] = max(cb.get("co1", 1024), Mp * Np * 4)
     out = em.define(r)
@@ -99,7 +101,8 @@ def dot(em, op):
             em.pre(f"  k31::Map1<k31::f16, {tag}>({dst}, {src}, k31::Sh{{{{1, 1, {rows}, {cols}}}}}, "
                    f"k31::St{{{{0, 0, {cols}, 1}}}}, [=](uint8_t v) -> float {{ return k31::to_float<{tag}>(v); }});")
         A, B = "ha", "hb"
-    bt_route = T == "float" or id(op) in em.b_transposed
+    bt_route = id(op) in em.b_transposed
+    f32_kn = T == "float" and not bt_route           # fp32 B [K, N]: LoadDataWithTranspose
     if id(op) in em.b_transposed:
         x = em.b_transposed[id(op)]              # B = x.T: x [N, K] is B^T already
         B = em.n(x)
@@ -108,12 +111,7 @@ def dot(em, op):
             em.pre(f"  k31::Map1<k31::f16, k31::{dt.name}>(hbt, {B}, k31::Sh{{{{1, 1, {N}, {K}}}}}, "
                    f"k31::St{{{{0, 0, {K}, 1}}}}, [=](uint8_t v) -> float {{ return k31::to_float<k31::{dt.name}>(v); }});")
             B = "hbt"
-    elif T == "float":
-        bt = em.scratch("float", K * N)
-        em.scalar_unit.add("dot (fp32 B transposed for L0B)")
-        em.pre(f"  AscendC::LocalTensor<float> bT = {bt};")
-        em.pre(f"  k31::Trans(bT, {B}, {K}, {N});  // scalar unit: fp32 B goes to L0B as B^T")
-        B = "bT"
+
     em.pre(f"  AscendC::GlobalTensor<{T}> wa, wb;")
     em.pre("  AscendC::GlobalTensor<float> wc;")
     em.pre(f"  wa.SetGlobalBuffer(reinterpret_cast<__gm__ {T}*>(ws + {offA}), {M * K});")
@@ -133,6 +131,9 @@ def dot(em, op):
     em.pre(f"    AscendC::LocalTensor<{T}> b1 = qB1.AllocTensor<{T}>();")
     if bt_route:
         em.pre(f"    AscendC::DataCopy(b1, wb[k0], AscendC::Nd2NzParams(1, {N}, {tk}, 0, {K}, {Np}, 1, 0));   // B^T: NZ = Zn fractals")
+    elif f32_kn:     # per 16 k-rows: the 8-wide chunks of a row group are consecutive fractals
+        em.pre(f"    for (int32_t g = 0; g < {tk // 16}; ++g)")
+        em.pre(f"      AscendC::DataCopy(b1[g * {16 * Np}], wb[(k0 + g * 16) * {N}], AscendC::Nd2NzParams(1, 16, {N}, 0, {N}, 16, 1, 0));")
     else:
         em.pre(f"    AscendC::DataCopy(b1, wb[k0 * {N}], AscendC::Nd2NzParams(1, {tk}, {N}, 0, {N}, {_up(tk, 16)}, 1, 0));")
     em.pre("    qB1.EnQue(b1);")
@@ -146,6 +147,10 @@ def dot(em, op):
     em.pre(f"    AscendC::LocalTensor<{T}> b2 = qB2.AllocTensor<{T}>();")
     if bt_route:
         em.pre(f"    AscendC::LoadData(b2, b1, AscendC::LoadData2DParams(0, {K1 * N1}, 1, 0, 0, false));")
+    elif f32_kn:     # each 16x16 square of B -> two Zn fractals
+        em.pre(f"    for (int32_t g = 0; g < {tk // 16}; ++g)")
+        em.pre(f"      AscendC::LoadDataWithTranspose(b2[g * {2 * N1 * 16 * C0}], b1, "
+               f"AscendC::LoadData2dTransposeParams(g * {N1}, {N1}, 1, 0, {N1 - 1}));")
     else:
         kp = _up(tk, 16) // 16
         em.pre(f"    for (int32_t k1 = 0; k1 < {kp}; ++k1)   // NZ of B -> Zn: transpose each 16x16 fractal")
