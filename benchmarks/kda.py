@@ -5,6 +5,7 @@ benchmarks/kda_decode.py (fused_recurrent_kda) when that file is present.
 
     python benchmarks/kda.py [--shapes all] [--budget 200] [--no-variants] [--no-decode]   # GPU
     python benchmarks/kda.py --smoke                                                      # CPU, interpreter
+    python benchmarks/kda.py --sm90-stats       # CPU: registers, spills, smem of each kernel for sm_90a
 
 Phases, with timestamped progress and results/kda.{json,md} rewritten after every row: the fp64
 oracle check at a small shape (compiles and autotunes our kernels), ours on every shape, fla on
@@ -277,6 +278,76 @@ def prefill_rows(names, budget: float, variants=True, save=None):
     return rows
 
 
+def sm90_stats(specs=None) -> list[str]:
+    """CPU-side evidence, no GPU: compile each kernel for sm_90a as the GPU JIT would specialise it
+    at T=8192 H=96 (pointers aligned, sizes/strides multiples of 16: `tt.divisibility` 16, which
+    decides vectorised loads and cp.async pipelining) and report registers, spill stack, shared
+    memory and load/mma counts. Run in a process without TRITON_INTERPRET."""
+    import glob
+    import importlib.util
+    import subprocess
+    import tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import k31dsl as k
+    from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+    from k31dsl.targets.triton.emit import emit
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+    from hopper import POINTER
+    prep = dict(XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, GATE=2, SAFE=True, PREC="bf16", SOLVE="tf32",
+                BC=16, BK=128, BVV=128)
+    state = dict(MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128)
+    specs = specs or [("prep chunk 64", kda_chunk_prep, {**prep, "BT": 64}, 8, 1),
+                      ("prep chunk 32", kda_chunk_prep, {**prep, "BT": 32}, 8, 1),
+                      *((f"state BV {bv}", kda_chunk_state, {**state, "BV": bv}, 4 if bv <= 32 else 8, 2)
+                        for bv in (16, 32, 64, 128))]
+    small = ("seq_chunks_", "cu_", "chunk_info_", "h0_size_0", "ht_size_0", "h0_size_1", "ht_size_1")
+    tool = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"))
+    out, folder = [], Path(tempfile.mkdtemp())
+    for label, kdef, cx, warps, stages in specs:
+        kernel = kdef.ir(**cx)
+        path = folder / f"{kernel.name}_{len(out)}.py"
+        path.write_text(emit(kernel, mode="gpu", satfinite=True))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fn = getattr(mod, f"{kernel.name}_kernel")
+        sig, const = {}, {}
+        for p in kernel.params:
+            t = p.value.type
+            if p.is_tensor:
+                sig[p.name] = POINTER[t.dtype.name]
+                sig.update({f"{p.name}_size_{a}": "i32" for a in range(t.rank)})
+                sig.update({f"{p.name}_stride_{a}": "i32" for a in range(t.rank - 1)})
+                sig[f"{p.name}_stride_{t.rank - 1}"], const[f"{p.name}_stride_{t.rank - 1}"] = "constexpr", 1
+            else:
+                sig[p.name] = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64"}[t.dtype.name]
+        if "K31_IDX" in fn.arg_names:
+            sig["K31_IDX"], const["K31_IDX"] = "constexpr", triton.language.int32
+        for n in fn.arg_names:
+            if n in kernel.constexprs:
+                sig[n], const[n] = "constexpr", kernel.constexprs[n]
+            elif n not in sig:
+                sig[n] = "i32"
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if n not in const and (sig[n].startswith("*") or
+                                        (("_size_" in n or "_stride_" in n) and not n.startswith(small)))}
+        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False})
+        cubin = folder / f"{len(out)}.cubin"
+        cubin.write_bytes(c.asm["cubin"])
+        res = subprocess.run([tool[0], "-res-usage", str(cubin)], capture_output=True, text=True).stdout if tool else ""
+        res = " ".join(w for line in res.splitlines() if "REG" in line for w in line.split() if w.startswith(("REG", "STACK")))
+        ptx = c.asm["ptx"]
+        counts = {w: ptx.count(w) for w in ("ld.global.v4", "ld.global.b16", "cp.async.cg", "mma.sync", "wgmma.mma_async",
+                                             "bar.sync")}
+        out.append(f"{label} ({warps} warps, {stages} stages): {res} smem {c.metadata.shared} B {counts}")
+        print(out[-1], flush=True)
+    return out
+
+
 COLUMNS = ["shape", "impl", "ms", "graph ms", "prep ms", "state ms", "fla ref ms", "speed-up vs fla", "vs fla ref", "TFLOP/s (paper model)",
            "TFLOP/s (full tiles)", "o err vs fla", "state err vs fla"]
 
@@ -287,9 +358,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--no-variants", action="store_true", help="skip the chunk-32 / prep-numerics rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
+    ap.add_argument("--sm90-stats", action="store_true",
+                    help="no GPU: registers/spills/shared memory of each kernel compiled for sm_90a, then exit")
     ap.add_argument("--budget", type=float, default=200.0,
                     help="seconds after which no new phase starts (each phase prints and saves as it goes)")
     args = ap.parse_args(argv)
+    if args.sm90_stats:
+        os.environ.pop("TRITON_INTERPRET", None)
+        sm90_stats()
+        return 0
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import harness
