@@ -37,7 +37,7 @@ CPP_RESERVED = {"int", "float", "double", "char", "bool", "auto", "const", "for"
                 "ac", "c0", "len", "fast", "sc_ok", "r0", "rlo", "rhi_", "rhi", "full", "g", "u",
                 "bytes", "row", "one", "work", "fa", "fb", "mask", "hi", "l", "o0", "o1", "o2", "o3",
                 "x0", "x1", "x2", "v", "wa", "wb", "wc", "ha", "hb", "bT", "c1", "a1", "b1", "a2", "b2",
-                "mp", "k0", "m1", "k1", "ws", "op", "workspace", "tiling"}
+                "mp", "k0", "m1", "k1", "ws", "op", "workspace", "tiling", "o"}
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)

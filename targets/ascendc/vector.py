@@ -427,6 +427,22 @@ def reduce(em, op):
         em.pre(f"    {out}.SetValue(row, one.GetValue(0));")
         em.pre("  } }")
         return
+    inner = 1
+    for d_ in shape[axis + 1:]:
+        inner *= d_
+    table = VEC_F32_BIN if dt is D.f32 else VEC_I32_BIN
+    if dt in (D.f32, D.i32) and axis < len(shape) - 1 and (inner * 4) % 32 == 0:
+        # over an outer axis: whole rows combine lane by lane on the vector unit
+        outer, R = n // (shape[axis] * inner), shape[axis]
+        inst = table[{"sum": "add", "max": "maximum", "min": "minimum"}[op.name]]
+        em.vector_ops.update({inst, "DataCopy"})
+        out = em.define(r)
+        em.pre(f"for (int32_t o = 0; o < {outer}; ++o) {{   // {op.name} over axis {axis}: row by row")
+        em.pre(f"  AscendC::DataCopy({out}[o * {inner}], {em.n(x)}[o * {R * inner}], {inner});")
+        em.pre(f"  for (int32_t row = 1; row < {R}; ++row)")
+        em.pre(f"    AscendC::{inst}({out}[o * {inner}], {out}[o * {inner}], {em.n(x)}[(o * {R} + row) * {inner}], {inner});")
+        em.pre("}")
+        return
     out = em.define(r)
     em.note_scalar(op, f"{op.name} over axis {axis} of {dt.name}" + (" (NaN propagates)" if dt.is_float else ""))
     em.pre(f"k31::ReduceAxis<{cexpr.tag(dt)}, {RED[op.name]}>({out}, {em.n(x)}, {sh4(shape)}, {axis + 4 - len(shape)});")
