@@ -408,6 +408,18 @@ def test_cli_compile_writes_the_cann_and_emulator_files(tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"scale_rows_kernel.cpp", "scale_rows_tiling.h", "scale_rows_host.cpp", "scale_rows_emu.cpp",
             "k31_helpers.h", "CMakeLists.txt", "build_emu.sh"} <= names
+    import ctypes
+    import subprocess
+    subprocess.run(["sh", str(out / "build_emu.sh")], check=True, capture_output=True)   # the shipped emu build
+    lib = ctypes.CDLL(str(out / "libscale_rows_emu.so"))
+    x = np.arange(6 * 130, dtype=np.float32).reshape(6, 130)
+    y = np.zeros((6, 130), np.uint16)                    # bf16 bits
+    ptrs = (ctypes.c_void_p * 2)(x.ctypes.data, y.ctypes.data)
+    dims = (ctypes.c_int64 * 8)(6, 130, 130, 1, 6, 130, 130, 1)
+    rc = lib.k31_launch_scale_rows(ptrs, dims, (ctypes.c_double * 1)(0.5), (ctypes.c_int64 * 1)(0), ctypes.c_int64(2))
+    assert rc == 0
+    want = torch.from_numpy(x * 0.5).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(y, want)
 
 
 @k.kernel

@@ -346,7 +346,7 @@ def _files(em: AscendEmitter, parts: dict, used: dict) -> dict[str, str]:
         pids=parts["pids"], body=em.lines, queues=em.queues, pool_bytes=ceil32(em.plan.pool_bytes),
         tmp_bytes=ceil32(em.scratch_max), cube=em.uses_cube, cube_bytes=em.cube_bytes,
         scalar_unit=scalar_unit, vector_ops=sorted(em.vector_ops), mode=em.mode, used=used,
-        ub=UB_BYTES, ndims=len(k.grid))
+        ub=UB_BYTES, ndims=len(k.grid), emu_dir=str(Path(__file__).resolve().parent / "emu"))
     files = {}
     for fname, tpl in ((f"{name}_kernel.cpp", "kernel.cpp.jinja"), (f"{name}_tiling.h", "tiling.h.jinja"),
                        (f"{name}_host.cpp", "host_cann.cpp.jinja"), (f"{name}_emu.cpp", "host_emu.cpp.jinja"),
