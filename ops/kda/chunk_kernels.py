@@ -10,9 +10,11 @@ writes per chunk: W = Ainv beta Kt, U = Ainv beta V, Qt = scale q exp(G), Kb = k
 Aqk (lower blocks only) and gamma = exp(G_C).
 
 Anchors (research §2.2). Row i in sub-chunk c, column j in sub-chunk c' (G decreasing in rows):
-  * off-diagonal (c' < c): exp(G_i - G_j) = exp(G_i - P_c) * exp(P_c - E_c') * exp(E_c' - G_j)
-    with P_c = G of the row before sub-chunk c and E_c' = G of the last row of c'. All three
-    factors are <= 1 (only underflow, harmless) for any gate.
+  * off-diagonal (c' < c): exp(G_i - G_j) = exp(G_i - P_c) * exp(P_c - G_j) with P_c = G of the
+    row before sub-chunk c. Both factors are <= 1 (only underflow, harmless) for any gate: the kept
+    key tiles k exp(P_c - G) are re-anchored by the decay of each sub-chunk as it completes
+    (exp(E_c' - G_j) when written, E_c' = G of the last row of c'), so the q/k tiles of the
+    sub-chunk are the A operands of all its blocks, and after the last sub-chunk they are Kb.
   * diagonal (SAFE, lower-bound gate lb >= -5): exp(G_i - P_c) * exp(P_c - G_j); the second factor
     is at most exp(BC * |lb|) = exp(80) < fp32 max. P_c is a past row, so outputs are causal.
   * diagonal (not SAFE: softplus gate or a given log decay, unbounded): exp(min(G_i - G_j, 0))
@@ -52,18 +54,19 @@ def l2norm_rows(x):
 
 
 @k.func
-def unit_lower_inverse(L, rid):
+def unit_lower_inverse(L, rid, PREC):
     """(I + L)^-1 for strictly lower-triangular L [16, 16] as the exact Neumann product
-    (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0): six 16x16 dots in full fp32 instead of 15
-    dependent row updates (each a cross-thread reduction). Products of lower-triangular matrices
-    keep exact zeros above the diagonal, so row i still depends on rows <= i only."""
+    (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0): six 16x16 dots instead of 15 dependent row
+    updates (each a cross-thread reduction). Products of lower-triangular matrices keep exact zeros
+    above the diagonal, so row i still depends on rows <= i only. PREC: the solve's precision
+    ("ieee" for f32 inputs; "tf32" for 16-bit ones, whose W and U are rounded to bf16 anyway)."""
     eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
-    l2 = k.dot(L, L, precision="ieee")
-    l4 = k.dot(l2, l2, precision="ieee")
-    l8 = k.dot(l4, l4, precision="ieee")
-    x = k.dot(eye - L, eye + l2, precision="ieee")
-    x = k.dot(x, eye + l4, precision="ieee")
-    return k.dot(x, eye + l8, precision="ieee")
+    l2 = mm(L, L, PREC)
+    l4 = mm(l2, l2, PREC)
+    l8 = mm(l4, l4, PREC)
+    x = mm(eye - L, eye + l2, PREC)
+    x = mm(x, eye + l4, PREC)
+    return mm(x, eye + l8, PREC)
 
 
 @k.func
@@ -129,7 +132,7 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
         bias = dt_bias[hv, k.span(0, BK)]
         rid = k.arange(0, BC)
         gp = k.zeros((BK,), k.f32)          # G of the row before the sub-chunk (0 at the chunk start)
-        lends, kcols, ws, us = (), (), (), ()
+        kcols, ws, us = (), (), ()
         nxt = load_sub_chunk(q, kk, v, g, beta, t0, t1, h, hv, rid, BK, BVV)
         for c in k.static_range(NC):
             # PREFETCH: the next sub-chunk's loads are issued before this one's math (they cannot
@@ -172,34 +175,30 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
             eg = e * k.exp(gp)[None, :]                        # exp(G_i) <= 1
             rw = bc[:, None] * kc * eg                         # beta Kt
             ru = bc[:, None] * vc                              # beta V
-            qf, kf = qe, ke
-            for c3 in k.static_range(c):                       # earlier sub-chunks, latest first
-                c2 = c - 1 - c3
-                if c3 > 0:                                     # decay across sub-chunk c2 + 1 (<= 1)
-                    f = k.exp(lends[c2 + 1])[None, :]
-                    qf, kf = qf * f, kf * f
-                aq_o = mm(qf, kcols[c2].to(k.f32).T, PREC)
-                ak_o = mm(kf, kcols[c2].to(k.f32).T, PREC) * bc[:, None]
+            for c2 in k.static_range(c):                       # earlier sub-chunks: kcols[c2] is
+                aq_o = mm(qe, kcols[c2].to(k.f32).T, PREC)     # k exp(P_c - G) (<= 1), so qe/ke are
+                ak_o = mm(ke, kcols[c2].to(k.f32).T, PREC) * bc[:, None]   # the A operands of every block
                 aqk[n, hv, k.span(c * BC, BC), k.span(c2 * BC, BC)] = aq_o.to(MT)
                 rw = rw - mm(ak_o, ws[c2].to(k.f32), SOLVE)
                 ru = ru - mm(ak_o, us[c2].to(k.f32), SOLVE)
-            ainv = unit_lower_inverse(ak_d, rid)              # BC == 16 (asserted above)
+            ainv = unit_lower_inverse(ak_d, rid, SOLVE)            # BC == 16 (asserted above)
             wc = mm(ainv, rw, SOLVE)
             uc = mm(ainv, ru, SOLVE)
             w[n, hv, k.span(c * BC, BC), k.span(0, BK)] = wc.to(MT)
             u[n, hv, k.span(c * BC, BC), k.span(0, BVV)] = uc.to(MT)
             qg[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (qc * eg).to(MT)
-            lends, kcols, ws, us = lends + (lend,), kcols + (kcol.to(KEEP),), ws + (wc.to(KEEP),), us + (uc.to(KEEP),)
+            # re-anchor the kept key tiles at P_(c+1) = E_c (decay across this sub-chunk, <= 1); the
+            # new kcol is anchored there already. After the last sub-chunk they are Kb = k exp(G_C - G).
+            dec = k.exp(lend)[None, :]
+            kept = ()
+            for c2 in k.static_range(c):
+                kept = kept + ((kcols[c2].to(k.f32) * dec).to(KEEP),)
+            kcols = kept + (kcol.to(KEEP),)
+            ws, us = ws + (wc.to(KEEP),), us + (uc.to(KEEP),)
             gp = gend
         gam[n, hv, k.span(0, BK)] = k.exp(gp)
-        after = k.zeros((BK,), k.f32)                          # G_C - E_c: decay after sub-chunk c
-        for c3 in k.static_range(NC):                          # Kb = k exp(G_C - G) = kcol exp(G_C - E_c)
-            c = NC - 1 - c3
-            if c3 == 0:
-                kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = kcols[c].to(MT)
-            else:
-                kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = (kcols[c].to(k.f32) * k.exp(after)[None, :]).to(MT)
-            after = after + lends[c]
+        for c in k.static_range(NC):
+            kb[n, hv, k.span(c * BC, BC), k.span(0, BK)] = kcols[c].to(MT)
 
 
 # ptxas for sm_90a with the GPU's divisibility-16 specialisation (the sizes and strides here are
