@@ -39,11 +39,11 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 # One config: at KP = 2048 each specialisation takes minutes to compile, so no autotuning.
 FUSED_CONFIGS = [{"PB": 1, "BH": 64, "BK": 32, "num_warps": 8}]
-# Longest context (keys per query) for which li_sfa picks the fused kernel by default. A
-# prediction until the GPU run replaces it (benchmarks/NOTES.md): each KP keys cost one 2*KP
-# bitonic top-k in one program per token, which loses to the unfused path's split top-k (and its
-# better spread over SMs) beyond a few chunks.
-FUSED_MAX_KEYS = 4096
+# Longest context (keys per query) for which li_sfa picks the fused kernel by default. GPU run 3
+# (H200): fused 2.3x slower than unfused at L = 32K and 4.8x at 128K (each further 2048 keys cost
+# one more 4096-wide merge in one program); with a single chunk both paths do one merge per
+# query and the fused one saves three launches.
+FUSED_MAX_KEYS = 2048
 # Up to this many (token, head block) programs, each head block gets its own program (selection
 # repeated per head block); beyond it one program per token does all head blocks. ~2 waves of
 # an H200's 132 SMs.
