@@ -84,9 +84,9 @@ def _gather_rows(kinds, shape, dt):
     return parsed.index("gather")
 
 
-def _row_dma(em, tensor, kinds, idx, shape, gaxis, body):
-    """Lines of a per-row DMA loop over a gathered axis; `body(g, u)` emits the copy of one row
-    (GM element offset g, UB element offset u, `len` lanes)."""
+def _row_dma(em, kinds, shape) -> str:
+    """The prologue of a per-row DMA over a gathered axis (c0, len, sc_ok, fast); returns the GM
+    offset of a row's first lane without the gathered axis."""
     R = len(kinds)
     L = shape[-1]
     em.pre(f"  const int64_t c0 = ac.start[{R - 1}];")
@@ -192,7 +192,7 @@ def load(em, op: Op):
     em.pre("  " + _access(em, tensor, kinds, idx))
     gaxis = _gather_rows(kinds, shape, dt) if geo is None else None
     if gaxis is not None:
-        base = _row_dma(em, tensor, kinds, idx, shape, gaxis, None)
+        base = _row_dma(em, kinds, shape)
         gidx = em.n(idx[gaxis])
         em.pre("  if (fast) {   // one DataCopyPad per gathered row; the index is read on the scalar unit")
         _fill_lines(em, name, dt, fillv, n, "    ")
@@ -464,7 +464,7 @@ def _scatter_rows(em, tensor, kinds, idx, shape, gaxis, vname, out_kind, root, S
     dt = tensor.type.dtype
     isz = cexpr.itemsize(dt)
     L = shape[-1]
-    base = _row_dma(em, tensor, kinds, idx, shape, gaxis, None)
+    base = _row_dma(em, kinds, shape)
     em.pre("  if (fast) {   // one DataCopyPad per scattered row; the index is read on the scalar unit")
     if out_kind:
         q = em.queue_of[("out", root.uid)]
