@@ -51,6 +51,11 @@ def source_line_at(loc: Loc | None) -> str | None:
         return None
 
 
-def error(message: str, loc: Loc | None = None, hint: str | None = None) -> K31Error:
-    """Build a K31Error with the source excerpt filled in."""
-    return K31Error(message, loc, hint, source_line_at(loc))
+class CapacityError(K31Error):
+    """A kernel whose tiles at these constexprs do not fit a target's on-chip memory (e.g. the
+    192 KB Unified Buffer of an Ascend vector core): correct code, too large a specialisation."""
+
+
+def error(message: str, loc: Loc | None = None, hint: str | None = None, kind: type = K31Error) -> K31Error:
+    """Build a K31Error (or a subclass such as CapacityError) with the source excerpt filled in."""
+    return kind(message, loc, hint, source_line_at(loc))

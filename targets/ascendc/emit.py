@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error, error
+from k31dsl.dsl.errors import CapacityError, K31Error, error
 from k31dsl.dsl.ir import Kernel, Op, TileType, Value
 from k31dsl.targets.ascendc import cexpr, cube, memory, vector
 from k31dsl.targets.ascendc.plan import build_plan, ceil32, is_tile, live_at_peak
@@ -320,7 +320,7 @@ def _budget_error(kernel: Kernel, em: AscendEmitter, used: dict, tried) -> K31Er
            f"in one liveness-shared pool: {used['pool']} B of tiles + {used['tmp']} B of scratch"
            + (f"; {first[0][2]['total']} B with double buffering" if first else "") + "). Largest live tiles:\n"
            + "\n".join(lines))
-    return error(msg, kernel.loc, "use smaller tile constexprs (block sizes) for this target")
+    return error(msg, kernel.loc, "use smaller tile constexprs (block sizes) for this target", CapacityError)
 
 
 def _files(em: AscendEmitter, parts: dict, used: dict) -> dict[str, str]:
