@@ -284,7 +284,8 @@ def _compile_library(ops: dict, target: str, progress: bool) -> tuple[dict[str, 
             files[f"{kernel.name}.k31"] = print_kernel(kernel)
             return []
         except CapacityError as e:    # too large at the default sizes; the checks run smaller ones
-            return [{"kernel": kd.name, "error": e.message.splitlines()[0], "capacity": True}]
+            return [{"kernel": kd.name, "error": e.message.splitlines()[0].split(" Largest live tiles")[0],
+                     "capacity": True}]
         except Exception as e:  # noqa: BLE001 - reported per kernel, the run goes on
             return [{"kernel": kd.name, "error": f"{type(e).__name__}: {e}"}]
     failures = _with_progress(kdefs, lambda kd: f"{target}: compile {kd.name}", one, progress)
