@@ -48,8 +48,8 @@ PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "
 # 30 MB: fits the 50 MB L2), with PREFETCH at BD 512 two 16 KB chunks in flight per SM.
 # Tried and left out: several rows per program sharing each query chunk (204 registers at 2 rows,
 # spills at 4; not chosen in GPU run 1), BD 1024 (spills).
-# WARPS is a constexpr the kernels do not read: the Triton runtime tells configs apart by their
-# constexprs only, so a config that differs in num_warps alone needs one. Row kernels: BD is the
+# WARPS is a constexpr the kernels do not read: it carries the warp count through graph-program
+# calls (`p.call` passes constexprs, not launch options) into the fused kernel. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
 # update kernel needs 255 registers + 400 B spill at 4 warps, 194 at 8, 105 at 16, 56 at 32 (the
 # fused kernel 255+368 B / 198 / 105 / 54): one program per SM from 8 warps up.
