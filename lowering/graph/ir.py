@@ -467,3 +467,19 @@ def program(fn):
     """Mark a zero-argument function returning a Program, so `k31dsl explain FILE` finds it."""
     fn.__k31_program__ = True
     return fn
+
+
+def launch_units(p: "Program", order: list[str]) -> list[list[str]]:
+    """`order` cut into launch units: the calls of a launch group (superkernel's grid-barrier
+    groups) together, in order, at the place of the first; every other op alone."""
+    out, seen = [], {}
+    for nid in order:
+        g = p.node(nid).attrs.get("group")
+        if g is None:
+            out.append([nid])
+        elif g in seen:
+            seen[g].append(nid)
+        else:
+            seen[g] = [nid]
+            out.append(seen[g])
+    return out

@@ -20,6 +20,7 @@ header comment (the memory plan's buffers where it placed a tensor).
 from __future__ import annotations
 
 from k31dsl.lowering.graph.execute import ProgramExecutor
+from k31dsl.lowering.graph.ir import launch_units
 from k31dsl.version import __version__
 
 C_TYPES = {"f32": "float", "bf16": "float", "f16": "float", "i32": "int32_t", "i64": "int64_t",
@@ -71,19 +72,7 @@ def _ident(name: str) -> str:
 
 
 def _units(p) -> list[list[str]]:
-    out, seen = [], {}
-    for nid in p.ops():
-        if p.is_static(nid):
-            continue
-        g = p.node(nid).attrs.get("group")
-        if g is None:
-            out.append([nid])
-        elif g in seen:
-            seen[g].append(nid)
-        else:
-            seen[g] = [nid]
-            out.append(seen[g])
-    return out
+    return launch_units(p, [nid for nid in p.ops() if not p.is_static(nid)])
 
 
 def _buffer_index(p) -> tuple[dict[str, int], list[str]]:

@@ -12,6 +12,7 @@ the interpreter (CPU) everything runs in schedule order, which the events alread
 from __future__ import annotations
 
 from k31dsl.lowering.graph.execute import ProgramExecutor
+from k31dsl.lowering.graph.ir import launch_units
 from k31dsl.targets.triton.emit import detect_mode
 
 MAX_GRAPHS_PER_GROUP = 8
@@ -34,17 +35,7 @@ class TritonProgram(ProgramExecutor):
 
     def units(self) -> list[list[str]]:
         """The schedule cut into launch units: a group's calls together, other ops alone."""
-        out, seen = [], {}
-        for nid in self.schedule:
-            g = self.p.node(nid).attrs.get("group")
-            if g is None:
-                out.append([nid])
-            elif g in seen:
-                seen[g].append(nid)
-            else:
-                seen[g] = [nid]
-                out.append(seen[g])
-        return out
+        return launch_units(self.p, self.schedule)
 
     def run_schedule(self, env: dict) -> None:
         if self.mode != "gpu":
