@@ -6,34 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
-import tempfile
-from pathlib import Path
-
-
-def cache_dir() -> Path:
-    from k31dsl.lowering.cache import cache_dir as root
-    return root()
-
-
-def gen_dir() -> Path:
-    d = cache_dir() / "gen"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def load_module(source: str, stem: str):
