@@ -284,17 +284,12 @@ def sm90_stats(specs=None) -> list[str]:
     decides vectorised loads and cp.async pipelining) and report registers, spill stack, shared
     memory and load/mma counts. Run in a process without TRITON_INTERPRET."""
     import glob
-    import importlib.util
     import subprocess
     import tempfile
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     import k31dsl as k
     from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
-    from k31dsl.targets.triton.emit import emit
-    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-    from hopper import POINTER
+    from k31dsl.targets.triton.aot import compile_for_gpu
     prep = dict(XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, GATE=2, SAFE=True, PREC="bf16", SOLVE="tf32",
                 BC=16, BK=128, BVV=128)
     state = dict(MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128)
@@ -306,36 +301,8 @@ def sm90_stats(specs=None) -> list[str]:
     tool = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"))
     out, folder = [], Path(tempfile.mkdtemp())
     for label, kdef, cx, warps, stages in specs:
-        kernel = kdef.ir(**cx)
-        path = folder / f"{kernel.name}_{len(out)}.py"
-        path.write_text(emit(kernel, mode="gpu", satfinite=True))
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        fn = getattr(mod, f"{kernel.name}_kernel")
-        sig, const = {}, {}
-        for p in kernel.params:
-            t = p.value.type
-            if p.is_tensor:
-                sig[p.name] = POINTER[t.dtype.name]
-                sig.update({f"{p.name}_size_{a}": "i32" for a in range(t.rank)})
-                sig.update({f"{p.name}_stride_{a}": "i32" for a in range(t.rank - 1)})
-                sig[f"{p.name}_stride_{t.rank - 1}"], const[f"{p.name}_stride_{t.rank - 1}"] = "constexpr", 1
-            else:
-                sig[p.name] = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64"}[t.dtype.name]
-        if "K31_IDX" in fn.arg_names:
-            sig["K31_IDX"], const["K31_IDX"] = "constexpr", triton.language.int32
-        for n in fn.arg_names:
-            if n in kernel.constexprs:
-                sig[n], const[n] = "constexpr", kernel.constexprs[n]
-            elif n not in sig:
-                sig[n] = "i32"
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if n not in const and (sig[n].startswith("*") or
-                                        (("_size_" in n or "_stride_" in n) and not n.startswith(small)))}
-        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False})
+        c = compile_for_gpu(kdef.ir(**cx), folder, arch=90, divisible=lambda n: not n.startswith(small),
+                            num_warps=warps, num_stages=stages)
         cubin = folder / f"{len(out)}.cubin"
         cubin.write_bytes(c.asm["cubin"])
         res = subprocess.run([tool[0], "-res-usage", str(cubin)], capture_output=True, text=True).stdout if tool else ""
