@@ -4,3 +4,4 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("K31_VERIFY", "1")          # the verifier re-runs after every IR pass
 os.environ.setdefault("K31_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "k31"))
+os.environ.setdefault("K31_ASCENDC_OPT", "-O0")   # AscendC emulator builds: -O2 by default, -O0 here for speed

@@ -479,3 +479,13 @@ def test_codegen_lane_wise_ops_reuse_a_dying_operand():
     offsets = dict(re.findall(r"LocalTensor<\w+> (\w+) = calc\.GetWithOffset<\w+>\(\d+, (\d+)\);", src))
     dst, a = re.search(r"AscendC::Muls\((\w+), (\w+), ", src).groups()
     assert dst != a and offsets[dst] == offsets[a]
+
+
+def test_default_o2_build_matches_numpy(rng):
+    """Outside the tests (which set K31_ASCENDC_OPT=-O0 for build time) kernels build at -O2:
+    the optimised build computes the same bits as the numpy reference."""
+    x = torch.from_numpy(rng.standard_normal((5, 300)).astype(np.float32))
+    want, got = torch.empty(5, 300, dtype=torch.bfloat16), torch.empty(5, 300, dtype=torch.bfloat16)
+    scale_rows["numpy"](x, want, 1.7)
+    k.compile(scale_rows, target="ascendc", opt="-O2")(x, got, 1.7)
+    assert torch.equal(got, want)

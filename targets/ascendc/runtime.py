@@ -17,9 +17,8 @@ from k31dsl.targets.ascendc.emit import emit_all
 from k31dsl.targets.common import CompiledKernel
 
 DEFAULT_CORES = int(os.environ.get("K31_ASCENDC_CORES", "8"))
-# g++ optimisation of emulator builds: -O0 compiles in about half the time of -O1 and the
-# emulated kernels of tests are small; K31_ASCENDC_OPT=-O2 for long emulator runs.
-OPT = os.environ.get("K31_ASCENDC_OPT", "-O0")
+# Emulator builds are -O2 (build.BASE_FLAGS). K31_ASCENDC_OPT (e.g. -O0, which compiles in about
+# half the time) or the `opt=` option overrides it: the test suite builds ~60 small kernels at -O0.
 
 
 def emit_files(kernel: Kernel, **options) -> dict[str, str]:
@@ -68,10 +67,11 @@ def _facts(a):
 
 def build(kernel: Kernel, **options):
     from k31dsl.targets.ascendc import build as emu_build
+    opt = options.pop("opt", None) or os.environ.get("K31_ASCENDC_OPT", "")
     files = emit_all(kernel, **options)
     name = kernel.name
     src = translation_unit(files, name)
-    lib = emu_build.build(src, name=f"k31_{name}", extra_flags=(OPT, "-fwrapv", "-ffp-contract=off"))
+    lib = emu_build.build(src, name=f"k31_{name}", extra_flags=(*((opt,) if opt else ()), "-fwrapv", "-ffp-contract=off"))
     fn = getattr(lib, f"k31_launch_{name}")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
