@@ -127,6 +127,13 @@ def mla_cache_write_rows(kv: k.Tensor["XT", "N", "DL"], kr: k.Tensor["RT", "N", 
         rope[slot, k.span(264, 64)] = kr[k.span(pm * BM, BM), k.span(0, 64, other=0.0)].to(k.bf16)
 
 
+@k.func
+def empty_online_state(BH):
+    """(running max, running sum, the four 128-column output accumulators) before any key."""
+    return (k.full((BH,), float("-inf"), k.f32), k.zeros((BH,), k.f32), k.zeros((BH, 128), k.f32),
+            k.zeros((BH, 128), k.f32), k.zeros((BH, 128), k.f32), k.zeros((BH, 128), k.f32))
+
+
 @k.kernel(configs=SFA_CONFIGS)
 def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
                              scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
@@ -137,12 +144,7 @@ def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor
     for t, hb in k.grid(q.shape[0], k.cdiv(q.shape[1], BH)):
         h0 = hb * BH
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
-        m = k.full((BH,), float("-inf"), k.f32)
-        l = k.zeros((BH,), k.f32)
-        a0 = k.zeros((BH, 128), k.f32)
-        a1 = k.zeros((BH, 128), k.f32)
-        a2 = k.zeros((BH, 128), k.f32)
-        a3 = k.zeros((BH, 128), k.f32)
+        m, l, a0, a1, a2, a3 = empty_online_state(BH)
         n_slots = codes.shape[0]
         for j in range(k.cdiv(indices.shape[1], BK)):
             idx = indices[t, k.span(j * BK, BK, other=-1)]

@@ -33,7 +33,7 @@ import k31dsl as k
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
-from k31dsl.ops.dsa.attention import finish, load_query, online_block
+from k31dsl.ops.dsa.attention import empty_online_state, finish, load_query, online_block
 from k31dsl.ops.dsa.indexer import indexer_page_scores, indexer_query
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
@@ -134,12 +134,7 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
         for hb in range(hp * HB, k.minimum(hp * HB + HB, nhb)):
             h0 = hb * BH
             ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
-            m = k.full((BH,), float("-inf"), k.f32)
-            l = k.zeros((BH,), k.f32)
-            a0 = k.zeros((BH, 128), k.f32)
-            a1 = k.zeros((BH, 128), k.f32)
-            a2 = k.zeros((BH, 128), k.f32)
-            a3 = k.zeros((BH, 128), k.f32)
+            m, l, a0, a1, a2, a3 = empty_online_state(BH)
             for j in range(k.cdiv(n_sel, BK)):
                 idx = k.sum(k.where(row_ids[:, None] == j, slot_rows, 0), axis=0)
                 valid = (idx >= 0) & (idx < n_slots)
