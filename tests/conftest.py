@@ -5,3 +5,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("K31_VERIFY", "1")          # the verifier re-runs after every IR pass
 os.environ.setdefault("K31_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "k31"))
 os.environ.setdefault("K31_ASCENDC_OPT", "-O0")   # AscendC emulator builds: -O2 by default, -O0 here for speed
+
+
+import numpy as np  # noqa: E402 - after the environment above
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh random generator per test; its seed is printed and kept with the test's report."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)

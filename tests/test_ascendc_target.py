@@ -18,14 +18,6 @@ from k31dsl.targets.ascendc.emit import UB_BYTES, emit_all
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.fixture
-def rng(request):
-    seed = int(np.random.SeedSequence().entropy % 2**31)
-    request.node.user_properties.append(("seed", seed))
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
-
-
 def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
     """Run `kern` on numpy and ascendc with fresh copies of the same outputs; {target: outs}."""
     got = {}

@@ -53,11 +53,6 @@ def _import_file(path: Path):
     return mod
 
 
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
-
-
 def _check_scale_bias(fn, rng):
     n, d = int(rng.integers(3, 9)), int(rng.integers(33, 100))     # ragged: not a multiple of BD
     x = rng.standard_normal((n, d)).astype(np.float32)

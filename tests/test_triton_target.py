@@ -21,14 +21,6 @@ MODE = detect_mode()                          # "interpret" here; "gpu" with TRI
 DEVICE = "cuda" if MODE == "gpu" else "cpu"
 
 
-@pytest.fixture
-def rng(request):
-    seed = int(np.random.SeedSequence().entropy % 2**31)
-    request.node.user_properties.append(("seed", seed))
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
-
-
 def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
     """Run `kern` on numpy and triton with fresh copies of the same outputs; returns {target: outs}."""
     got = {}
