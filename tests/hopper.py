@@ -8,6 +8,16 @@ import os
 import subprocess
 import sys
 
+class Specialised:
+    """A KernelDef with some constexprs fixed: what the compile check builds (it calls .ir())."""
+
+    def __init__(self, kdef, **constexprs):
+        self.kdef, self.constexprs = kdef, constexprs
+
+    def ir(self):
+        return self.kdef.ir(**self.constexprs)
+
+
 def compile_gpu_module(kern, folder, index_type: str = "int32"):
     """Emit `kern` in gpu mode and compile it with Triton's real compiler to an sm_90 cubin, with
     its first config's launch options (needs a process where TRITON_INTERPRET is unset)."""

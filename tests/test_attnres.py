@@ -14,7 +14,7 @@ from k31dsl import K31Error
 from k31dsl.ops import attnres as ar
 from k31dsl.ops.testing import load_oracle, to_f64
 
-from hopper import assert_compiles_for_hopper
+from hopper import Specialised, assert_compiles_for_hopper
 
 TARGETS = ["numpy", "triton"]
 ref = load_oracle("attnres")
@@ -339,22 +339,12 @@ def test_bad_inputs_raise_k31error(call, needle):
     assert needle in str(e.value)
 
 
-class _Specialised:
-    """A kernel with fixed constexprs, for hopper.compile_gpu_module (which calls .ir())."""
-
-    def __init__(self, kdef, **constexprs):
-        self.kdef, self.constexprs = kdef, constexprs
-
-    def ir(self):
-        return self.kdef.ir(**self.constexprs)
-
-
 # the benchmark's shapes: S = 6 -> SB 8, n = 8, the largest chunk; D = 7168 -> one 8192 row tile
-PREPARE_BENCH = _Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, REDUCE_EACH=True, UNROLL_SRC=True)
-PREPARE_PREFETCH = _Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, WARPS=16, PREFETCH=True)
-FULL_BF16 = _Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
-UPDATE_ROW = _Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
-RMSNORM_ROW = _Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
+PREPARE_BENCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, REDUCE_EACH=True, UNROLL_SRC=True)
+PREPARE_PREFETCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, WARPS=16, PREFETCH=True)
+FULL_BF16 = Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
+UPDATE_ROW = Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
+RMSNORM_ROW = Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
 
 
 class _FusedUpdate:

@@ -11,7 +11,7 @@ import torch
 
 import k31dsl as k
 
-from hopper import assert_compiles_for_hopper
+from hopper import Specialised, assert_compiles_for_hopper
 from k31dsl import K31Error
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa import fused as F
@@ -132,20 +132,11 @@ def test_bad_inputs_raise_k31error(call, needle):
     assert needle in str(e.value)
 
 
-class _Specialised:
-    """A KernelDef view with some constexprs fixed (what the compile check builds)."""
-    def __init__(self, kdef, **constexprs):
-        self.kdef, self.constexprs = kdef, constexprs
-
-    def ir(self):
-        return self.kdef.ir(**self.constexprs)
-
-
 # The real decode sizes (64 indexer heads, top-k 2048: a 4096-wide i64 merge, 64-head MLA blocks)
 # take ~6 CPU-minutes of Triton's LLVM lowering plus ptxas; CI compiles the same code with a
 # 128-wide running list (two pages per chunk: the chunk-assembly loop), K31_HOPPER_FULL=1 the real one.
-FUSED_CI = _Specialised(F.fused_li_sfa_decode, KP=128)
-FUSED_REAL = _Specialised(F.fused_li_sfa_decode)
+FUSED_CI = Specialised(F.fused_li_sfa_decode, KP=128)
+FUSED_REAL = Specialised(F.fused_li_sfa_decode)
 
 
 def test_compiles_for_hopper(tmp_path):

@@ -6,7 +6,7 @@ The per-op oracle checks on every target run in tests/test_ops.py (registry)."""
 import numpy as np
 import pytest
 import torch
-from hopper import assert_compiles_for_hopper
+from hopper import Specialised, assert_compiles_for_hopper
 
 from k31dsl import K31Error
 from k31dsl.ops.dsa import indexer as I
@@ -253,26 +253,16 @@ def test_prolog_bad_inputs():
 
 # ---------------------------------------------------------------- sm_90
 
-class _Specialised:
-    """A kernel with fixed constexprs, for hopper.compile_gpu_module (which calls .ir())."""
-
-    def __init__(self, kdef, **constexprs):
-        self.kdef, self.constexprs = kdef, constexprs
-
-    def ir(self):
-        return self.kdef.ir(**self.constexprs)
-
-
 # 64 heads x 128 everywhere; token tiles at the decode choice (BM=16) for the projection chains
 # (their fp32 Hadamard dots are slow to compile: ~15 s each at BM=64 on one core)
-LI_DECODE = _Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
-LI_PREFILL = _Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
-LI_BF16 = _Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
-TOPK_MERGE = _Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True)
-Q_CHAIN = _Specialised(P.indexer_q_chain, BM=16)
-K_CHAIN = _Specialised(P.indexer_k_chain, BM=16)
-W_CHAIN = _Specialised(P.indexer_head_weights, H=64, BM=64)
-CACHE_WRITE = _Specialised(I.indexer_cache_write_rows)
+LI_DECODE = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
+LI_PREFILL = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
+LI_BF16 = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
+TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True)
+Q_CHAIN = Specialised(P.indexer_q_chain, BM=16)
+K_CHAIN = Specialised(P.indexer_k_chain, BM=16)
+W_CHAIN = Specialised(P.indexer_head_weights, H=64, BM=64)
+CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 
 
 def test_kernels_compile_for_hopper(tmp_path):

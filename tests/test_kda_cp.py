@@ -11,6 +11,7 @@ from k31dsl import K31Error
 from k31dsl.ops.kda.cp import kda_cp_merge, kda_cp_summary, kda_merge_step, kda_range_summary
 from k31dsl.ops.kda.decode import kda_decode
 from k31dsl.ops.testing import load_oracle, to_f64
+from hopper import Specialised
 
 TARGETS = ["numpy", "triton"]
 
@@ -158,14 +159,6 @@ def test_bad_inputs_raise_k31error(call, needle):
     with pytest.raises(K31Error) as e:
         call()
     assert needle in str(e.value)
-
-
-class Specialised:
-    def __init__(self, kdef, **cx):
-        self.kdef, self.cx = kdef, cx
-
-    def ir(self):
-        return self.kdef.ir(**self.cx)
 
 
 summary_lb = Specialised(kda_range_summary, GATE=2)

@@ -9,6 +9,7 @@ import torch
 from k31dsl import K31Error
 from k31dsl.ops.kda.decode import KDAReplay, kda_decode, kda_decode_step, kda_replay_prefix, kda_rollback
 from k31dsl.ops.testing import load_oracle, to_f64
+from hopper import Specialised
 
 TARGETS = ["numpy", "triton"]
 GATES = ["none", "softplus", "lower_bound"]
@@ -257,16 +258,6 @@ def test_rollback_bad_inputs_raise_k31error(over, needle):
 
 
 # ---------------------------------------------------------------- sm_90 compile at K = V = 128
-
-class Specialised:
-    """A KernelDef with some constexprs fixed, for the sm_90 compile check (it calls .ir())."""
-
-    def __init__(self, kdef, **cx):
-        self.kdef, self.cx = kdef, cx
-
-    def ir(self):
-        return self.kdef.ir(**self.cx)
-
 
 decode_plain = Specialised(kda_decode_step)
 decode_lb_replay = Specialised(kda_decode_step, GATE=2, REPLAY=True, GT=__import__("k31dsl").bf16)
