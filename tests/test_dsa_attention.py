@@ -100,6 +100,17 @@ def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
     assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
 
 
+def test_sfa_all_128_heads_fit_ascendc_ub():
+    """The real head count on the emulated Ascend core: heads go in blocks of 32 there (BH = 64
+    needs ~340 KB of the 192 KB UB), and the result still matches the fp64 oracle."""
+    g = _gen()
+    cache = _filled_cache(g, 1)
+    q = torch.randn(2, 128, A.LATENT + A.ROPE, generator=g).to(torch.bfloat16)
+    idx = torch.randint(-1, A.PAGE, (2, 8), generator=g, dtype=torch.int32)
+    o, lse = A.sparse_mla_attention(q, cache, idx, 0.07, target="ascendc")
+    _check_sfa(o, lse, q, cache, idx, 0.07)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_sfa_single_key_reads_the_record_back(target):
     """One valid index per query: softmax weight 1, so o is the dequantized latent of that slot

@@ -165,6 +165,12 @@ def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tenso
         slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
 
 
+def max_head_block(target: str) -> int:
+    """Heads per program: 64 on a GPU (the [64, 512] fp32 accumulators live in registers); 32 on
+    ascendc, whose 192 KB Unified Buffer holds the BH = 32 tiles but not BH = 64 (~340 KB)."""
+    return 32 if target == "ascendc" else 64
+
+
 # ---------------------------------------------------------------- public functions
 
 def new_mla_cache(num_pages: int, device=None):
@@ -270,8 +276,9 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, target: str | None = No
         return o, lse
     c, s, r = cache_views(cache)
     kw = dict(config)
-    if "BH" not in kw and H < 64:
-        kw["BH"] = max(16, 1 << (H - 1).bit_length())
+    cap = max_head_block(target)
+    if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs
+        kw["BH"] = min(max(16, 1 << (H - 1).bit_length()), cap)
     sparse_mla_attention_fwd[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
     return o, lse
 

@@ -203,8 +203,9 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     kw = {"HI": q_idx_codes.shape[1], "KP": max(64, next_pow2(topk)), **config}
     if kw["KP"] < topk or kw["KP"] & (kw["KP"] - 1) or kw["KP"] % (64 * kw.get("PB", 1)):
         raise K31Error(f"{op}: KP={kw['KP']} must be a power of two >= topk ({topk}) and a multiple of 64 * PB")
-    if "BH" not in config and h < 64:
-        kw["BH"] = max(16, next_pow2(h))
+    cap = A.max_head_block(target)
+    if "BH" not in config and (h < cap or cap < 64):
+        kw["BH"] = min(max(16, next_pow2(h)), cap)
     nhb = -(-h // kw.get("BH", 64))
     if "HB" not in config and t * nhb > HEAD_SPLIT_PROGRAMS:
         kw["HB"] = nhb                                   # enough tokens: one program per token
