@@ -448,13 +448,7 @@ def store(em, op: Op):
     if out_kind or q is not None:
         qq = em.queue_of[("out", root.uid)] if out_kind else q
         em.pre(f"    {qq}.FreeTensor({staged});")
-    em.pre("  } else {")
-    em.scalar_unit.add("store")
-    em.pre("    // scalar unit: strided or negative-start access, lane by lane")
-    em.pre(f"    k31::StoreLanes<{tag}>({t}Gm, {vname}, ac, {sh4(shape)}, {NULL_MASK}, k31::St{{{{0, 0, 0, 0}}}});")
-    if out_kind:
-        em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({vname});")
-    em.pre("  }")
+    _lane_store_fallback(em, t, vname, shape, tag, out_kind, root, "strided or negative-start access")
     em.pre("}")
 
 
@@ -482,9 +476,14 @@ def _scatter_rows(em, tensor, kinds, idx, shape, gaxis, vname, out_kind, root, S
     em.pre("    }")
     if out_kind:
         em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({staged});")
+    _lane_store_fallback(em, t, vname, shape, tag, out_kind, root, "strided rows")
+
+
+def _lane_store_fallback(em, t, vname, shape, tag, out_kind, root, why: str):
+    """The `else` arm of a DMA store: the tile goes out lane by lane on the scalar unit."""
     em.pre("  } else {")
     em.scalar_unit.add("store")
-    em.pre("    // scalar unit: strided rows, lane by lane")
+    em.pre(f"    // scalar unit: {why}, lane by lane")
     em.pre(f"    k31::StoreLanes<{tag}>({t}Gm, {vname}, ac, {sh4(shape)}, {NULL_MASK}, k31::St{{{{0, 0, 0, 0}}}});")
     if out_kind:
         em.pre(f"    {em.queue_of[('out', root.uid)]}.FreeTensor({vname});")
