@@ -15,6 +15,8 @@ from k31dsl.version import __version__
 
 class PyEmitter:
     target = "?"
+    comment = "#"            # how an origin comment starts in the generated language
+    origin_width = 110       # origin comments are cut to this many characters
 
     def __init__(self, kernel: Kernel, options: dict | None = None):
         self.k = kernel
@@ -73,7 +75,8 @@ class PyEmitter:
         self.last_src = key
         text = linecache.getline(op.loc.file, op.loc.line).strip()
         short = os.path.basename(op.loc.file)
-        self.line(depth, f"# src: {short}:{op.loc.line}: {text}"[:110])
+        line = f"{self.comment} src: {short}:{op.loc.line}: {text}"[:self.origin_width]
+        self.line(depth, line.rstrip("\\ "))      # a trailing backslash would continue a C++ comment
 
     def block(self, block: Block, depth: int):
         for op in block.ops:

@@ -44,6 +44,8 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent /
 
 
 class AscendEmitter(PyEmitter):
+    comment = "//"
+    origin_width = 118
     target = "ascendc"
 
     def __init__(self, kernel: Kernel, options: dict | None = None, mode: str = "double"):
@@ -73,15 +75,6 @@ class AscendEmitter(PyEmitter):
         return CPP_RESERVED
 
     # ------------------------------------------------------------ lines
-    def origin(self, op: Op, depth: int):
-        import linecache
-        key = (op.loc.file, op.loc.line)
-        if key == self.last_src or op.loc.line <= 0:
-            return
-        self.last_src = key
-        text = linecache.getline(op.loc.file, op.loc.line).strip()
-        line = f"// src: {os.path.basename(op.loc.file)}:{op.loc.line}: {text}"[:118]
-        self.line(depth, line.rstrip("\\ "))      # a trailing backslash would continue the comment
 
     def line(self, depth: int, text: str):
         self.lines.append("  " * depth + text)
