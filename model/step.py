@@ -81,3 +81,10 @@ class Runner(Protocol):
     def commit(self, step: Step, accepted: list[int]) -> None:
         """After a verify step: the states of sequence i become those after its first accepted[i]
         tokens (1 <= accepted[i] <= len(step.tokens[i]))."""
+
+    def save_states(self, slots: list[int]):
+        """A copy of the KDA and conv states of `slots` (the engine snapshots a draft model before
+        it proposes; caches need no copy: they roll back by length)."""
+
+    def load_states(self, slots: list[int], saved) -> None:
+        """Put back states taken by `save_states` for the same slots."""
