@@ -415,6 +415,7 @@ examples:
   k31dsl selftest                                        compile + check everything, every target
   k31dsl explain step.py --target triton                 a graph program after each pass
   k31dsl cache info                                      the compile cache
+  k31dsl run --prompt "Hello"                            generate text with the tiny K31 model
 
 `k31dsl COMMAND --help` explains each command."""
 
@@ -559,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("info", "clear"))
     p.add_argument("--json", action="store_true", help="info as JSON")
     p.set_defaults(func=cmd_cache)
+
+    from k31dsl import run_cmd      # the model front end lives in its own module
+    run_cmd.add_parser(sub, fmt)
 
     p = sub.add_parser("version", help="print the version", description="Print k31dsl's version.")
     p.add_argument("--verbose", "-v", action="store_true", help="also dependencies and targets")
