@@ -1,0 +1,379 @@
+"""The MoE FFN of docs/model.md as generated ops: softmax router with top-k renormalised routing,
+SwiGLU experts through grouped GEMMs over expert-sorted rows, and one shared expert.
+
+Static shapes throughout (a graph program has fixed tensor sizes; on a GPU the decode step is
+captured as a CUDA graph, so no host sync and no data-dependent sizes). For M tokens, E experts,
+top-k routing and BM rows per GEMM block:
+
+  moe_router        x, router -> ids [M, k] i32, wgt [M, k] f32: logits (fp32 MMA), softmax,
+                    top-k (ties: lower expert), renormalised — one kernel.
+  moe_align         one program: a counting sort of the M*k (token, slot) pairs by expert into a
+                    padded row list of R = NB * BM rows, NB = cdiv(M*k, BM) + E - 1 (each expert's
+                    rows padded to a multiple of BM; sum_e cdiv(c_e, BM) <= NB): row -> token
+                    (-1 on padding rows), block -> expert (-1 past the last used block) and
+                    (token, slot) -> row. Within an expert, pairs keep their (token, slot) order.
+                    Padding rows and real rows are disjoint stores, so the one program needs no
+                    barrier between its loops.
+  moe_gate_up       grouped GEMM 1: each BM-row block (one expert) gathers its token rows of x,
+                    times G_e and U_e, SwiGLU epilogue -> act [R, F]; unused blocks run no K loop.
+  moe_down          grouped GEMM 2: act @ down[e]^T -> y [R, D].
+  moe_shared_gate_up  the shared expert's SwiGLU up-projection, dense tiles -> act_s [M, Fs].
+  moe_combine       out = act_s @ shared_down^T + sum_j wgt[t, j] * y[row(t, j)]: the shared
+                    expert's down-projection with the routed rows gathered in its epilogue (no
+                    scatter, no atomics).
+
+Public API: `moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k, target=)` and the
+graph builder `add_moe(p, x, weights, top_k)` that appends the same calls to a Program.
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.dsl import dtypes as D
+from k31dsl.dsl.errors import K31Error
+from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_tensor, resolve_target
+from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+# Tile configs. BM (rows per block) is fixed by the call (align and the grouped GEMMs must agree),
+# so configs choose BN / BK / warps / stages only. WARPS tags each config so that a graph-program
+# call (which passes constexprs, not launch options) finds its launch options in the list.
+# H200 (bf16, D = 2048, F = 1024): prefill blocks of BM = 128 rows want wide N tiles and 8 warps
+# (two fp32 accumulators in gate_up); decode (BM = 16) streams weights, so narrow N tiles spread
+# one expert over more SMs.
+GATE_UP_CONFIGS = [{"BN": 64, "BK": 64, "WARPS": 4, "num_warps": 4, "num_stages": 3},
+                   {"BN": 128, "BK": 64, "WARPS": 8, "num_warps": 8, "num_stages": 3},
+                   {"BN": 32, "BK": 128, "WARPS": 4, "num_warps": 4, "num_stages": 4},
+                   {"BN": 64, "BK": 128, "WARPS": 4, "num_warps": 4, "num_stages": 3},
+                   {"BN": 128, "BK": 32, "WARPS": 4, "num_warps": 4, "num_stages": 4}]
+DOWN_CONFIGS = [{"BN": 64, "BK": 64, "WARPS": 4, "num_warps": 4, "num_stages": 3},
+                {"BN": 128, "BK": 64, "WARPS": 8, "num_warps": 8, "num_stages": 3},
+                {"BN": 256, "BK": 64, "WARPS": 8, "num_warps": 8, "num_stages": 3},
+                {"BN": 32, "BK": 128, "WARPS": 4, "num_warps": 4, "num_stages": 4},
+                {"BN": 64, "BK": 128, "WARPS": 4, "num_warps": 4, "num_stages": 3}]
+ROUTER_CONFIGS = [{"BK": 64, "WARPS": 4, "num_warps": 4}, {"BK": 128, "WARPS": 4, "num_warps": 4},
+                  {"BK": 256, "WARPS": 8, "num_warps": 8}]
+
+# The configs the graph builder (no autotuning) and the interpreter use, by regime.
+PREFILL_TILES = {"gate_up": GATE_UP_CONFIGS[1], "down": DOWN_CONFIGS[1], "router": ROUTER_CONFIGS[0]}
+DECODE_TILES = {"gate_up": GATE_UP_CONFIGS[2], "down": DOWN_CONFIGS[3], "router": ROUTER_CONFIGS[1]}
+ALIGN_CHUNK = 256        # token rows per step of the align program
+ALIGN_ROWS = 1024        # padded rows (and blocks) per step of its fill loops
+
+
+# ---------------------------------------------------------------- kernels
+
+@k.kernel(configs=ROUTER_CONFIGS)
+def moe_router(x: k.Tensor["XT", "M", "D"], router: k.Tensor["XT", "E", "D"], ids: k.Tensor[k.i32, "M", "K"],
+               wgt: k.Tensor[k.f32, "M", "K"], XT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+               EP: k.constexpr = 16, KP: k.constexpr = 2, BM: k.constexpr = 16, BK: k.constexpr = 64,
+               WARPS: k.constexpr = 4):
+    # BM tokens per program: fp32 logits [BM, EP] (experts past E masked to -inf), top-k on the
+    # logits (softmax is monotonic; ties keep the lower expert), and the renormalised weights
+    # p_j / sum_sel p = exp(l_j - m) / sum_sel exp(l - m): the full softmax denominator cancels.
+    for pm in k.grid(k.cdiv(x.shape[0], BM)):
+        acc = k.zeros((BM, EP), k.f32)
+        for j in range(k.cdiv(x.shape[1], BK)):
+            xt = x[k.span(pm * BM, BM), k.span(j * BK, BK, other=0.0)]
+            wt = router[k.span(0, EP), k.span(j * BK, BK, other=0.0)]
+            acc += k.dot(xt, wt.T)
+        lane = k.arange(0, EP)
+        logits = k.where(lane[None, :] < router.shape[0], acc, float("-inf"))
+        vals, pos = k.topk(logits, KP)
+        sel = k.arange(0, KP)[None, :] < ids.shape[1]
+        e = k.where(sel, k.exp(vals - k.max(vals, axis=1)[:, None]), 0.0)
+        ids[k.span(pm * BM, BM), k.span(0, KP)] = pos
+        wgt[k.span(pm * BM, BM), k.span(0, KP)] = e / k.sum(e, axis=1)[:, None]
+
+
+@k.kernel
+def moe_align(ids: k.Tensor[k.i32, "M", "K"], pair_row: k.Tensor[k.i32, "M", "K"], row_tok: k.Tensor[k.i32, "R"],
+              blk_exp: k.Tensor[k.i32, "NB"], n_exp: k.i32, EP: k.constexpr = 16, KP: k.constexpr = 2,
+              BM: k.constexpr = 16, CH: k.constexpr = 256, CR: k.constexpr = 1024):
+    # One program (the sort needs every count before any row): count pairs per expert, padded
+    # segment starts by a cumsum, then rank each pair inside its expert's segment chunk by chunk.
+    for _ in k.grid(1):
+        m = ids.shape[0]
+        lane_e = k.arange(0, EP)
+        cnt = k.zeros((EP,), k.i32)
+        for c in range(k.cdiv(m, CH)):
+            e = k.reshape(ids[k.span(c * CH, CH), k.span(0, KP, other=-1)], (CH * KP,))
+            cnt += k.sum((e[:, None] == lane_e[None, :]).to(k.i32), axis=0)
+        padded = (cnt + (BM - 1)) // BM * BM
+        end = k.cumsum(padded, axis=0)
+        start = end - padded
+        nxt = start
+        for c in range(k.cdiv(m, CH)):
+            e = k.reshape(ids[k.span(c * CH, CH), k.span(0, KP, other=-1)], (CH * KP,))
+            oh = (e[:, None] == lane_e[None, :]).to(k.i32)
+            rank = k.cumsum(oh, axis=0) - oh + nxt[None, :]          # the pair's row if it is expert e
+            valid = k.sum(oh, axis=1) > 0
+            row = k.where(valid, k.sum(oh * rank, axis=1), -1)
+            pair_row[k.span(c * CH, CH), k.span(0, KP)] = k.reshape(row, (CH, KP))
+            tok = c * CH + k.arange(0, CH * KP) // KP
+            k.store(row_tok, (row,), tok, mask=valid)
+            nxt += k.sum(oh, axis=0)
+        # rows that hold no pair (each segment's tail, everything past the last segment): -1
+        for c in range(k.cdiv(row_tok.shape[0], CR)):
+            r = c * CR + k.arange(0, CR)
+            real = (r[:, None] >= start[None, :]) & (r[:, None] < (start + cnt)[None, :])
+            k.store(row_tok, (r,), k.full((CR,), -1, k.i32), mask=k.sum(real.to(k.i32), axis=1) == 0)
+        # block b belongs to the expert whose segment holds row b * BM: count the segments ending
+        # at or before it (empty ones included); past the last segment that count reaches EP
+        for c in range(k.cdiv(blk_exp.shape[0], CR)):
+            first = (c * CR + k.arange(0, CR)) * BM
+            ex = k.sum((end[None, :] <= first[:, None]).to(k.i32), axis=1)
+            blk_exp[k.span(c * CR, CR)] = k.where(ex < n_exp, ex, -1)
+
+
+@k.kernel(configs=GATE_UP_CONFIGS)
+def moe_gate_up(x: k.Tensor["XT", "M", "D"], row_tok: k.Tensor[k.i32, "R"], blk_exp: k.Tensor[k.i32, "NB"],
+                gate_up: k.Tensor["XT", "E", "F2", "D"], act: k.Tensor["XT", "R", "F"],
+                XT: k.constexpr[FLOAT_INPUTS] = k.bf16, BM: k.constexpr = 16, BN: k.constexpr = 64,
+                BK: k.constexpr = 64, WARPS: k.constexpr = 4):
+    # Block b (BM rows of one expert) x columns [n0, n0 + BN) of G_e and of U_e (rows F + n0 ...).
+    # Gate columns past F read U rows, but those act columns are past F and never stored.
+    for b, pn in k.grid(blk_exp.shape[0], k.cdiv(act.shape[1], BN)):
+        e = blk_exp[b]
+        tok = row_tok[k.span(b * BM, BM)]
+        f = act.shape[1]
+        n0 = pn * BN
+        ag = k.zeros((BM, BN), k.f32)
+        au = k.zeros((BM, BN), k.f32)
+        for j in range(k.where(e >= 0, k.cdiv(x.shape[1], BK), 0)):
+            xt = x[tok, k.span(j * BK, BK, other=0.0)]
+            wg = gate_up[e, k.span(n0, BN), k.span(j * BK, BK, other=0.0)]
+            wu = gate_up[e, k.span(f + n0, BN), k.span(j * BK, BK, other=0.0)]
+            ag += k.dot(xt, wg.T)
+            au += k.dot(xt, wu.T)
+        h = ag * k.sigmoid(ag) * au
+        k.store(act, (k.span(b * BM, BM), k.span(n0, BN)), h.to(XT), mask=(tok >= 0)[:, None])
+
+
+@k.kernel(configs=DOWN_CONFIGS)
+def moe_down(act: k.Tensor["XT", "R", "F"], blk_exp: k.Tensor[k.i32, "NB"], down: k.Tensor["XT", "E", "D", "F"],
+             y: k.Tensor["XT", "R", "D"], XT: k.constexpr[FLOAT_INPUTS] = k.bf16, BM: k.constexpr = 16,
+             BN: k.constexpr = 64, BK: k.constexpr = 64, WARPS: k.constexpr = 4):
+    # y rows of block b = act rows @ down[e]^T; padding rows hold garbage nobody gathers.
+    for b, pn in k.grid(blk_exp.shape[0], k.cdiv(y.shape[1], BN)):
+        e = blk_exp[b]
+        n0 = pn * BN
+        acc = k.zeros((BM, BN), k.f32)
+        for j in range(k.where(e >= 0, k.cdiv(act.shape[1], BK), 0)):
+            at = act[k.span(b * BM, BM), k.span(j * BK, BK, other=0.0)]
+            wd = down[e, k.span(n0, BN), k.span(j * BK, BK, other=0.0)]
+            acc += k.dot(at, wd.T)
+        y[k.span(b * BM, BM), k.span(n0, BN)] = acc.to(XT)
+
+
+@k.kernel(configs=GATE_UP_CONFIGS)
+def moe_shared_gate_up(x: k.Tensor["XT", "M", "D"], gate_up: k.Tensor["XT", "F2", "D"], act: k.Tensor["XT", "M", "F"],
+                       XT: k.constexpr[FLOAT_INPUTS] = k.bf16, BM: k.constexpr = 16, BN: k.constexpr = 64,
+                       BK: k.constexpr = 64, WARPS: k.constexpr = 4):
+    # The shared expert's silu(x G^T) * (x U^T) over dense row tiles.
+    for pm, pn in k.grid(k.cdiv(x.shape[0], BM), k.cdiv(act.shape[1], BN)):
+        f = act.shape[1]
+        n0 = pn * BN
+        ag = k.zeros((BM, BN), k.f32)
+        au = k.zeros((BM, BN), k.f32)
+        for j in range(k.cdiv(x.shape[1], BK)):
+            xt = x[k.span(pm * BM, BM), k.span(j * BK, BK, other=0.0)]
+            wg = gate_up[k.span(n0, BN), k.span(j * BK, BK, other=0.0)]
+            wu = gate_up[k.span(f + n0, BN), k.span(j * BK, BK, other=0.0)]
+            ag += k.dot(xt, wg.T)
+            au += k.dot(xt, wu.T)
+        act[k.span(pm * BM, BM), k.span(n0, BN)] = (ag * k.sigmoid(ag) * au).to(XT)
+
+
+@k.kernel(configs=DOWN_CONFIGS)
+def moe_combine(act: k.Tensor["XT", "M", "F"], shared_down: k.Tensor["XT", "D", "F"], y: k.Tensor["XT", "R", "D"],
+                pair_row: k.Tensor[k.i32, "M", "K"], wgt: k.Tensor[k.f32, "M", "K"], out: k.Tensor["XT", "M", "D"],
+                XT: k.constexpr[FLOAT_INPUTS] = k.bf16, BM: k.constexpr = 16, BN: k.constexpr = 64, BK: k.constexpr = 64, WARPS: k.constexpr = 4):
+    # out = shared expert (act @ shared_down^T) + the routed expert rows, weighted, gathered.
+    for pm, pn in k.grid(k.cdiv(act.shape[0], BM), k.cdiv(out.shape[1], BN)):
+        n0 = pn * BN
+        acc = k.zeros((BM, BN), k.f32)
+        for j in range(k.cdiv(act.shape[1], BK)):
+            at = act[k.span(pm * BM, BM), k.span(j * BK, BK, other=0.0)]
+            wd = shared_down[k.span(n0, BN), k.span(j * BK, BK, other=0.0)]
+            acc += k.dot(at, wd.T)
+        for s in range(pair_row.shape[1]):
+            r = pair_row[k.span(pm * BM, BM, other=-1), s]            # -1 past M: gathers 0
+            ws = wgt[k.span(pm * BM, BM, other=0.0), s]
+            acc += ws[:, None] * y[r, k.span(n0, BN, other=0.0)].to(k.f32)
+        out[k.span(pm * BM, BM), k.span(n0, BN)] = acc.to(XT)
+
+
+# ---------------------------------------------------------------- sizes shared by moe and add_moe
+
+class MoEPlan:
+    """Every static size and tile of one MoE call: M tokens, D model dim, E experts of F, the
+    shared expert of Fs, top-k. Pure shape arithmetic (no tensors), the same for the direct
+    function and the graph builder."""
+
+    def __init__(self, m: int, d: int, e: int, f: int, fs: int, top_k: int, tiles: dict | None = None):
+        self.m, self.d, self.e, self.f, self.fs, self.top_k = m, d, e, f, fs, top_k
+        self.pairs = m * top_k
+        per_expert = self.pairs / e
+        # rows per grouped-GEMM block: small blocks when experts see few rows (decode), else
+        # large ones (prefill); padding costs at most E * (BM - 1) rows
+        self.bm = 16 if per_expert <= 24 else 64 if per_expert <= 256 else 128
+        self.nb = -(-self.pairs // self.bm) + e - 1
+        self.rows = self.nb * self.bm
+        self.dense_bm = min(128, max(16, next_pow2(m)))       # shared expert / combine row tiles
+        self.ep = max(16, next_pow2(e))
+        self.kp = max(1, next_pow2(top_k))
+        base = DECODE_TILES if self.bm == 16 else PREFILL_TILES
+        self.tiles = {**base, **(tiles or {})}
+
+    def tile(self, which: str) -> dict:
+        """The constexprs of one kernel's tile config (BN/BK/WARPS, launch options dropped)."""
+        return {n: v for n, v in self.tiles[which].items() if n not in ("num_warps", "num_stages")}
+
+
+def _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k) -> MoEPlan:
+    op = "moe"
+    require_tensor(op, "x", x)
+    if x.dim() != 2:
+        raise K31Error(f"{op}: `x` must be [M, D] (tokens, model dim), got shape {list(x.shape)}",
+                       hint="flatten leading dims first: x.reshape(-1, x.shape[-1])")
+    m, d = x.shape
+    for name, t in (("router", router), ("gate_up", gate_up), ("down", down),
+                    ("shared_gate_up", shared_gate_up), ("shared_down", shared_down)):
+        require_tensor(op, name, t)
+        if t.dtype != x.dtype:
+            raise K31Error(f"{op}: `{name}` has dtype {t.dtype}, but x is {x.dtype}; the MoE runs in one dtype",
+                           hint=f"convert it: {name}.to({x.dtype})")
+    if router.dim() != 2 or router.shape[1] != d:
+        raise K31Error(f"{op}: `router` must be [E, {d}] (experts, model dim), got {list(router.shape)}")
+    e = router.shape[0]
+    if gate_up.dim() != 3 or gate_up.shape[0] != e or gate_up.shape[2] != d or gate_up.shape[1] % 2:
+        raise K31Error(f"{op}: `gate_up` must be [{e}, 2F, {d}] ([G_e; U_e] per expert), got {list(gate_up.shape)}")
+    f = gate_up.shape[1] // 2
+    if tuple(down.shape) != (e, d, f):
+        raise K31Error(f"{op}: `down` must be [{e}, {d}, {f}] (experts, model dim, F), got {list(down.shape)}")
+    if shared_gate_up.dim() != 2 or shared_gate_up.shape[1] != d or shared_gate_up.shape[0] % 2:
+        raise K31Error(f"{op}: `shared_gate_up` must be [2Fs, {d}], got {list(shared_gate_up.shape)}")
+    fs = shared_gate_up.shape[0] // 2
+    if tuple(shared_down.shape) != (d, fs):
+        raise K31Error(f"{op}: `shared_down` must be [{d}, {fs}], got {list(shared_down.shape)}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise K31Error(f"{op}: top_k must be an int in [1, {e}] (the number of experts), got {top_k!r}")
+    if min(d, f, fs) < 1:
+        raise K31Error(f"{op}: empty model dim or expert width (D={d}, F={f}, Fs={fs})")
+    return MoEPlan(m, d, e, f, fs, top_k)
+
+
+def _contig(t):
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# ---------------------------------------------------------------- public function
+
+def moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k: int, *, target: str | None = None):
+    """The MoE FFN of docs/model.md: out[t] = sum_j wgt_j expert_{top_j}(x_t) + shared(x_t).
+
+    x [M, D]; router [E, D]; gate_up [E, 2F, D] (per expert [G_e; U_e]); down [E, D, F];
+    shared_gate_up [2Fs, D]; shared_down [D, Fs] (torch Linear layout [out, in]), all one dtype
+    (bf16/f16/f32). Routing: p = softmax(x router^T) in fp32, the top_k largest (ties: lower
+    expert), weights p / sum(selected p). Returns [M, D] in x's dtype."""
+    import torch
+    target = resolve_target(target)
+    plan = _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k)
+    out = torch.empty((plan.m, plan.d), dtype=x.dtype, device=x.device)
+    if plan.m == 0:
+        return out
+    x, router, gate_up, down = _contig(x), _contig(router), _contig(gate_up), _contig(down)
+    shared_gate_up, shared_down = _contig(shared_gate_up), _contig(shared_down)
+    dev, K = x.device, plan.top_k
+    ids = torch.empty((plan.m, K), dtype=torch.int32, device=dev)
+    wgt = torch.empty((plan.m, K), dtype=torch.float32, device=dev)
+    pair_row = torch.empty((plan.m, K), dtype=torch.int32, device=dev)
+    row_tok = torch.empty((plan.rows,), dtype=torch.int32, device=dev)
+    blk_exp = torch.empty((plan.nb,), dtype=torch.int32, device=dev)
+    act = torch.empty((plan.rows, plan.f), dtype=x.dtype, device=dev)
+    y = torch.empty((plan.rows, plan.d), dtype=x.dtype, device=dev)
+    act_s = torch.empty((plan.m, plan.fs), dtype=x.dtype, device=dev)
+    auto = target == "triton" and dev.type == "cuda"       # autotune BN/BK/warps on a GPU
+    tiles = (lambda which: {}) if auto else plan.tile
+    moe_router[target](x, router, ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **tiles("router"))
+    moe_align[target](ids, pair_row, row_tok, blk_exp, plan.e, EP=plan.ep, KP=plan.kp, BM=plan.bm,
+                      CH=ALIGN_CHUNK, CR=ALIGN_ROWS)
+    moe_shared_gate_up[target](x, shared_gate_up, act_s, BM=plan.dense_bm, **tiles("gate_up"))
+    moe_gate_up[target](x, row_tok, blk_exp, gate_up, act, BM=plan.bm, **tiles("gate_up"))
+    moe_down[target](act, blk_exp, down, y, BM=plan.bm, **tiles("down"))
+    moe_combine[target](act_s, shared_down, y, pair_row, wgt, out, BM=plan.dense_bm, **tiles("down"))
+    return out
+
+
+# ---------------------------------------------------------------- graph builder
+
+MOE_WEIGHTS = ("router", "gate_up", "down", "shared_gate_up", "shared_down")
+
+
+def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = None, tiles: dict | None = None):
+    """Append the MoE FFN of `x` (a TensorRef [M, D]) to the graph Program `p`: the calls `moe`
+    makes, with their intermediates as temps named `<name>_...` (default: a fresh `moe<i>`).
+    `weights` maps router, gate_up, down, shared_gate_up, shared_down to TensorRefs of the shapes
+    `moe` takes (all in x's dtype). Writes `out` (a TensorRef [M, D] in x's dtype; default a new
+    temp `<name>_out`) and returns its new version. `tiles` overrides tile configs by kernel
+    ("router", "gate_up", "down": {"BN", "BK", "WARPS"}), e.g. smaller ones for a target with a
+    small on-chip memory."""
+    from k31dsl.lowering.graph.ir import TensorRef
+    op = "add_moe"
+    if not isinstance(x, TensorRef) or len(x.shape) != 2:
+        raise K31Error(f"{op}: `x` must be a TensorRef [M, D] of the program, got {x!r}")
+    if not isinstance(weights, dict) or set(weights) != set(MOE_WEIGHTS):
+        got = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
+        raise K31Error(f"{op}: `weights` must be a dict with exactly the keys {', '.join(MOE_WEIGHTS)}, got {got}")
+    for wname, ref in weights.items():
+        if not isinstance(ref, TensorRef):
+            raise K31Error(f"{op}: weights[{wname!r}] must be a TensorRef of the program, got {type(ref).__name__}")
+    m, d = x.shape
+    dt = x.dtype
+    for wname, ref in weights.items():
+        if ref.dtype is not dt:
+            raise K31Error(f"{op}: weights[{wname!r}] is {ref.dtype.name}, x is {dt.name}; the MoE runs in one dtype")
+    w = weights
+    e = w["router"].shape[0] if len(w["router"].shape) == 2 else -1
+    shapes_ok = (len(w["router"].shape) == 2 and w["router"].shape[1] == d and len(w["gate_up"].shape) == 3
+                 and w["gate_up"].shape[0] == e and w["gate_up"].shape[2] == d and w["gate_up"].shape[1] % 2 == 0
+                 and len(w["shared_gate_up"].shape) == 2 and w["shared_gate_up"].shape[1] == d
+                 and w["shared_gate_up"].shape[0] % 2 == 0)
+    f = w["gate_up"].shape[1] // 2 if shapes_ok else -1
+    fs = w["shared_gate_up"].shape[0] // 2 if shapes_ok else -1
+    if not shapes_ok or tuple(w["down"].shape) != (e, d, f) or tuple(w["shared_down"].shape) != (d, fs):
+        raise K31Error(f"{op}: weight shapes do not fit x [{m}, {d}]: " + ", ".join(
+            f"{n} {list(w[n].shape)}" for n in MOE_WEIGHTS),
+            hint="router [E, D], gate_up [E, 2F, D], down [E, D, F], shared_gate_up [2Fs, D], shared_down [D, Fs]")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise K31Error(f"{op}: top_k must be an int in [1, {e}], got {top_k!r}")
+    if m == 0:
+        raise K31Error(f"{op}: x has no rows; a graph program needs M >= 1")
+    plan = MoEPlan(m, d, e, f, fs, top_k, tiles)
+    if name is None:
+        i = 0
+        while any(s.startswith(f"moe{i}_") for s in p.latest):
+            i += 1
+        name = f"moe{i}"
+    K = top_k
+    ids = p.tensor(f"{name}_ids", (m, K), k.i32)
+    wgt = p.tensor(f"{name}_wgt", (m, K), k.f32)
+    pair_row = p.tensor(f"{name}_pair_row", (m, K), k.i32)
+    row_tok = p.tensor(f"{name}_row_tok", (plan.rows,), k.i32)
+    blk_exp = p.tensor(f"{name}_blk_exp", (plan.nb,), k.i32)
+    act = p.tensor(f"{name}_act", (plan.rows, f), dt)
+    y = p.tensor(f"{name}_y", (plan.rows, d), dt)
+    act_s = p.tensor(f"{name}_act_s", (m, fs), dt)
+    if out is None:
+        out = p.tensor(f"{name}_out", (m, d), dt)
+    elif not isinstance(out, TensorRef) or tuple(out.shape) != (m, d) or out.dtype is not dt:
+        raise K31Error(f"{op}: `out` must be a TensorRef {dt.name}[{m}, {d}], got {out!r}")
+    ids, wgt = p.call(moe_router, x, w["router"], ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))
+    pair_row, row_tok, blk_exp = p.call(moe_align, ids, pair_row, row_tok, blk_exp, e, EP=plan.ep, KP=plan.kp,
+                                        BM=plan.bm, CH=ALIGN_CHUNK, CR=ALIGN_ROWS)
+    act_s = p.call(moe_shared_gate_up, x, w["shared_gate_up"], act_s, BM=plan.dense_bm, **plan.tile("gate_up"))
+    act = p.call(moe_gate_up, x, row_tok, blk_exp, w["gate_up"], act, BM=plan.bm, **plan.tile("gate_up"))
+    y = p.call(moe_down, act, blk_exp, w["down"], y, BM=plan.bm, **plan.tile("down"))
+    return p.call(moe_combine, act_s, w["shared_down"], y, pair_row, wgt, out, BM=plan.dense_bm, **plan.tile("down"))
+
+
+MOE_KERNELS = [moe_router, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
