@@ -17,6 +17,10 @@ from k31dsl.model.reference.functions import (apply_rope, bf16_round, fp8_tile_q
 BLOCK_ELEMENTS = 1 << 27          # bound of the per-query-block intermediates (elements)
 
 
+def _as_f32(x: torch.Tensor) -> torch.Tensor:
+    return x.float()
+
+
 def sparse_attention(Q, qi, wts, qpos, keys, kidx, topk: int, sm_scale: float) -> torch.Tensor:
     """N sequences of L queries each over their S cached positions.
     Q [N, L, H, 576] (bf16-rounded), qi [N, L, HI, 128] (indexer queries, dequantised), wts [N, L, HI],
@@ -51,6 +55,10 @@ def dsa_layer(cfg, w: dict, p: str, x: torch.Tensor, batch, state, layer: int) -
     n_tok = x.shape[0]
     cos, sin = batch.cos, batch.sin
     had = hadamard(INDEX_DIM, x.device, torch.float32)
+    if batch.quantize:
+        fp8, mx, bf16 = fp8_tile_qdq, mxfp8_qdq, bf16_round
+    else:                                       # the exact model (tests): every quantisation point is the identity
+        fp8 = mx = bf16 = _as_f32
     # MLA query and latent
     qa = rmsnorm(lin(x, w[p + "q_a"]), w[p + "q_a_norm"], cfg.rms_eps)
     q = lin(qa, w[p + "q_b"]).view(n_tok, H, dn + ROPE_DIM)
@@ -59,17 +67,17 @@ def dsa_layer(cfg, w: dict, p: str, x: torch.Tensor, batch, state, layer: int) -
     c = rmsnorm(kv[:, :KV_LORA], w[p + "kv_a_norm"], cfg.rms_eps)
     k_pe = apply_rope(kv[:, KV_LORA:], cos, sin)
     q_lat = torch.einsum("thn,hnc->thc", q_nope, w[p + "w_uk"].to(q_nope.dtype))
-    Q = bf16_round(torch.cat([q_lat, q_pe], dim=-1).float())
+    Q = bf16(torch.cat([q_lat, q_pe], dim=-1).float())
     # Lightning Indexer: RoPE on dims [0, 64), orthonormal Hadamard, MXFP8
     qi = lin(qa, w[p + "idx_wq_b"]).view(n_tok, HI, INDEX_DIM).float()
-    qi = mxfp8_qdq(apply_rope(qi, cos, sin) @ had)
+    qi = mx(apply_rope(qi, cos, sin) @ had)
     ki = layernorm(lin(x, w[p + "idx_wk"]).float(), w[p + "idx_k_norm_w"], w[p + "idx_k_norm_b"], 1e-6)
-    ki = mxfp8_qdq(apply_rope(ki, cos, sin) @ had)
+    ki = mx(apply_rope(ki, cos, sin) @ had)
     wts = lin(x, w[p + "idx_weights_proj"]).float() * HI ** -0.5
     # cache writes at (slot, position)
     lat_cache, rope_cache, idx_cache = state.latent[layer], state.rope[layer], state.index[layer]
-    lat_cache[batch.slot_of_token, batch.positions] = fp8_tile_qdq(c)
-    rope_cache[batch.slot_of_token, batch.positions] = bf16_round(k_pe.float())
+    lat_cache[batch.slot_of_token, batch.positions] = fp8(c)
+    rope_cache[batch.slot_of_token, batch.positions] = bf16(k_pe.float())
     idx_cache[batch.slot_of_token, batch.positions] = ki
 
     def keys_of(slots, end):

@@ -64,12 +64,16 @@ class _Batch:
     positions: torch.Tensor           # [Ntok] long
     cos: torch.Tensor                 # [Ntok, 32] fp32
     sin: torch.Tensor
+    quantize: bool                    # False: the quantisation points are the identity (exact model)
 
 
 class ReferenceModel:
-    """The Runner of the torch reference: fp32 activations (matmuls in the weights' dtype)."""
+    """The Runner of the torch reference: fp32 activations (matmuls in the weights' dtype).
+    quantize=False replaces the quantisation points (FP8 latent, MXFP8 indexer, bf16 rope and Q)
+    by the identity: the exact model, whose paths agree to fp32 rounding (tests)."""
 
-    def __init__(self, config: K31Config, weights: dict, device=None, num_slots: int = 8, max_len: int = 2048):
+    def __init__(self, config: K31Config, weights: dict, device=None, num_slots: int = 8, max_len: int = 2048,
+                 quantize: bool = True):
         from k31dsl.model.weights import check_weights
         check_weights(config, weights, origin="ReferenceModel")
         self.config = config
@@ -77,6 +81,7 @@ class ReferenceModel:
         self.weights = {n: t.to(self.device) for n, t in weights.items()}
         self.num_slots, self.max_len = num_slots, max_len
         self.states = _States(config, num_slots, max_len, self.device)
+        self.quantize = quantize
         self._verify: Step | None = None
 
     # ------------------------------------------------------------------ Runner protocol
@@ -165,14 +170,15 @@ class ReferenceModel:
                                      dtype=torch.long, device=dev)
         cos, sin = rope_tables(positions, self.config.rope_theta, ROPE_DIM // 2)
         return _Batch(step.kind, list(step.state_slots), offsets, step.query_lens, list(step.context_lens),
-                      torch.tensor(step.state_slots, dtype=torch.long, device=dev), slot_of_token, positions, cos, sin)
+                      torch.tensor(step.state_slots, dtype=torch.long, device=dev), slot_of_token, positions, cos, sin,
+                      self.quantize)
 
 
-def forward(config: K31Config, weights: dict, tokens) -> torch.Tensor:
+def forward(config: K31Config, weights: dict, tokens, quantize: bool = True) -> torch.Tensor:
     """Logits fp32 [T, vocab] of one whole sequence (a fresh model, one prefill step)."""
     tokens = [int(t) for t in tokens]
     if not tokens:
         raise K31Error("forward: the sequence needs at least one token")
-    model = ReferenceModel(config, weights, num_slots=1, max_len=len(tokens))
+    model = ReferenceModel(config, weights, num_slots=1, max_len=len(tokens), quantize=quantize)
     pages = list(range(-(-len(tokens) // PAGE)))
     return model.forward(Step("prefill", [tokens], [0], [0], [pages]))
