@@ -1,0 +1,140 @@
+"""Block Attention Residuals in a step graph, two-phase form (docs/model.md, K3 convention).
+
+Per AttnRes block b the committed sources are src_b [b + 1, T, D] fp32 (the embedding, then each
+finished block's sum). At the block's start ONE `attnres_prepare_rows` call scores every pseudo-
+query of the block — both sublayers of each of its layers, and the final aggregation after the
+last block — against src_b, reading the sources once: O [S, T, D], M, L [S, T]. Each sublayer
+then runs `attnres_slot_update_rows` (below: ops/attnres.py's update, but indexing O/M/L/queries
+at slot s, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
+`rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
+row h stays in registers). The block's first sublayer has no partial sum yet: its h is O[s] / L[s]
+(softmax over the committed blocks alone, i.e. the full attnres), and it zeroes the partial.
+At a block boundary `attnres_append_block` writes src_{b+1} = [src_b, partial + last output].
+Key-norm gains are folded into the queries at load time (`block_queries`).
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.ops.attnres import ROW_CONFIGS, attnres_prepare_rows, rmsnorm_row, row_block, row_warps
+from k31dsl.ops.common import FLOAT_INPUTS, next_pow2
+
+
+@k.kernel(configs=ROW_CONFIGS)
+def attnres_slot_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor["DT", "T", "D"],
+                             q: k.Tensor[k.f32, "S", "D"], o: k.Tensor[k.f32, "S", "T", "D"],
+                             m: k.Tensor[k.f32, "S", "T"], l: k.Tensor[k.f32, "S", "T"],
+                             h: k.Tensor["HT", "T", "D"], eps: k.f32, s: k.i32,
+                             DT: k.constexpr[FLOAT_INPUTS] = k.f32, HT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                             FIRST: k.constexpr = False, BD: k.constexpr = 128, WARPS: k.constexpr = 4):
+    # FIRST: the block's first sublayer (no partial yet): h = O[s] / L[s], partial = 0.
+    # Else partial += delta, the partial's logit merged into slot s's statistics (online softmax).
+    for t in k.grid(partial.shape[0]):
+        num = o[s, t, k.span(0, BD, other=0.0)]
+        m_old = m[s, t]
+        l_old = l[s, t]
+        if FIRST:
+            partial[t, k.span(0, BD)] = k.zeros((BD,), k.f32)
+            h[t, k.span(0, BD)] = (num / l_old).to(HT)
+        else:
+            p = partial[t, k.span(0, BD, other=0.0)] + delta[t, k.span(0, BD, other=0.0)].to(k.f32)
+            partial[t, k.span(0, BD)] = p
+            qs = q[s, k.span(0, BD, other=0.0)]
+            score = k.sum(p * qs) * k.rsqrt(k.sum(p * p) / partial.shape[1].to(k.f32) + eps)
+            m_new = k.maximum(m_old, score)
+            a = k.exp(m_old - m_new)
+            b = k.exp(score - m_new)
+            h[t, k.span(0, BD)] = ((num * a + p * b) / (l_old * a + b)).to(HT)
+
+
+@k.kernel
+def attnres_append_block(src: k.Tensor[k.f32, "N", "T", "D"], partial: k.Tensor[k.f32, "T", "D"],
+                         delta: k.Tensor["DT", "T", "D"], out: k.Tensor[k.f32, "NO", "T", "D"],
+                         DT: k.constexpr[FLOAT_INPUTS] = k.f32, BD: k.constexpr = 128):
+    # out = [src..., partial + delta]: the finished block becomes a committed source.
+    for t in k.grid(partial.shape[0]):
+        for i in range(src.shape[0]):
+            out[i, t, k.span(0, BD)] = src[i, t, k.span(0, BD, other=0.0)]
+        out[src.shape[0], t, k.span(0, BD)] = partial[t, k.span(0, BD, other=0.0)] + \
+            delta[t, k.span(0, BD, other=0.0)].to(k.f32)
+
+
+def sublayer_plan(config) -> list[list[tuple[str, str | None]]]:
+    """Per AttnRes block, its pseudo-queries in order: (weight prefix, norm weight), e.g.
+    ('layers.0.attn_res', 'layers.0.attn_norm'); the last block ends with ('final_res', 'final_norm')."""
+    blocks = []
+    for l in range(config.n_layers):
+        if l % config.attnres_block == 0:
+            blocks.append([])
+        blocks[-1] += [(f"layers.{l}.attn_res", f"layers.{l}.attn_norm"), (f"layers.{l}.mlp_res", f"layers.{l}.mlp_norm")]
+    blocks[-1].append(("final_res", "final_norm"))
+    return blocks
+
+
+def block_queries(config, weights: dict) -> dict:
+    """Derived weights: per block b, `attnres_queries_b{b}` fp32 [S, D] = query * norm (the key
+    RMSNorm's gain folded into each pseudo-query)."""
+    import torch
+    out = {}
+    for b, subs in enumerate(sublayer_plan(config)):
+        out[f"attnres_queries_b{b}"] = torch.stack(
+            [weights[f"{pre}.query"].float() * weights[f"{pre}.norm"].float() for pre, _ in subs]).contiguous()
+    return out
+
+
+class AttnResStream:
+    """Walks a step graph through the model's sublayers: `next_input(delta)` takes the previous
+    sublayer's output (None before the first) and returns the normalised input of the next one."""
+
+    def __init__(self, g, embedding):
+        self.g, self.cfg = g, g.cfg
+        self.plan = sublayer_plan(self.cfg)
+        self.block, self.slot = -1, 0
+        T, D = embedding.shape
+        self.embedding = embedding
+        self.src = g.reshape(embedding, (1, T, D), "b0_sources")
+        self.bd = row_block(D)
+        self.partial = None
+
+    def _start_block(self, delta):
+        g, p, b = self.g, self.g.p, self.block + 1
+        T, D = self.src.shape[1], self.src.shape[2]
+        if delta is not None:              # the finished block (partial + its last output) is committed
+            n = self.src.shape[0]
+            out = g.tensor(f"b{b}_sources", (n + 1, T, D), k.f32)
+            self.src = p.call(attnres_append_block, self.src, self.partial, delta, out, BD=self.bd)
+        queries = g.weight(f"attnres_queries_b{b}")
+        S, n = queries.shape[0], self.src.shape[0]
+        self.O = g.tensor(f"b{b}_attnres_O", (S, T, D), k.f32)
+        self.M = g.tensor(f"b{b}_attnres_M", (S, T), k.f32)
+        self.L = g.tensor(f"b{b}_attnres_L", (S, T), k.f32)
+        nb, sb = max(2, next_pow2(n)), max(1, next_pow2(S))
+        kw = {"NB": nb, "SB": sb}
+        if sb * nb > 64 or nb > 16:         # ops/attnres.py's rule for large source x query counts
+            kw.update(BD=max(16, min(128, 8192 // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False)
+        self.O, self.M, self.L = p.call(attnres_prepare_rows, self.src, queries, self.O, self.M, self.L,
+                                        self.cfg.attnres_eps, **kw)
+        self.queries = queries
+        self.partial = g.tensor(f"b{b}_partial", (T, D), k.f32)
+        self.block, self.slot = b, 0
+
+    def next_input(self, delta, name: str):
+        """The next sublayer's input rmsnorm(attnres(...)) [T, D] in the activation dtype."""
+        g, p = self.g, self.g.p
+        if self.block < 0 or self.slot == len(self.plan[self.block]):
+            self._start_block(delta)
+            first = True
+        else:
+            first = False
+        s = self.slot
+        _, norm = self.plan[self.block][s]
+        T, D = self.partial.shape
+        h = g.tensor(f"{name}_h", (T, D), k.f32)
+        y = g.tensor(f"{name}_x", (T, D))
+        # FIRST loads no delta, but every parameter is bound: the embedding is a written [T, D] tensor
+        d = self.embedding if first else delta
+        self.partial, h = p.call(attnres_slot_update_rows, self.partial, d, self.queries, self.O, self.M, self.L, h,
+                                 self.cfg.attnres_eps, s, FIRST=first, BD=self.bd, WARPS=row_warps(self.bd))
+        y = p.call(rmsnorm_row, h, g.weight(norm), y, self.cfg.rms_eps, BD=self.bd, WARPS=row_warps(self.bd))
+        self.slot += 1
+        return y
+

@@ -1,0 +1,119 @@
+"""The step graph under construction: one lowering.graph Program per step kind and shape class,
+with the names every layer builder shares (step inputs, runner-owned states, weights).
+
+Names in the program are what `runner.explain()` prints, so they say what they are:
+  step inputs   tokens, positions, slot_mapping, block_table, state_slots, ks, ke, ...
+  states        kda{l}_pool, kda{l}_conv_{q,k,v}, dsa{l}_mla_{codes,scales,rope}, dsa{l}_index_cache
+  weights       the model's names with '.' -> '_' (layers_3_attn_q_proj), plus derived ones
+  temps         l{l}_<what> (per layer), b{b}_<what> (per AttnRes block)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import k31dsl as k
+from k31dsl.dsl import dtypes as D
+from k31dsl.lowering.graph import Program
+from k31dsl.lowering.graph.ir import TensorRef
+from k31dsl.ops.dsa.mla import rope_table_rows
+from k31dsl.ops.common import next_pow2
+from k31dsl.ops.nn import linear_rows
+
+
+@dataclass(frozen=True)
+class ShapeClass:
+    """What a compiled step program is specialised for: the step kind, sequences (a decode batch
+    bucket), query tokens per sequence, and cache pages per sequence (a power of two)."""
+    kind: str
+    n_seqs: int
+    q_len: int
+    max_pages: int
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_seqs * self.q_len
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_b{self.n_seqs}_t{self.q_len}_p{self.max_pages}"
+
+
+def weight_key(name: str) -> str:
+    """The program name of a model weight ('layers.0.attn.q_proj' -> 'layers_0_attn_q_proj')."""
+    return name.replace(".", "_")
+
+
+class StepGraph:
+    """A Program plus the runner's weight table (program name -> prepared torch tensor) so a
+    layer asks for a weight by its model name and gets a handle of the right shape and dtype."""
+
+    def __init__(self, config, shape: ShapeClass, weights: dict, states: dict, act_dtype, target: str):
+        self.cfg, self.shape, self.weights, self.runner_states = config, shape, weights, states
+        self.target = target
+        self.act = act_dtype                         # DSL dtype of activations (config.dtype)
+        self.p = Program(shape.name)
+        self._w: dict = {}
+        self._in: dict = {}
+        T, B = shape.n_tokens, shape.n_seqs
+        p = self.p
+        self.tokens = p.input("tokens", (T,), k.i32)
+        self.positions = p.input("positions", (T,), k.i32)
+        self.slot_mapping = p.input("slot_mapping", (T,), k.i32)   # cache slot of each token (-1: padding)
+        self.block_table = p.input("block_table", (B, shape.max_pages), k.i32)
+        self.state_slots = p.input("state_slots", (B,), k.i32)    # KDA/conv state row (spare row: padding)
+        self.ks = p.input("ks", (T,), k.i32)                       # key range [ks, ke) of each query token
+        self.ke = p.input("ke", (T,), k.i32)
+
+    @property
+    def T(self) -> int:
+        return self.shape.n_tokens
+
+    def rope_tables(self):
+        """cos/sin fp32 [T, 32] at each token's position (MLA and the indexer share them)."""
+        cos = self.tensor("cos", (self.T, 32), k.f32)
+        sin = self.tensor("sin", (self.T, 32), k.f32)
+        self.cos, self.sin = self.p.call(rope_table_rows, self.positions, cos, sin, float(self.cfg.rope_theta),
+                                         BT=max(16, min(64, next_pow2(self.T))))
+
+    def weight(self, name: str):
+        """The prepared weight `name` (a model name or a derived one) as a static tensor."""
+        key = weight_key(name)
+        if key not in self._w:
+            t = self.weights[key]
+            self._w[key] = self.p.weight(key, tuple(t.shape), D.from_torch(t.dtype))
+        return self._w[key]
+
+    def state(self, name: str, tensor):
+        """A runner-owned tensor the step reads and updates in place (caches, state pools): the
+        handle of its newest version."""
+        if name not in self._in:
+            self._in[name] = self.p.input(name, tuple(tensor.shape), D.from_torch(tensor.dtype))
+        return TensorRef(self.p, self.p.latest[name])
+
+    def input(self, name: str, shape, dtype):
+        """A further per-step input (chunk maps, replay buffers)."""
+        if name not in self._in:
+            self._in[name] = self.p.input(name, tuple(shape), dtype)
+        return self._in[name]
+
+    def tensor(self, name: str, shape, dtype=None):
+        return self.p.tensor(name, tuple(shape), dtype or self.act)
+
+    def reshape(self, x, shape, name: str, into=None):
+        """x's elements in another shape (a host copy; see lowering/graph/hostops.py)."""
+        out = into if into is not None else self.tensor(name, shape, x.dtype)
+        return self.p.host("reshape", [x], [out])
+
+    def linear(self, x, wname: str, name: str, act: str = "none", out_dtype=None):
+        """x @ W^T (+ activation) -> [rows, out] in out_dtype (default the activation dtype)."""
+        w = self.weight(wname)
+        y = self.tensor(name, (x.shape[0], w.shape[0]), out_dtype)
+        return self.p.call(linear_rows, x, w, y, ACT=act, **linear_tiles(x.shape[0], w.shape[0], x.shape[1]))
+
+
+def linear_tiles(m: int, n: int, kdim: int) -> dict:
+    """Tiles for a graph call of linear_rows (no autotuner in a graph program): small M (decode)
+    gets BM 16 so the weight streams through many programs; the interpreter pays per program, so
+    tiles never exceed the problem much."""
+    bm = 16 if m <= 16 else 64
+    return {"BM": bm, "BN": max(16, min(64, next_pow2(n))), "BK": max(16, min(64, next_pow2(kdim)))}

@@ -1,0 +1,155 @@
+"""The DSA sublayer (docs/model.md, kind D) in a step graph: MLA in absorbed form over the paged
+FP8 latent cache, with the Lightning Indexer choosing each query's keys.
+
+Every step kind is the same graph (T = sequences x n tokens, tokens of one sequence together):
+  q side    q_a -> rmsnorm -> q_b -> mla_q_rows (w_uk absorbed, rope) -> Q bf16 [T, H, 576]
+  kv side   kv_a -> mla_kv_rows (rmsnorm, rope) -> mla_cache_write_rows at slot_mapping
+  indexer   prolog chains (q codes; keys into the paged MXFP8 cache at slot_mapping; head weights)
+            -> `indexer_scores_flat` [T, pages x 64] -> topk_segments -> slots_of_positions_rows
+  attend    sparse_mla_attention_fwd over the chosen slots -> mla_out_rows (w_uv) -> o_proj
+Causality comes from the key ranges: a query at position p scores keys [0, p + 1) only, and the
+step's own keys are in the caches before any query reads them (the graph orders the writes first).
+
+Why `indexer_scores_flat` and not ops/dsa's lightning_indexer_paged: that kernel reads the
+indexer cache through two strided views (codes and scales of each block-split page) while the
+prolog's key chain writes the flat byte tensor. A graph program passes whole contiguous tensors,
+and the dependency from the key write to the scoring must be an edge of the graph, so the
+scoring here reads the same flat tensor the prolog writes (same page layout, same @k.func for
+the query operands, the same fp8 dots and scale products as indexer_page_scores).
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.model.config import INDEX_DIM, KV_LORA, ROPE_DIM
+from k31dsl.ops.common import next_pow2, rmsnorm_rows
+from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, slots_of_positions_rows, \
+    sparse_mla_attention_fwd
+from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query
+from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
+from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_q_chain
+from k31dsl.ops.dsa.topk import topk_segments
+
+
+@k.func
+def flat_group_logits(qg, sg, cache, base, rows, g):
+    """One MX group of the 64 keys of the page at byte `base` (< 0: none) against the query tile
+    qg [H, 32] (codes) with scales sg [H]: [H, 64] logits with the power-of-two scale products."""
+    cidx = k.reshape(base + rows[:, None] * 128 + g * 32 + k.arange(0, 32)[None, :], (2048,))
+    codes = k.load(cache, (cidx,), mask=cidx >= 0, other=0)
+    kg = k.reshape(codes.bitcast(k.f8e4m3), (64, 32))
+    sidx = base + CODE_BYTES + rows * 4 + g
+    sk = k.load(cache, (sidx,), mask=sidx >= CODE_BYTES, other=127).bitcast(k.e8m0).to(k.f32)
+    return k.dot(qg, kg.T) * sg[:, None] * sk[None, :]
+
+
+@k.kernel
+def indexer_scores_flat(q_codes: k.Tensor[k.f8e4m3, "T", "H", "128"], q_scales: k.Tensor[k.e8m0, "T", "H", "4"],
+                        weights: k.Tensor[k.f32, "T", "H"], cache: k.Tensor[k.u8, "NB"],
+                        block_table: k.Tensor[k.i32, "B", "MP"], ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"],
+                        scores: k.Tensor[k.f32, "T", "L"], n_per_seq: k.i32, H: k.constexpr = 64):
+    # Program (t, j): query token t (sequence t // n_per_seq) against logical page j of its
+    # sequence: I[t, s] = sum_h w[t,h] relu(sum_g sq sk (q8 . k8)); -inf outside [ks, ke).
+    for t, j in k.grid(q_codes.shape[0], k.cdiv(scores.shape[1], 64)):
+        page = block_table[t // n_per_seq, j]
+        base = k.where(page >= 0, page * PAGE_BYTES, -PAGE_BYTES)
+        rows = k.arange(0, 64)
+        q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, H)
+        acc = flat_group_logits(q0, s0, cache, base, rows, 0)
+        acc += flat_group_logits(q1, s1, cache, base, rows, 1)
+        acc += flat_group_logits(q2, s2, cache, base, rows, 2)
+        acc += flat_group_logits(q3, s3, cache, base, rows, 3)
+        sc = k.sum(k.relu(acc) * w[:, None], axis=0)
+        pos = j * 64 + rows
+        ok = (pos >= ks[t]) & (pos < ke[t])
+        scores[t, k.span(j * 64, 64)] = k.where(ok, sc, float("-inf"))
+
+
+def prepared_weights(cfg, weights: dict) -> dict:
+    """Derived DSA weights: fp32 indexer key-norm parameters (the prolog's type) and the
+    orthonormal Hadamard matrix."""
+    import torch
+    from k31dsl.ops.dsa.prolog import hadamard_matrix
+    out = {}
+    for l in cfg.dsa_layers:
+        a = f"layers.{l}.attn."
+        out[f"l{l}_idx_k_norm_w"] = weights[a + "idx_k_norm_w"].to(torch.float32).contiguous()
+        out[f"l{l}_idx_k_norm_b"] = weights[a + "idx_k_norm_b"].to(torch.float32).contiguous()
+    if cfg.dsa_layers:
+        out["hadamard"] = hadamard_matrix("cpu").clone()
+    return out
+
+
+def new_caches(cfg, num_pages: int, device) -> dict:
+    """Per DSA layer: the paged MLA latent cache (three typed views of one uint8 storage, the
+    kernels' views) and the paged indexer key cache (flat bytes)."""
+    from k31dsl.ops.dsa.attention import cache_views, new_mla_cache
+    from k31dsl.ops.dsa.indexer import new_indexer_cache
+    out = {}
+    for l in cfg.dsa_layers:
+        mla = new_mla_cache(num_pages, device)
+        codes, scales, rope = cache_views(mla)
+        out[f"dsa{l}_mla"] = mla              # the storage (not a program tensor)
+        out[f"dsa{l}_mla_codes"], out[f"dsa{l}_mla_scales"], out[f"dsa{l}_mla_rope"] = codes, scales, rope
+        out[f"dsa{l}_index_cache"] = new_indexer_cache(num_pages, device).view(-1)
+    return out
+
+
+def add_dsa(g, l, x):
+    """The DSA sublayer of layer l on x [T, d] -> [T, d]."""
+    cfg, p = g.cfg, g.p
+    a = f"layers.{l}.attn."
+    T = x.shape[0]
+    H, dn, HI = cfg.mla_heads, cfg.qk_nope_dim, cfg.index_heads
+    bt = max(1, min(16, next_pow2(T)))
+    # q side
+    qa = g.linear(x, a + "q_a", f"l{l}_qa_lin")
+    qa = p.call(rmsnorm_rows, qa, g.weight(a + "q_a_norm"), g.tensor(f"l{l}_qa", qa.shape), cfg.rms_eps,
+                BM=bt, BD=max(16, next_pow2(cfg.q_lora_rank)), ONE_TILE=True)
+    qb = g.linear(qa, a + "q_b", f"l{l}_q_lin")
+    q3 = g.reshape(qb, (T, H, dn + ROPE_DIM), f"l{l}_q_heads")
+    big_q = g.tensor(f"l{l}_mla_q", (T, H, KV_LORA + ROPE_DIM), k.bf16)     # Q is bf16 (docs/model.md)
+    big_q = p.call(mla_q_rows, q3, g.weight(a + "w_uk"), g.cos, g.sin, big_q, BT=bt, BL=128,
+                   BK=max(16, min(64, next_pow2(dn))))
+    # kv side: latent and rope key in fp32 into the cache write (it quantises once, like the reference)
+    kv = g.linear(x, a + "kv_a", f"l{l}_kv_lin")
+    lat = g.tensor(f"l{l}_latent", (T, KV_LORA), k.f32)
+    kr = g.tensor(f"l{l}_k_rope", (T, ROPE_DIM), k.f32)
+    lat, kr = p.call(mla_kv_rows, kv, g.weight(a + "kv_a_norm"), g.cos, g.sin, lat, kr, cfg.rms_eps, BT=bt)
+    codes = g.state(f"dsa{l}_mla_codes", g.runner_states[f"dsa{l}_mla_codes"])
+    scales = g.state(f"dsa{l}_mla_scales", g.runner_states[f"dsa{l}_mla_scales"])
+    rope = g.state(f"dsa{l}_mla_rope", g.runner_states[f"dsa{l}_mla_rope"])
+    codes, scales, rope = p.call(mla_cache_write_rows, lat, kr, g.slot_mapping, codes, scales, rope, 1e-4, BM=bt)
+    # indexer: queries, keys into the cache, head weights
+    had = g.weight("hadamard")
+    ibm = min(64, max(16, next_pow2(T)))
+    qc = g.tensor(f"l{l}_idx_q_codes", (T, HI, INDEX_DIM), k.f8e4m3)
+    qs = g.tensor(f"l{l}_idx_q_scales", (T, HI, INDEX_DIM // 32), k.e8m0)
+    qc, qs = p.call(indexer_q_chain, qa, g.weight(a + "idx_wq_b"), g.cos, g.sin, had, qc, qs, BM=ibm)
+    icache = g.state(f"dsa{l}_index_cache", g.runner_states[f"dsa{l}_index_cache"])
+    icache = p.call(indexer_k_chain, x, g.weight(a + "idx_wk"), g.weight(f"l{l}_idx_k_norm_w"),
+                    g.weight(f"l{l}_idx_k_norm_b"), g.cos, g.sin, had, g.slot_mapping, icache, 1e-6, BM=ibm)
+    iw = g.tensor(f"l{l}_idx_weights", (T, HI), k.f32)
+    iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
+    # select: scores over the sequence's pages, exact top-k, physical slots
+    L = g.shape.max_pages * 64
+    n = g.shape.q_len
+    scores = g.tensor(f"l{l}_idx_scores", (T, L), k.f32)
+    scores = p.call(indexer_scores_flat, qc, qs, iw, icache, g.block_table, g.ks, g.ke, scores, n, H=HI)
+    topk = cfg.index_topk
+    kp = max(16, next_pow2(topk))
+    pos = g.tensor(f"l{l}_topk_pos", (T, topk), k.i32)
+    no_idx = g.input("topk_no_idx", (T, L), k.i32)           # parameters this specialisation never reads
+    no_val = g.input("topk_no_val", (T, topk), k.f32)
+    pos = p.call(topk_segments, scores, no_idx, no_val, pos, -(-L // kp) * kp, KP=kp, FINAL=True)
+    slots = g.tensor(f"l{l}_topk_slots", (T, topk), k.i32)
+    slots = p.call(slots_of_positions_rows, pos, g.block_table, slots, n, BK=max(16, min(128, next_pow2(topk))))
+    # attend, then the per-head value projection and o_proj
+    o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
+    lse = g.tensor(f"l{l}_mla_lse", (T, H), k.f32)
+    bh = min(max(16, next_pow2(H)), max_head_block(g.target))
+    o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
+                    BK=32)
+    y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
+    y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
+               BK=128)
+    return g.linear(y, a + "o_proj", f"l{l}_attn_out")

@@ -1,0 +1,222 @@
+"""The KDA sublayer (docs/model.md, kind K) in a step graph: projections, the short convolutions
+with their conv state, the KDA recurrence over the fp32 state pool, output norm + gate, o_proj.
+
+  prefill  one sequence's chunk: chunk_kda's two kernels (gate and L2 norm in-kernel) with the
+           slot's state copied in as h0 and the final state copied back (`copy_state_rows`:
+           kda_chunk_state indexes its states by sequence, the pool by slot)
+  decode   kda_decode_step over the pool in place, conv states updated in place
+  verify   kda_decode_step with T = gamma + 1, update_state off and the replay data (k, u, g)
+           written to runner-owned buffers; the conv states are only read, and the pre-conv
+           inputs are kept so that `add_commit` can replay the accepted prefix
+
+The pool is [rows, HV, K, V] fp32 (K-major: the layout chunk_kda's h0/ht and kda_decode share);
+row num_slots is the spare row padding sequences of a decode bucket write to.
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.ops.common import next_pow2
+from k31dsl.ops.kda.chunk import PREP_VARIANTS, DEFAULT_VARIANT, SUB_CHUNK
+from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.decode import kda_decode_step, kda_replay_prefix
+from k31dsl.ops.kda.gate import GATE_LOWER, GATE_SOFTPLUS
+from k31dsl.ops.nn import head_norm_gate_rows, short_conv_commit_rows, short_conv_rows
+
+CONV_NAMES = ("q", "k", "v")
+
+
+@k.kernel
+def copy_state_rows(src: k.Tensor[k.f32, "S", "HV", "A", "B"], src_rows: k.Tensor[k.i32, "N"],
+                    dst: k.Tensor[k.f32, "SD", "HV", "A", "B"], dst_rows: k.Tensor[k.i32, "N"],
+                    BA: k.constexpr = 128, BB: k.constexpr = 128):
+    # dst[dst_rows[n]] = src[src_rows[n]], one (row, head) per program
+    for n, hv in k.grid(src_rows.shape[0], src.shape[1]):
+        dst[dst_rows[n], hv, k.span(0, BA), k.span(0, BB)] = \
+            src[src_rows[n], hv, k.span(0, BA, other=0.0), k.span(0, BB, other=0.0)]
+
+
+def chunk_size(t: int) -> int:
+    """chunk_kda's chunk for a prefill of t tokens: the smallest of 16/32/64 that holds it (fewer
+    padded rows under the interpreter), else 64."""
+    return min(64, max(16, next_pow2(t)))
+
+
+def kda_dims(cfg):
+    return cfg.kda_heads, cfg.kda_value_heads, cfg.kda_head_dim, cfg.kda_value_dim
+
+
+def gate_args(cfg):
+    """(GATE constexpr, lower bound) of the config's gate."""
+    if cfg.kda_gate == "lower_bound":
+        return GATE_LOWER, float(cfg.kda_lower_bound)
+    return GATE_SOFTPLUS, 0.0
+
+
+def prepared_weights(cfg, weights: dict, dtype) -> dict:
+    """Derived KDA weights: A_log fp32 [HV], dt_bias fp32 [HV, K] (the kernels' layouts)."""
+    import torch
+    out = {}
+    H, HV, K, V = kda_dims(cfg)
+    for l in cfg.kda_layers:
+        a = f"layers.{l}.attn."
+        out[f"l{l}_kda_a_log"] = weights[a + "A_log"].to(torch.float32).contiguous()
+        out[f"l{l}_kda_dt_bias"] = weights[a + "dt_bias"].to(torch.float32).reshape(HV, K).contiguous()
+    return out
+
+
+def _projections(g, l, x, n_seqs, q_len):
+    """q, k, v pre-conv inputs [N, T, C] and the raw gate, beta, output gate rows."""
+    cfg = g.cfg
+    a = f"layers.{l}.attn."
+    pre = {}
+    for c in CONV_NAMES:
+        lin = g.linear(x, a + f"{c}_proj", f"l{l}_{c}_lin")
+        pre[c] = g.reshape(lin, (n_seqs, q_len, lin.shape[1]), f"l{l}_{c}_pre")
+    fa = g.linear(x, a + "f_a", f"l{l}_f_a")
+    graw = g.linear(fa, a + "f_b", f"l{l}_graw")
+    beta = g.linear(x, a + "b_proj", f"l{l}_beta", act="sigmoid")
+    ogate = g.linear(x, a + "g_proj", f"l{l}_ogate")
+    return pre, graw, beta, ogate
+
+
+def _conv(g, l, pre, update: bool):
+    """silu(conv(pre)) per q/k/v with the slot's conv state (updated in place when `update`)."""
+    out = {}
+    for c in CONV_NAMES:
+        x = pre[c]
+        n, t, ch = x.shape
+        state = g.state(f"kda{l}_conv_{c}", g.runner_states[f"kda{l}_conv_{c}"])
+        y = g.tensor(f"l{l}_{c}_conv", (n, t, ch))
+        tiles = {"BT": max(1, min(16, next_pow2(t))), "BC": min(64, next_pow2(ch))}
+        res = g.p.call(short_conv_rows, x, g.weight(f"layers.{l}.attn.{c}_conv"), state, g.state_slots, y,
+                       UPDATE=update, **tiles)
+        out[c] = res[-1] if isinstance(res, tuple) else res
+    return out
+
+
+def _output(g, l, o_heads, ogate):
+    """rmsnorm_per_head(o) * sigmoid(gate) @ o_proj^T -> [T, d]."""
+    H, HV, K, V = kda_dims(g.cfg)
+    T = ogate.shape[0]
+    y = g.tensor(f"l{l}_onorm", (T, HV * V))
+    y = g.p.call(head_norm_gate_rows, o_heads, g.weight(f"layers.{l}.attn.o_norm"), ogate, y, g.cfg.rms_eps,
+                 BM=max(1, min(8, next_pow2(T))), BV=max(16, next_pow2(V)))
+    return g.linear(y, f"layers.{l}.attn.o_proj", f"l{l}_attn_out")
+
+
+def add_kda_prefill(g, l, x):
+    """One sequence's chunk of T tokens (with earlier context in the slot's state)."""
+    cfg = g.cfg
+    H, HV, K, V = kda_dims(cfg)
+    T = x.shape[0]
+    pre, graw, beta, ogate = _projections(g, l, x, 1, T)
+    conv = _conv(g, l, pre, update=True)
+    q = g.reshape(conv["q"], (T, H, K), f"l{l}_q")
+    kk = g.reshape(conv["k"], (T, H, K), f"l{l}_k")
+    v = g.reshape(conv["v"], (T, HV, V), f"l{l}_v")
+    graw = g.reshape(graw, (T, HV, K), f"l{l}_graw3")
+    bt = chunk_size(T)
+    nt = -(-T // bt)
+    info = g.input("kda_chunk_info", (nt, 2), k.i32)
+    seq_chunks = g.input("kda_seq_chunks", (2,), k.i32)
+    cu = g.input("kda_cu", (2,), k.i32)
+    f32 = cfg.dtype == "float32"
+    mt = k.f32 if f32 else k.bf16
+    prec, solve, keep = ("ieee", "ieee", k.f32) if f32 else PREP_VARIANTS[DEFAULT_VARIANT]
+    w = g.tensor(f"l{l}_kda_w", (nt, HV, bt, K), mt)
+    u = g.tensor(f"l{l}_kda_u", (nt, HV, bt, V), mt)
+    qg = g.tensor(f"l{l}_kda_qg", (nt, HV, bt, K), mt)
+    kb = g.tensor(f"l{l}_kda_kb", (nt, HV, bt, K), mt)
+    aqk = g.tensor(f"l{l}_kda_aqk", (nt, HV, bt, bt), mt)
+    gam = g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32)
+    gate, lb = gate_args(cfg)
+    w, u, qg, kb, aqk, gam = g.p.call(
+        kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"), info,
+        w, u, qg, kb, aqk, gam, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
+        SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt, PREFETCH=False)
+    pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
+    h0 = g.tensor(f"l{l}_kda_h0", (1, HV, K, V), k.f32)
+    zero = g.input("row_zero", (1,), k.i32)
+    h0 = g.p.call(copy_state_rows, pool, g.state_slots, h0, zero, BA=K, BB=V)
+    ht = g.tensor(f"l{l}_kda_ht", (1, HV, K, V), k.f32)
+    o = g.tensor(f"l{l}_kda_o", (T, HV, V))
+    ht, o = g.p.call(kda_chunk_state, w, u, qg, kb, aqk, gam, seq_chunks, cu, h0, ht, o, HAS_H0=True,
+                     STORE_HT=True, PREC="ieee" if f32 else "tf32", BK=K, BT=bt, BV=min(32, V))
+    g.p.call(copy_state_rows, ht, zero, pool, g.state_slots, BA=K, BB=V)
+    return _output(g, l, o, ogate)
+
+
+def add_kda_decode(g, l, x, verify: bool = False):
+    """N sequences x n tokens over the state pool (n = 1: decode, updates states in place;
+    verify: states only read, replay data and pre-conv inputs kept for `add_commit`)."""
+    cfg = g.cfg
+    H, HV, K, V = kda_dims(cfg)
+    N, n = g.shape.n_seqs, g.shape.q_len
+    pre, graw, beta, ogate = _projections(g, l, x, N, n)
+    if verify:       # the pre-conv inputs go to runner buffers: the commit replays the accepted ones
+        for c in CONV_NAMES:
+            keep = g.state(f"kda{l}_keep_{c}", g.runner_states[f"kda{l}_keep_{c}"])
+            pre[c] = g.reshape(pre[c], keep.shape, None, into=keep)
+    conv = _conv(g, l, pre, update=not verify)
+    q = g.reshape(conv["q"], (N, n, H, K), f"l{l}_q")
+    kk = g.reshape(conv["k"], (N, n, H, K), f"l{l}_k")
+    v = g.reshape(conv["v"], (N, n, HV, V), f"l{l}_v")
+    graw = g.reshape(graw, (N, n, HV, K), f"l{l}_graw4")
+    beta = g.reshape(beta, (N, n, HV), f"l{l}_beta3")
+    pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
+    o = g.tensor(f"l{l}_kda_o", (N, n, HV, V))
+    if verify:
+        rk = g.state(f"kda{l}_replay_k", g.runner_states[f"kda{l}_replay_k"])
+        ru = g.state(f"kda{l}_replay_u", g.runner_states[f"kda{l}_replay_u"])
+        rg = g.state(f"kda{l}_replay_g", g.runner_states[f"kda{l}_replay_g"])
+    else:
+        rk = ru = rg = g.input("no_replay", (1, 1, 1, 1), k.f32)
+    gate, lb = gate_args(cfg)
+    res = g.p.call(kda_decode_step, q, kk, v, graw, beta, pool, g.state_slots, o, g.weight(f"l{l}_kda_a_log"),
+                   g.weight(f"l{l}_kda_dt_bias"), rk, ru, rg, K ** -0.5, lb, GATE=gate, L2NORM=True,
+                   REPLAY=verify, UPDATE=not verify, BK=max(16, next_pow2(K)), BV=min(32, V))
+    o = [r for r in res if r.storage == o.storage][0] if isinstance(res, tuple) else res
+    o = g.reshape(o, (N * n, HV, V), f"l{l}_kda_o3")
+    return _output(g, l, o, ogate)
+
+
+def add_commit(g, l):
+    """After a verify: replay the first accepted[i] tokens of (k, u, g) onto the pool rows and
+    the first accepted[i] pre-conv inputs onto the conv states."""
+    H, HV, K, V = kda_dims(g.cfg)
+    pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
+    acc = g.input("accepted", (g.shape.n_seqs,), k.i32)
+    rk, ru, rg = (g.state(f"kda{l}_replay_{c}", g.runner_states[f"kda{l}_replay_{c}"]) for c in "kug")
+    g.p.call(kda_replay_prefix, pool, g.state_slots, pool, g.state_slots, rk, ru, rg, acc,
+             BK=max(16, next_pow2(K)), BV=min(32, V))
+    for c in CONV_NAMES:
+        keep = g.state(f"kda{l}_keep_{c}", g.runner_states[f"kda{l}_keep_{c}"])
+        state = g.state(f"kda{l}_conv_{c}", g.runner_states[f"kda{l}_conv_{c}"])
+        g.p.call(short_conv_commit_rows, keep, state, g.state_slots, acc, BC=min(256, next_pow2(keep.shape[2])))
+
+
+def new_states(cfg, num_slots: int, device) -> dict:
+    """Pool and conv states of every KDA layer (one spare row for padding)."""
+    import torch
+    H, HV, K, V = kda_dims(cfg)
+    out = {}
+    for l in cfg.kda_layers:
+        out[f"kda{l}_pool"] = torch.zeros(num_slots + 1, HV, K, V, dtype=torch.float32, device=device)
+        for c, ch in zip(CONV_NAMES, (H * K, H * K, HV * V)):
+            out[f"kda{l}_conv_{c}"] = torch.zeros(num_slots + 1, 3, ch, dtype=torch.float32, device=device)
+    return out
+
+
+def replay_buffers(cfg, n_seqs: int, n: int, dtype, device) -> dict:
+    """Verify-step buffers the commit reads: replay (k, u, g) fp32 and the pre-conv inputs."""
+    import torch
+    H, HV, K, V = kda_dims(cfg)
+    f32 = dict(dtype=torch.float32, device=device)
+    out = {}
+    for l in cfg.kda_layers:
+        out[f"kda{l}_replay_k"] = torch.zeros(n_seqs, n, H, K, **f32)
+        out[f"kda{l}_replay_u"] = torch.zeros(n_seqs, n, HV, V, **f32)
+        out[f"kda{l}_replay_g"] = torch.zeros(n_seqs, n, HV, K, **f32)
+        for c, ch in zip(CONV_NAMES, (H * K, H * K, HV * V)):
+            out[f"kda{l}_keep_{c}"] = torch.zeros(n_seqs, n, ch, dtype=dtype, device=device)
+    return out
