@@ -257,3 +257,106 @@ def mla_out(o, w_uv, out_dtype=None, *, target: str | None = None):
     if y.numel():
         mla_out_rows[target](o.contiguous(), w_uv.contiguous(), y)
     return y
+
+
+# ---------------------------------------------------------------- checks against the oracle
+
+def rope_table_tol(max_pos: int) -> float:
+    """Absolute error bound of an fp32 table: the fp32 angle (and frequency) roundings grow with
+    the position (~pos * 2^-25 measured, bound 2^-23), plus the polynomial's ~1e-7."""
+    return 1e-6 + max_pos * 2.0 ** -23
+
+
+def _check_rope_table(target: str, seed: int = 0):
+    import numpy as np
+    import torch
+    from k31dsl.ops.registry import CaseResult
+    from k31dsl.ops.testing import device_for, load_oracle
+    ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
+    out = []
+    for t, hi, theta in ((37, 5000, 10000.0), (5, 41, 50000.0), (70, 1 << 17, 10000.0)):
+        pos = torch.randint(0, hi, (t,), generator=g, dtype=torch.int32)
+        pos[0] = 0
+        cos, sin = rope_table(pos.to(dev), theta, target=target)
+        wc, ws = ref.rope_table(pos.numpy(), theta)
+        err = max(float(np.abs(cos.cpu().double().numpy() - wc).max()), float(np.abs(sin.cpu().double().numpy() - ws).max()))
+        tol = rope_table_tol(int(pos.max()))
+        out.append(CaseResult(f"T={t} positions < {hi} theta={theta:g}", err, tol, bool(err <= tol),
+                              "max abs err of cos and sin (fp32 angle)"))
+    return out
+
+
+def _tables_for(ref, t: int, g):
+    """fp32 cos/sin tables of random positions, from the oracle (the kernels' rope input)."""
+    import torch
+    pos = torch.randint(0, 4096, (t,), generator=g)
+    c, s = ref.rope_table(pos.numpy(), 10000.0)
+    return torch.from_numpy(c).float(), torch.from_numpy(s).float()
+
+
+def _check_absorb_q(target: str, seed: int = 0):
+    import torch
+    from k31dsl.ops.nn import _names, _rand, result
+    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
+    out = []
+    for t, h, dn, dt, odt in ((5, 3, 40, torch.bfloat16, None), (37, 2, 100, torch.float32, None),
+                              (3, 1, 16, torch.bfloat16, torch.float32)):
+        q, w_uk = _rand((t, h, dn + ROPE), g, dt), _rand((h, dn, LATENT), g, dt, dn ** -0.5)
+        cos, sin = _tables_for(ref, t, g)
+        o = mla_absorb_q(q.to(dev), w_uk.to(dev), cos.to(dev), sin.to(dev), odt, target=target)
+        want = ref.mla_absorb_q(to_f64(q), to_f64(w_uk), cos.double().numpy(), sin.double().numpy())
+        name = f"q=[{t}, {h}, {dn}+64] {_names(dt, o.dtype)}"
+        out.append(result(name + ": latent", o[..., :LATENT], want[..., :LATENT], o.dtype))
+        out.append(result(name + ": rope", o[..., LATENT:], want[..., LATENT:], o.dtype))
+    return out
+
+
+def _check_mla_kv(target: str, seed: int = 0):
+    import torch
+    from k31dsl.ops.nn import _names, _rand, result
+    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
+    out = []
+    for t, dt, odt in ((7, torch.bfloat16, None), (20, torch.float32, None), (1, torch.float16, torch.float32)):
+        kv = _rand((t, LATENT + ROPE), g, dt, 2.0)
+        w = (1 + 0.5 * torch.randn(LATENT, generator=g)).to(dt)
+        cos, sin = _tables_for(ref, t, g)
+        lat, kr = mla_kv(kv.to(dev), w.to(dev), cos.to(dev), sin.to(dev), 1e-6, odt, target=target)
+        want_l, want_r = ref.mla_kv(to_f64(kv), to_f64(w), cos.double().numpy(), sin.double().numpy(), 1e-6)
+        name = f"kv=[{t}, 576] {_names(dt, lat.dtype)}"
+        out += [result(name + ": latent", lat, want_l, lat.dtype), result(name + ": k_rope", kr, want_r, kr.dtype)]
+    return out
+
+
+def _check_mla_out(target: str, seed: int = 0):
+    import torch
+    from k31dsl.ops.nn import _names, _rand, result
+    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
+    out = []
+    for t, h, dv, dt, wdt in ((5, 3, 24, torch.bfloat16, torch.bfloat16), (37, 2, 100, torch.float32, torch.float32),
+                              (2, 2, 16, torch.bfloat16, torch.float32)):
+        o, w_uv = _rand((t, h, LATENT), g, dt), _rand((h, dv, LATENT), g, wdt, LATENT ** -0.5)
+        y = mla_out(o.to(dev), w_uv.to(dev), target=target)
+        out.append(result(f"o=[{t}, {h}, 512] w_uv=[{h}, {dv}, 512] {_names(dt, wdt, y.dtype)}", y,
+                          ref.mla_out(to_f64(o), to_f64(w_uv)), y.dtype))
+    return out
+
+
+def _register():
+    from k31dsl.ops.registry import OpSpec, register
+    register(OpSpec("rope_table", "dsa", rope_table, [rope_table_rows],
+                    "RoPE cos/sin tables [T, 32] fp32 of positions (NeoX, 64 rope dims)", _check_rope_table,
+                    tags=["dsa", "rope"]))
+    register(OpSpec("mla_absorb_q", "dsa", mla_absorb_q, [mla_q_rows],
+                    "absorbed MLA query [T, H, 576]: q_nope @ w_uk per head, rope(q_pe)", _check_absorb_q,
+                    tags=["dsa", "mla"]))
+    register(OpSpec("mla_kv", "dsa", mla_kv, [mla_kv_rows],
+                    "MLA key row: rmsnorm(latent 512) * w, rope(64)", _check_mla_kv, tags=["dsa", "mla"]))
+    register(OpSpec("mla_out", "dsa", mla_out, [mla_out_rows],
+                    "MLA value up-projection per head: o[:, h] @ w_uv[h]^T -> [T, H * DV]", _check_mla_out,
+                    tags=["dsa", "mla"]))
+
+
+_register()
