@@ -144,15 +144,15 @@ def moe_gate_up(x: k.Tensor["XT", "M", "D"], row_tok: k.Tensor[k.i32, "R"], blk_
             wu = gate_up[e, k.span(f + n0, BN), k.span(j * BK, BK, other=0.0)]
             ag += k.dot(xt, wg.T)
             au += k.dot(xt, wu.T)
-        h = ag * k.sigmoid(ag) * au
-        k.store(act, (k.span(b * BM, BM), k.span(n0, BN)), h.to(XT), mask=(tok >= 0)[:, None])
+        # padding rows (and unused blocks) read x as 0, so they store silu(0) * 0 = 0
+        act[k.span(b * BM, BM), k.span(n0, BN)] = (ag * k.sigmoid(ag) * au).to(XT)
 
 
 @k.kernel(configs=DOWN_CONFIGS)
 def moe_down(act: k.Tensor["XT", "R", "F"], blk_exp: k.Tensor[k.i32, "NB"], down: k.Tensor["XT", "E", "D", "F"],
              y: k.Tensor["XT", "R", "D"], XT: k.constexpr[FLOAT_INPUTS] = k.bf16, BM: k.constexpr = 16,
              BN: k.constexpr = 64, BK: k.constexpr = 64, WARPS: k.constexpr = 4):
-    # y rows of block b = act rows @ down[e]^T; padding rows hold garbage nobody gathers.
+    # y rows of block b = act rows @ down[e]^T (0 on padding rows; nobody gathers them).
     for b, pn in k.grid(blk_exp.shape[0], k.cdiv(y.shape[1], BN)):
         e = blk_exp[b]
         n0 = pn * BN
@@ -377,3 +377,62 @@ def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = Non
 
 
 MOE_KERNELS = [moe_router, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
+
+
+# ---------------------------------------------------------------- checks against the oracle
+
+# (M, D, F, Fs, E, top_k, dtype, routing): "random", or "skewed" (expert 0 takes every token,
+# expert E-1 none). M * top_k / E > 24 takes the BM = 64 blocks of the prefill regime.
+CHECK_CASES = [(13, 40, 24, 20, 5, 2, "f32", "random"),
+               (37, 48, 40, 16, 4, 2, "bf16", "skewed"),
+               (1, 32, 16, 24, 3, 3, "f32", "random"),
+               (52, 24, 20, 12, 2, 2, "bf16", "random"),
+               (6, 20, 17, 9, 6, 1, "bf16", "skewed")]
+TOL = {"f32": 1e-4, "bf16": 2e-2, "f16": 4e-3}     # of max |oracle|
+
+
+def moe_inputs(m, d, f, fs, e, top_k, dtype, routing, gen):
+    """x, router, gate_up, down, shared_gate_up, shared_down (torch, CPU) with O(1) logits and
+    outputs; "skewed": a large x[:, 0] and router[:, 0] of +4 for expert 0, -4 for expert E-1."""
+    import torch
+    x = torch.randn(m, d, generator=gen, dtype=torch.float64)
+    router = torch.randn(e, d, generator=gen, dtype=torch.float64) / d ** 0.5
+    if routing == "skewed":
+        x[:, 0] = 2 + x[:, 0].abs()
+        router[:, 0] = 0.0
+        router[0, 0], router[-1, 0] = 4.0, -4.0
+    gate_up = torch.randn(e, 2 * f, d, generator=gen, dtype=torch.float64) / d ** 0.5
+    down = torch.randn(e, d, f, generator=gen, dtype=torch.float64) / f ** 0.5
+    sgu = torch.randn(2 * fs, d, generator=gen, dtype=torch.float64) / d ** 0.5
+    sdn = torch.randn(d, fs, generator=gen, dtype=torch.float64) / fs ** 0.5
+    dt = D.torch_dtype(D.from_name(dtype))
+    return [t.to(dt) for t in (x, router, gate_up, down, sgu, sdn)]
+
+
+def _check_moe(target: str, seed: int = 0) -> list[CaseResult]:
+    import numpy as np
+    import torch
+    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    ref = load_oracle("moe")
+    dev = device_for(target)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for m, d, f, fs, e, top_k, dt, routing in CHECK_CASES:
+        args = moe_inputs(m, d, f, fs, e, top_k, dt, routing, g)
+        want = ref.moe(*(to_f64(a) for a in args), top_k)
+        got = to_f64(moe(*(a.to(dev) for a in args), top_k, target=target))
+        err = float(np.abs(got - want).max() / np.abs(want).max()) if got.shape == want.shape else float("inf")
+        top, _ = ref.route(to_f64(args[0]), to_f64(args[1]), top_k)
+        counts = np.bincount(top.ravel(), minlength=e)
+        detail = f"rows per expert {counts.tolist()}"
+        ok = err <= TOL[dt]
+        if routing == "skewed" and not (counts[0] == m and counts[-1] == 0):
+            ok, detail = False, "skewed routing did not give expert 0 every token and expert E-1 none: " + detail
+        out.append(CaseResult(f"x=[{m}, {d}] {dt}, E={e} F={f} Fs={fs} top_k={top_k} ({routing})",
+                              err, TOL[dt], ok, detail))
+    return out
+
+
+register(OpSpec("moe", "moe", moe, MOE_KERNELS,
+                "MoE FFN: softmax top-k router, expert-sorted grouped SwiGLU GEMMs, shared expert, gathered combine",
+                _check_moe, tags=["moe", "ffn"]))

@@ -47,4 +47,5 @@ def all_ops() -> dict[str, OpSpec]:
     from k31dsl.ops.dsa import attention, fused  # noqa: F401
     from k31dsl.ops import nn  # noqa: F401
     from k31dsl.ops.dsa import mla  # noqa: F401
+    from k31dsl.ops import moe  # noqa: F401
     return dict(REGISTRY)
