@@ -418,6 +418,12 @@ def result(case: str, got, want, dtype, detail: str = "max abs err / max |want|"
     return CaseResult(case, err, tol, bool(err <= tol), detail)
 
 
+def for_target(target: str, cases, ascendc=(0,)):
+    """The cases to check: all of them, but on ascendc (one g++ build per specialisation, most
+    cases differ in dtypes) only those listed."""
+    return [cases[i] for i in ascendc] if target == "ascendc" else list(cases)
+
+
 def _rand(shape, g, dtype, scale=1.0):
     import torch
     return (torch.randn(shape, generator=g) * scale).to(dtype)
@@ -437,7 +443,7 @@ def _check_linear(target: str, seed: int = 0):
              ((70, 24), 130, bf, bf, f32, "silu"), ((1, 40), 20, torch.float16, torch.float16, None, "sigmoid"),
              ((5, 48), 17, f32, bf, bf, "none")]
     out = []
-    for xs, n, xdt, wdt, ydt, act in cases:
+    for xs, n, xdt, wdt, ydt, act in for_target(target, cases, (0, 1)):
         x, w = _rand(xs, g, xdt), _rand((n, xs[-1]), g, wdt, xs[-1] ** -0.5)
         y = linear(x.to(dev), w.to(dev), act, ydt, target=target)
         want = ref.linear(to_f64(x), to_f64(w), act)
@@ -450,8 +456,8 @@ def _check_swiglu(target: str, seed: int = 0):
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for xs, xdt, ydt in (((7, 300), torch.bfloat16, None), ((2, 3, 74), torch.float32, None),
-                         ((70, 40), torch.float16, torch.float32)):
+    for xs, xdt, ydt in for_target(target, (((7, 300), torch.bfloat16, None), ((2, 3, 74), torch.float32, None),
+                                            ((70, 40), torch.float16, torch.float32))):
         x = _rand(xs, g, xdt, 2.0)
         y = swiglu(x.to(dev), ydt, target=target)
         out.append(result(f"x={list(xs)} {_names(xdt, y.dtype)}", y, ref.swiglu(to_f64(x)), y.dtype))
@@ -463,7 +469,7 @@ def _check_embedding(target: str, seed: int = 0):
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for ids_shape, v, d, dt in (((3, 5), 300, 70, torch.bfloat16), ((40,), 256, 600, torch.float32)):
+    for ids_shape, v, d, dt in for_target(target, (((3, 5), 300, 70, torch.bfloat16), ((40,), 256, 600, torch.float32))):
         ids = torch.randint(0, v, ids_shape, generator=g)
         ids.view(-1)[0], ids.view(-1)[-1] = 0, v - 1
         table = _rand((v, d), g, dt)
@@ -486,9 +492,9 @@ def _check_short_conv(target: str, seed: int = 0):
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     # (N, T, C, slots, update, dtype): prefill chunk, decode, the long (parallel + commit) path, verify
-    for n, t, c, s, update, dt in ((3, 5, 70, 6, True, torch.bfloat16), (2, 1, 40, 4, True, torch.float32),
-                                   (2, CONV_SEQUENTIAL_MAX_T + 6, 20, 3, True, torch.float32),
-                                   (3, 2, 33, 5, False, torch.bfloat16)):
+    cases = ((3, 5, 70, 6, True, torch.bfloat16), (2, 1, 40, 4, True, torch.float32),
+             (2, CONV_SEQUENTIAL_MAX_T + 6, 20, 3, True, torch.float32), (3, 2, 33, 5, False, torch.bfloat16))
+    for n, t, c, s, update, dt in for_target(target, cases, (0, 3)):
         x, w = _rand((n, t, c), g, dt), _rand((c, CONV), g, dt, 0.5)
         state = torch.randn(s, CONV - 1, c, generator=g)
         slots = _conv_case(n, s, g)
@@ -506,7 +512,7 @@ def _check_short_conv_commit(target: str, seed: int = 0):
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for n, t, c, s, dt in ((4, 4, 40, 6, torch.bfloat16), (3, 2, 300, 3, torch.float32)):
+    for n, t, c, s, dt in for_target(target, ((4, 4, 40, 6, torch.bfloat16), (3, 2, 300, 3, torch.float32))):
         x = _rand((n, t, c), g, dt)
         state = torch.randn(s, CONV - 1, c, generator=g)
         slots = _conv_case(n, s, g)
@@ -524,8 +530,9 @@ def _check_head_norm_gate(target: str, seed: int = 0):
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for lead, hv, v, dt, ydt in (((7,), 4, 32, torch.bfloat16, None), ((2, 3), 2, 20, torch.float32, None),
-                                 ((70,), 3, 16, torch.float16, torch.float32)):
+    cases = (((7,), 4, 32, torch.bfloat16, None), ((2, 3), 2, 20, torch.float32, None),
+             ((70,), 3, 16, torch.float16, torch.float32))
+    for lead, hv, v, dt, ydt in for_target(target, cases):
         o = _rand(lead + (hv, v), g, dt, 3.0)
         w = (1 + 0.5 * torch.randn(v, generator=g)).to(dt)
         gate = _rand(lead + (hv * v,), g, dt, 2.0)

@@ -296,12 +296,12 @@ def _tables_for(ref, t: int, g):
 
 def _check_absorb_q(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.nn import _names, _rand, result
+    from k31dsl.ops.nn import _names, _rand, for_target, result
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for t, h, dn, dt, odt in ((5, 3, 40, torch.bfloat16, None), (37, 2, 100, torch.float32, None),
-                              (3, 1, 16, torch.bfloat16, torch.float32)):
+    cases = ((5, 3, 40, torch.bfloat16, None), (37, 2, 100, torch.float32, None), (3, 1, 16, torch.bfloat16, torch.float32))
+    for t, h, dn, dt, odt in for_target(target, cases):
         q, w_uk = _rand((t, h, dn + ROPE), g, dt), _rand((h, dn, LATENT), g, dt, dn ** -0.5)
         cos, sin = _tables_for(ref, t, g)
         o = mla_absorb_q(q.to(dev), w_uk.to(dev), cos.to(dev), sin.to(dev), odt, target=target)
@@ -314,11 +314,12 @@ def _check_absorb_q(target: str, seed: int = 0):
 
 def _check_mla_kv(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.nn import _names, _rand, result
+    from k31dsl.ops.nn import _names, _rand, for_target, result
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for t, dt, odt in ((7, torch.bfloat16, None), (20, torch.float32, None), (1, torch.float16, torch.float32)):
+    for t, dt, odt in for_target(target, ((7, torch.bfloat16, None), (20, torch.float32, None),
+                                          (1, torch.float16, torch.float32))):
         kv = _rand((t, LATENT + ROPE), g, dt, 2.0)
         w = (1 + 0.5 * torch.randn(LATENT, generator=g)).to(dt)
         cos, sin = _tables_for(ref, t, g)
@@ -331,12 +332,13 @@ def _check_mla_kv(target: str, seed: int = 0):
 
 def _check_mla_out(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.nn import _names, _rand, result
+    from k31dsl.ops.nn import _names, _rand, for_target, result
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
-    for t, h, dv, dt, wdt in ((5, 3, 24, torch.bfloat16, torch.bfloat16), (37, 2, 100, torch.float32, torch.float32),
-                              (2, 2, 16, torch.bfloat16, torch.float32)):
+    cases = ((5, 3, 24, torch.bfloat16, torch.bfloat16), (37, 2, 100, torch.float32, torch.float32),
+             (2, 2, 16, torch.bfloat16, torch.float32))
+    for t, h, dv, dt, wdt in for_target(target, cases):
         o, w_uv = _rand((t, h, LATENT), g, dt), _rand((h, dv, LATENT), g, wdt, LATENT ** -0.5)
         y = mla_out(o.to(dev), w_uv.to(dev), target=target)
         out.append(result(f"o=[{t}, {h}, 512] w_uv=[{h}, {dv}, 512] {_names(dt, wdt, y.dtype)}", y,
