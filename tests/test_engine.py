@@ -361,3 +361,117 @@ def test_speculative_sampling_is_seeded_and_batch_independent(rng):
     got = run_ragged(eng, prompts, [9] * 3, join_at=[0, 1, 1], samplings=sps)
     assert got == [run_alone(seed, p, 9, sp, **kw) for p, sp in zip(prompts, sps)]
     assert 0 < eng.stats.acceptance_rate < 1
+
+
+# ---------------------------------------------------------------------------------- real runners
+# The same properties on the K31 model itself (tiny preset, random weights): the torch oracle
+# (model/reference) and the generated-op runner on target numpy (model/assembler), when present.
+MODEL_PAGES, MODEL_SLOTS = 8, 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """torch's thread pool oversubscribes the CI cores at these tiny shapes (8x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def model_runner(kind, config, weights):
+    if kind == "reference":
+        from k31dsl.model.reference import ReferenceModel
+        return ReferenceModel(config, weights, num_slots=MODEL_SLOTS, max_len=MODEL_PAGES * PAGE)
+    assembler = pytest.importorskip("k31dsl.model.assembler")
+    if not hasattr(assembler, "ModelRunner"):
+        pytest.skip("model/assembler.py has no ModelRunner yet")
+    return assembler.ModelRunner(config, weights, kind, num_pages=MODEL_PAGES, num_slots=MODEL_SLOTS)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from k31dsl.model.config import TINY
+    from k31dsl.model.weights import init_weights
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    print(f"weights seed={seed}")
+    return TINY, init_weights(TINY, seed), seed
+
+
+def model_engine(kind, tiny, draft=None, gamma=0, **kw):
+    config, weights, seed = tiny
+    d = None
+    if draft == "same":                               # the target model itself, its own caches
+        d = model_runner(kind, config, weights)
+    elif draft == "other":                            # an unrelated model: another weight seed
+        from k31dsl.model.weights import init_weights
+        d = model_runner(kind, config, init_weights(config, seed + 1))
+    elif draft == "skip":                             # the target's first layer: agrees sometimes
+        dc = config.replace(name="tiny-draft1", n_layers=1)
+        d = model_runner(kind, dc, {n: weights[n] for n in dc.weight_shapes()})
+    return Engine(model_runner(kind, config, weights), num_pages=MODEL_PAGES, num_slots=MODEL_SLOTS,
+                  max_batch=MODEL_SLOTS, draft=d, gamma=gamma, **kw)
+
+
+def model_alone(kind, tiny, prompt, max_new, sampling=None):
+    return model_engine(kind, tiny).generate([prompt], max_new, sampling)[0].tokens
+
+
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_model_ragged_batch_equals_each_alone(rng, tiny, chunk):
+    prompts = random_prompts(rng, [int(n) for n in rng.integers(4, 41, 4)], vocab=256)
+    max_news = [4, 3, 5, 3]
+    eng = model_engine("reference", tiny, prefill_chunk=chunk)
+    got = run_ragged(eng, prompts, max_news, join_at=[0, 1, 2, 4])
+    alone = [model_alone("reference", tiny, p, m) for p, m in zip(prompts, max_news)]
+    assert got == alone
+    assert [len(g) for g in got] == max_news
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4])
+def test_model_speculative_equals_greedy(rng, tiny, gamma):
+    prompts = random_prompts(rng, [int(n) for n in rng.integers(4, 41, 2)], vocab=256)
+    plain = [r.tokens for r in model_engine("reference", tiny).generate(prompts, 6)]
+    for draft in ("other", "skip", "same"):
+        eng = model_engine("reference", tiny, draft=draft, gamma=gamma)
+        assert [r.tokens for r in eng.generate(prompts, 6)] == plain, draft
+        rate = eng.stats.acceptance_rate
+        assert rate == 1.0 if draft == "same" else rate < 1.0, (draft, rate)
+
+
+def test_model_seeded_sampling_is_batch_independent(rng, tiny):
+    prompts = random_prompts(rng, [int(n) for n in rng.integers(4, 41, 3)], vocab=256)
+    sps = [SamplingParams(temperature=1.0, top_p=0.95, seed=int(rng.integers(1 << 30))) for _ in prompts]
+    eng = model_engine("reference", tiny)
+    got = run_ragged(eng, prompts, [4] * 3, join_at=[0, 1, 1], samplings=sps)
+    assert got == [model_alone("reference", tiny, p, 4, sp) for p, sp in zip(prompts, sps)]
+    eng = model_engine("reference", tiny, draft="skip", gamma=2)      # speculative sampling too
+    got = run_ragged(eng, prompts, [4] * 3, join_at=[0, 0, 2], samplings=sps)
+    for p, sp, g in zip(prompts, sps, got):
+        assert g == model_engine("reference", tiny, draft="skip", gamma=2).generate([p], 4, sp)[0].tokens
+
+
+# The generated-op runner costs ~1-2 s per step on numpy (and a compile per new shape class), so it
+# gets a smaller set: prompt lengths a multiple of the prefill chunk (one prefill shape class).
+def test_numpy_runner_ragged_batch_equals_each_alone(rng, tiny):
+    prompts = random_prompts(rng, [8, 16, 8], vocab=256)
+    max_news = [3, 2, 3]
+    eng = model_engine("numpy", tiny, prefill_chunk=8)
+    got = run_ragged(eng, prompts, max_news, join_at=[0, 1, 2])
+    alone = [model_engine("numpy", tiny, prefill_chunk=8).generate([p], m)[0].tokens
+             for p, m in zip(prompts, max_news)]
+    assert got == alone
+
+
+def test_numpy_runner_speculative_equals_greedy(rng, tiny):
+    """Verify + commit on the generated ops; the draft is the torch model of another weight seed
+    (the engine takes any Runner as draft), so every round has rejections."""
+    from k31dsl.model.reference import ReferenceModel
+    from k31dsl.model.weights import init_weights
+    config, weights, seed = tiny
+    prompt = random_prompts(rng, [8], vocab=256)[0]
+    plain = model_engine("numpy", tiny).generate([prompt], 4)[0].tokens
+    draft = ReferenceModel(config, init_weights(config, seed + 1), num_slots=MODEL_SLOTS, max_len=MODEL_PAGES * PAGE)
+    eng = Engine(model_runner("numpy", config, weights), num_pages=MODEL_PAGES, num_slots=MODEL_SLOTS,
+                 max_batch=2, draft=draft, gamma=2)
+    assert eng.generate([prompt], 4)[0].tokens == plain
+    assert eng.stats.acceptance_rate < 1.0 and eng.stats.spec_rounds >= 1
