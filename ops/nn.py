@@ -40,6 +40,19 @@ LINEAR_CONFIGS = [
 ]
 
 
+def gpu_linear_tiles(m: int) -> dict:
+    """Tiles of linear_rows for a graph call on a GPU (graph programs are not autotuned), by the
+    number of rows; each is a LINEAR_CONFIGS entry, so its warps and stages come with it.
+    Decode (m <= 64) streams the weight through narrow N blocks; prefill uses 128 x 128 x 64."""
+    if m <= 16:
+        return {"BM": 16, "BN": 32, "BK": 256}
+    if m <= 32:
+        return {"BM": 32, "BN": 64, "BK": 128}
+    if m <= 64:
+        return {"BM": 64, "BN": 32, "BK": 128}
+    return {"BM": 128, "BN": 128, "BK": 64}
+
+
 @k.func
 def activate(v, ACT):
     """The fp32 result with the linear layer's activation."""
@@ -110,11 +123,12 @@ CONV_CONFIGS = [{"BT": 16, "BC": 64}, {"BT": 32, "BC": 128}, {"BT": 64, "BC": 64
 
 
 @k.func
-def conv_state_rows(state, slot, c0, BC):
-    """The three stored inputs of a slot's channels [c0, c0 + BC) as fp32 [BC] (0 for slot < 0)."""
-    s0 = state[slot, 0, k.span(c0, BC, other=0.0)]
-    s1 = state[slot, 1, k.span(c0, BC, other=0.0)]
-    s2 = state[slot, 2, k.span(c0, BC, other=0.0)]
+def conv_state_rows(state, slot, c0, BC, live=True):
+    """The three stored inputs of a slot's channels [c0, c0 + BC) as fp32 [BC]; 0 for slot < 0,
+    and not read at all where `live` is false."""
+    s0 = k.load(state, (slot, 0, k.span(c0, BC)), mask=live, other=0.0)
+    s1 = k.load(state, (slot, 1, k.span(c0, BC)), mask=live, other=0.0)
+    s2 = k.load(state, (slot, 2, k.span(c0, BC)), mask=live, other=0.0)
     return s0, s1, s2
 
 
@@ -147,26 +161,30 @@ def short_conv_rows(x: k.Tensor["XT", "N", "T", "C"], w: k.Tensor["WT", "C", "4"
                     YT: k.constexpr[FLOAT_INPUTS] = k.bf16, UPDATE: k.constexpr = True,
                     BT: k.constexpr = 16, BC: k.constexpr = 64):
     # Sequence n's rows are x[n] (T new inputs) after the 3 inputs held in state[slots[n]]; a
-    # slot < 0 starts from zeros and keeps nothing. With UPDATE one program owns a sequence's
-    # channel block for all of T (it reads the state first and rewrites it last); without, the
-    # tokens are split over programs too and the state is only read.
-    n_tiles = 1 if UPDATE else k.cdiv(x.shape[1], BT)
+    # slot < 0 starts from zeros and keeps nothing. Programs split tokens (tiles of BT) and
+    # channels. Only the first token tile reads the state, and with UPDATE that same program
+    # rewrites it (no other program reads it) - unless BT < 4: then a later tile would need the
+    # state too, so one program walks all tiles of its channel block in order (SEQ).
+    SEQ = UPDATE and BT < 4
+    n_tiles = 1 if SEQ else k.cdiv(x.shape[1], BT)
     for n, tb, cb in k.grid(x.shape[0], n_tiles, k.cdiv(x.shape[2], BC)):
         c0 = cb * BC
         slot = slots[n]
-        s0, s1, s2 = conv_state_rows(state, slot, c0, BC)
-        if UPDATE:
+        first = tb == 0
+        s0, s1, s2 = conv_state_rows(state, slot, c0, BC, first)
+        if SEQ:
             for tt in range(k.cdiv(x.shape[1], BT)):
                 conv_tile(x, w, y, n, tt * BT, c0, s0, s1, s2, BT, BC, YT)
+        else:
+            conv_tile(x, w, y, n, tb * BT, c0, s0, s1, s2, BT, BC, YT)
+        if UPDATE:
             t = x.shape[1]
             n0 = conv_input_row(x, n, t - 3, c0, s0, s1, s2, BC)
             n1 = conv_input_row(x, n, t - 2, c0, s0, s1, s2, BC)
             n2 = conv_input_row(x, n, t - 1, c0, s0, s1, s2, BC)
-            state[slot, 0, k.span(c0, BC)] = n0
-            state[slot, 1, k.span(c0, BC)] = n1
-            state[slot, 2, k.span(c0, BC)] = n2
-        else:
-            conv_tile(x, w, y, n, tb * BT, c0, s0, s1, s2, BT, BC, YT)
+            k.store(state, (slot, 0, k.span(c0, BC)), n0, mask=first)
+            k.store(state, (slot, 1, k.span(c0, BC)), n1, mask=first)
+            k.store(state, (slot, 2, k.span(c0, BC)), n2, mask=first)
 
 
 @k.kernel(configs=[{"BC": 256}, {"BC": 512}, {"BC": 128}])
@@ -301,11 +319,6 @@ def embedding(ids, table, out_dtype=None, *, target: str | None = None):
     return y
 
 
-# Above this many tokens an updating short_conv runs as a parallel pass plus a commit (the
-# updating kernel walks T sequentially in one program per channel block).
-CONV_SEQUENTIAL_MAX_T = 64
-
-
 def _conv_args(op, x, state, slots):
     require_tensor(op, "x", x, min_rank=3)
     if x.dim() != 3:
@@ -342,15 +355,8 @@ def short_conv(x, w, state, slots, update: bool = True, out_dtype=None, *, targe
     n, t, c = x.shape
     if n == 0 or c == 0:
         return y
-    xc, wc = x.contiguous(), w.contiguous()
-    kern = short_conv_rows[target]
-    if not update or t > CONV_SEQUENTIAL_MAX_T:
-        if t:
-            kern(xc, wc, state, sl, y, UPDATE=False)
-        if update:
-            short_conv_commit_rows[target](xc, state, sl, torch.full_like(sl, t))
-    else:
-        kern(xc, wc, state, sl, y)
+    kw = {} if update else {"UPDATE": False}
+    short_conv_rows[target](x.contiguous(), w.contiguous(), state, sl, y, **kw)
     return y
 
 
@@ -493,7 +499,7 @@ def _check_short_conv(target: str, seed: int = 0):
     out = []
     # (N, T, C, slots, update, dtype): prefill chunk, decode, the long (parallel + commit) path, verify
     cases = ((3, 5, 70, 6, True, torch.bfloat16), (2, 1, 40, 4, True, torch.float32),
-             (2, CONV_SEQUENTIAL_MAX_T + 6, 20, 3, True, torch.float32), (3, 2, 33, 5, False, torch.bfloat16))
+             (2, 70, 20, 3, True, torch.float32), (3, 2, 33, 5, False, torch.bfloat16))
     for n, t, c, s, update, dt in for_target(target, cases, (0, 3)):
         x, w = _rand((n, t, c), g, dt), _rand((c, CONV), g, dt, 0.5)
         state = torch.randn(s, CONV - 1, c, generator=g)

@@ -115,6 +115,21 @@ def test_short_conv_chunks_equal_whole(target, rng):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_short_conv_every_tile_height(target, rng):
+    """BT < 4 walks the tiles in one program (later tiles need the state being rewritten),
+    BT >= 4 splits them over programs; both match the oracle, state included."""
+    g = _gen(rng)
+    x, w = torch.randn(2, 7, 20, generator=g), torch.randn(20, 4, generator=g)
+    pool = torch.randn(3, 3, 20, generator=g)
+    slots = torch.tensor([2, -1], dtype=torch.int32)
+    want_y, want_s = ref.short_conv(to_f64(x), to_f64(w), to_f64(pool), slots.numpy())
+    for bt in (2, 4):
+        st, y = pool.clone(), torch.full_like(x, float("nan"))
+        nn.short_conv_rows[target](x, w, st, slots, y, BT=bt, BC=16)
+        assert _rel(y, want_y) < 1e-5 and _rel(st, want_s) < 1e-6, bt
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_verify_then_commit_equals_accepted_tokens_only(target, rng):
     """Speculative rollback: a verify over 4 draft tokens (update=False) and a commit of the
     first a accepted ones leaves the state that running only those a tokens would leave, and the
