@@ -235,6 +235,34 @@ def _tuned_rows(target):
     return {"update": _tuned(ar.attnres_update_rows, target), "rmsnorm": _tuned(ar.rmsnorm_row, target)}
 
 
+def sm90_stats(configs=None) -> list[str]:
+    """No GPU: compile attnres_prepare_rows for sm_90 at n = 8, S = 6 (NB = SB = 8) in each config
+    (default: every autotune config), specialised as the GPU JIT would (pointers, sizes and
+    strides multiples of 16), and report registers, spill stack and shared memory
+    (cuobjdump -res-usage) and the resident bytes per SM. Needs a process without TRITON_INTERPRET."""
+    import glob
+    import subprocess
+    import tempfile
+    import triton
+    from k31dsl.ops import attnres as ar
+    from k31dsl.targets.triton.aot import compile_for_gpu
+    tool = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"))
+    folder, out = Path(tempfile.mkdtemp()), []
+    for i, cfg in enumerate(configs or ar.PREPARE_CONFIGS):
+        cx = {key: val for key, val in cfg.items() if key != "num_warps"}
+        c = compile_for_gpu(ar.attnres_prepare_rows.ir(NB=8, SB=8, **cx), folder, arch=90,
+                            divisible=lambda name: True, num_warps=cfg["num_warps"])
+        cubin = folder / f"{i}.cubin"
+        cubin.write_bytes(c.asm["cubin"])
+        res = subprocess.run([tool[0], "-res-usage", str(cubin)], capture_output=True, text=True).stdout if tool else ""
+        res = " ".join(w for line in res.splitlines() if "REG" in line for w in line.split()
+                       if w.startswith(("REG", "STACK")))
+        kept = cfg.get("RC", 0) * cfg["BD"] * 8 * 4
+        out.append(f"{cfg}: {res} smem {c.metadata.shared} B, on chip per program {kept // 1024} KB of the row")
+        print(out[-1], flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -246,7 +274,12 @@ def main(argv=None) -> int:
     ap.add_argument("--s", type=int, default=6)
     ap.add_argument("--decode", default="1,4,16,64")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile anchors")
+    ap.add_argument("--sm90-stats", action="store_true",
+                    help="no GPU: registers/spills/shared memory of every prepare config compiled for sm_90, then exit")
     args = ap.parse_args(argv)
+    if args.sm90_stats:
+        sm90_stats()
+        return 0
     if args.smoke:
         args.n, args.t, args.d, args.s, args.decode, args.no_compile = 3, 4, 96, 2, "1,2", True
     dev = "cpu" if args.smoke else "cuda"

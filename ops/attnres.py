@@ -35,13 +35,21 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 # the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
 # ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
 # re-read more from DRAM. The autotuner decides.
-PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "num_warps": w}
+RESIDENT_CONFIGS = ((128, 16, 24, 8, False),)     # BD, warps, RC, GROUP, PREFETCH
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "RC": 0, "GROUP": 1,
+                    "num_warps": w}
                    for bd, w, re, un, pf in (
                        (128, 4, False, False, False), (256, 8, False, True, False), (512, 16, False, True, False),
                        (512, 16, True, True, False), (512, 8, True, True, False), (256, 16, False, True, False),
                        (128, 4, False, False, True), (256, 8, False, False, True), (128, 4, True, False, True),
                        (256, 16, False, False, True), (512, 16, False, True, True), (512, 16, False, False, True),
                        (512, 16, True, False, True))]
+# Resident configs (RC > 0, see _prepare_one_row_resident): the row's first RC chunks stay in
+# registers between the sweeps, GROUP chunks are loaded at once in the streamed part. One program
+# per SM (16 warps at 128 registers), so the rows in flight (132 x the re-read part) stay in L2.
+PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": True, "UNROLL_SRC": False, "PREFETCH": pf, "RC": rc,
+                     "GROUP": g, "num_warps": w}
+                    for bd, w, rc, g, pf in RESIDENT_CONFIGS]
 # sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins) and the rows
 # (229 KB each) in flight on 132 SMs that they allow: 4 warps 128 (4 programs/SM, 528 rows,
 # 121 MB: sweep 2 mostly from DRAM); 8 warps 121-142 (1-2/SM); 16 warps 80-128 (1/SM, 132 rows,
@@ -121,6 +129,90 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
 
 
+@k.func
+def _prepare_one_row_resident(v, q, o, m, l, eps, t, n, d, OT, NB, SB, BD, RC, GROUP, FINAL, REDUCE_EACH,
+                              PREFETCH):
+    """attnres_prepare_rows for token row t with the row's first RC chunks ([NB, BD] each) held on
+    chip from sweep 1 to sweep 2: they are read from memory once, and only chunks RC.. are read
+    twice (the re-read comes from L2, and the fewer bytes it covers, the more of it L2 still holds).
+    RC * BD >= D: the whole row is on chip and the blocks are read exactly once. The resident loads
+    are issued first and used after the streamed chunks of sweep 1, so their latency hides behind
+    that loop; sweep 2 re-reads the streamed chunks in reverse order, then finishes from registers."""
+    kept = ()
+    for c in k.static_range(RC):
+        kept = kept + (v[k.span(0, NB, other=0.0), t, k.span(c * BD, BD, other=0.0)].to(k.f32),)
+    chunks = k.cdiv(d, BD)
+    sq = k.zeros((NB, BD), k.f32)
+    if REDUCE_EACH:
+        qv = k.zeros((SB, NB), k.f32)
+    else:
+        qv = k.zeros((SB, NB, BD), k.f32)
+    if PREFETCH:
+        x_next = v[k.span(0, NB, other=0.0), t, k.span(RC * BD, BD, other=0.0)]
+        q_next = q[k.span(0, SB, other=0.0), k.span(RC * BD, BD, other=0.0)]
+    for j0 in range(RC, chunks, GROUP):
+        # GROUP chunks' loads are issued together, then their arithmetic (bytes in flight without
+        # the registers of a wider chunk); chunks past D are masked off (no traffic)
+        xs = ()
+        qs = ()
+        for u in k.static_range(GROUP):
+            j = j0 + u
+            if PREFETCH:
+                xs = xs + (x_next,)
+                qs = qs + (q_next,)
+                x_next = v[k.span(0, NB, other=0.0), t, k.span((j + 1) * BD, BD, other=0.0)]
+                q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
+            else:
+                xs = xs + (v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)],)
+                qs = qs + (q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)],)
+        for u in k.static_range(GROUP):
+            x = xs[u].to(k.f32)
+            qt = qs[u]
+            sq += x * x
+            if REDUCE_EACH:
+                qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
+            else:
+                qv += qt[:, None, :] * x[None, :, :]
+    for c in k.static_range(RC):
+        x = kept[c]
+        qt = q[k.span(0, SB, other=0.0), k.span(c * BD, BD, other=0.0)]
+        sq += x * x
+        if REDUCE_EACH:
+            qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
+        else:
+            qv += qt[:, None, :] * x[None, :, :]
+    inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
+    if REDUCE_EACH:
+        z = qv * inv_rms[None, :]                                         # [SB, NB]
+    else:
+        z = k.sum(qv, axis=2) * inv_rms[None, :]
+    z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
+    zmax = k.max(z, axis=1)
+    e = k.exp(z - zmax[:, None])
+    esum = k.sum(e, axis=1)
+    if FINAL:
+        e = e / esum[:, None]
+    else:
+        m[k.span(0, SB), t] = zmax
+        l[k.span(0, SB), t] = esum
+    for jj in range(0, chunks - RC, GROUP):
+        # reverse: the chunks read last are still cached. A chunk below RC (the group overhangs
+        # the resident ones) starts past D instead: no load, no store
+        cols = ()
+        xs = ()
+        for u in k.static_range(GROUP):
+            j = chunks - 1 - jj - u
+            c0 = k.where(j >= RC, j * BD, d)
+            cols = cols + (c0,)
+            xs = xs + (v[k.span(0, NB, other=0.0), t, k.span(c0, BD, other=0.0)],)
+        for u in k.static_range(GROUP):
+            x = xs[u].to(k.f32)
+            o[k.span(0, SB), t, k.span(cols[u], BD)] = k.sum(e[:, :, None] * x[None, :, :], axis=1).to(OT)
+    for c in k.static_range(RC):
+        x = kept[c]
+        o[k.span(0, SB), t, k.span(c * BD, BD)] = k.sum(e[:, :, None] * x[None, :, :], axis=1).to(OT)
+
+
 @k.kernel(configs=PREPARE_CONFIGS)
 def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S", "D"],
                          o: k.Tensor["OT", "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],
@@ -129,15 +221,20 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
-                         WARPS: k.constexpr = 4):
+                         RC: k.constexpr = 0, GROUP: k.constexpr = 1, WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
+    # RC > 0: the first RC chunks stay on chip between the sweeps (UNROLL_SRC does not apply).
     for t in k.grid(v.shape[1]):
-        _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB, BD,
-                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH)
+        if RC > 0:
+            _prepare_one_row_resident(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], OT, NB, SB, BD, RC, GROUP,
+                                      FINAL, REDUCE_EACH, PREFETCH)
+        else:
+            _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB,
+                             BD, FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH)
 
 
 @k.kernel(configs=ROW_CONFIGS)
@@ -225,7 +322,8 @@ def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
     if final:
         kw["FINAL"] = True
     if sb * nb > 64 or nb > 16:
-        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False)
+        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False,
+                  RC=0, GROUP=1)
     attnres_prepare_rows[target](v, q, o, m, l, eps, **kw)
 
 
