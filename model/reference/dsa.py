@@ -12,16 +12,31 @@ import torch
 
 from k31dsl.model.config import INDEX_DIM, KV_LORA, ROPE_DIM
 from k31dsl.model.reference.functions import (apply_rope, bf16_round, fp8_tile_qdq, hadamard, layernorm, lin,
-                                              mxfp8_qdq, rmsnorm)
+                                              maybe_compiled, mxfp8_qdq, rmsnorm)
 
-BLOCK_ELEMENTS = 1 << 27          # bound of the per-query-block intermediates (elements)
+BLOCK_ELEMENTS = 1 << 28          # bound of the per-query-block intermediates (elements)
 
 
 def _as_f32(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
-def sparse_attention(Q, qi, wts, qpos, keys, kidx, topk: int, sm_scale: float) -> torch.Tensor:
+def attend_block(Q, qi, wts, qpos, keys, kidx, kk: int, sm_scale: float) -> torch.Tensor:
+    """One block of B queries (see sparse_attention): indexer scores, top-k, gather, attention."""
+    dots = torch.relu(torch.einsum("nbhd,nsd->nbhs", qi, kidx))                   # [N, B, HI, S]
+    score = torch.einsum("nbh,nbhs->nbs", wts, dots)
+    span = torch.arange(kidx.shape[1], device=Q.device)
+    score = score.masked_fill(span > qpos[:, :, None], float("-inf"))
+    top, idx = score.topk(kk, dim=-1)                                             # [N, B, k]
+    rows = torch.arange(Q.shape[0], device=Q.device)[:, None, None]
+    sel = keys[rows, idx]                                                         # [N, B, k, 576]
+    logits = torch.einsum("nbhd,nbkd->nbhk", Q, sel) * sm_scale
+    logits = logits.masked_fill(~torch.isfinite(top)[:, :, None, :], float("-inf"))  # fewer than k positions
+    p = torch.softmax(logits, dim=-1)
+    return torch.einsum("nbhk,nbkc->nbhc", p, sel[..., :KV_LORA])
+
+
+def sparse_attention(Q, qi, wts, qpos, keys, kidx, topk: int, sm_scale: float, compile: bool = False) -> torch.Tensor:
     """N sequences of L queries each over their S cached positions.
     Q [N, L, H, 576] (bf16-rounded), qi [N, L, HI, 128] (indexer queries, dequantised), wts [N, L, HI],
     qpos [N, L] (positions; a query sees s <= pos), keys [N, S, 576], kidx [N, S, 128].
@@ -31,21 +46,46 @@ def sparse_attention(Q, qi, wts, qpos, keys, kidx, topk: int, sm_scale: float) -
     kk = min(topk, S)
     per_query = N * max(2 * HI * S, kk * (KV_LORA + ROPE_DIM) + 2 * H * kk)
     block = max(1, min(L, BLOCK_ELEMENTS // per_query))
-    rows = torch.arange(N, device=Q.device)[:, None, None]
-    span = torch.arange(S, device=Q.device)
-    out = []
-    for b0 in range(0, L, block):
-        b1 = min(b0 + block, L)
-        dots = torch.relu(torch.einsum("nbhd,nsd->nbhs", qi[:, b0:b1], kidx))           # [N, B, HI, S]
-        score = torch.einsum("nbh,nbhs->nbs", wts[:, b0:b1], dots)
-        score = score.masked_fill(span > qpos[:, b0:b1, None], float("-inf"))
-        top, idx = score.topk(kk, dim=-1)                                                # [N, B, k]
-        sel = keys[rows, idx]                                                            # [N, B, k, 576]
-        logits = torch.einsum("nbhd,nbkd->nbhk", Q[:, b0:b1], sel) * sm_scale
-        logits = logits.masked_fill(~torch.isfinite(top)[:, :, None, :], float("-inf"))  # fewer than k positions
-        p = torch.softmax(logits, dim=-1)
-        out.append(torch.einsum("nbhk,nbkc->nbhc", p, sel[..., :KV_LORA]))
+    fn = maybe_compiled(attend_block, compile)
+    out = [fn(Q[:, b0:b0 + block], qi[:, b0:b0 + block], wts[:, b0:b0 + block], qpos[:, b0:b0 + block],
+              keys, kidx, kk, sm_scale) for b0 in range(0, L, block)]
     return torch.cat(out, dim=1)
+
+
+def dsa_project(x, cos, sin, q_a, q_a_norm, q_b, kv_a, kv_a_norm, w_uk, idx_wq_b, idx_wk, idx_k_norm_w,
+                idx_k_norm_b, idx_weights_proj, H: int, dn: int, HI: int, eps: float, quantize: bool):
+    """Per token: the attention query Q [n, H, 576] (bf16), the cache row [n, 576] (FP8-tile latent
+    | bf16 rope), the indexer query qi [n, HI, 128] and key ki [n, 128] (MXFP8) and head weights
+    wts [n, HI]; quantize=False makes every quantisation point the identity (the exact model)."""
+    if quantize:
+        fp8, mx, bf16 = fp8_tile_qdq, mxfp8_qdq, bf16_round
+    else:
+        fp8 = mx = bf16 = _as_f32
+    n_tok = x.shape[0]
+    had = hadamard(INDEX_DIM, x.device, torch.float32)
+    qa = rmsnorm(lin(x, q_a), q_a_norm, eps)
+    q = lin(qa, q_b).view(n_tok, H, dn + ROPE_DIM)
+    q_nope, q_pe = q[..., :dn], apply_rope(q[..., dn:], cos, sin)
+    kv = lin(x, kv_a)
+    c = rmsnorm(kv[:, :KV_LORA], kv_a_norm, eps)
+    k_pe = apply_rope(kv[:, KV_LORA:], cos, sin)
+    q_lat = torch.einsum("thn,hnc->thc", q_nope, w_uk.to(q_nope.dtype))
+    Q = bf16(torch.cat([q_lat, q_pe], dim=-1).float())
+    row = torch.cat([fp8(c), bf16(k_pe.float())], dim=-1)
+    # Lightning Indexer: RoPE on dims [0, 64), orthonormal Hadamard, MXFP8
+    qi = lin(qa, idx_wq_b).view(n_tok, HI, INDEX_DIM).float()
+    qi = mx(apply_rope(qi, cos, sin) @ had)
+    ki = layernorm(lin(x, idx_wk).float(), idx_k_norm_w, idx_k_norm_b, 1e-6)
+    ki = mx(apply_rope(ki, cos, sin) @ had)
+    wts = lin(x, idx_weights_proj).float() * HI ** -0.5
+    return Q, row, qi, ki, wts
+
+
+def _rows(cache: torch.Tensor, slots: list[int], slot_index: torch.Tensor, end: int) -> torch.Tensor:
+    """cache[slots, :end]: a view when the slots are consecutive (no copy of the caches)."""
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        return cache[slots[0]:slots[0] + len(slots), :end]
+    return cache[slot_index, :end]
 
 
 def dsa_layer(cfg, w: dict, p: str, x: torch.Tensor, batch, state, layer: int) -> torch.Tensor:
@@ -53,49 +93,29 @@ def dsa_layer(cfg, w: dict, p: str, x: torch.Tensor, batch, state, layer: int) -
     cache entries at (slot, position), then attends over each sequence's positions <= its own."""
     H, dn, dv, HI = cfg.mla_heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.index_heads
     n_tok = x.shape[0]
-    cos, sin = batch.cos, batch.sin
-    had = hadamard(INDEX_DIM, x.device, torch.float32)
-    if batch.quantize:
-        fp8, mx, bf16 = fp8_tile_qdq, mxfp8_qdq, bf16_round
-    else:                                       # the exact model (tests): every quantisation point is the identity
-        fp8 = mx = bf16 = _as_f32
-    # MLA query and latent
-    qa = rmsnorm(lin(x, w[p + "q_a"]), w[p + "q_a_norm"], cfg.rms_eps)
-    q = lin(qa, w[p + "q_b"]).view(n_tok, H, dn + ROPE_DIM)
-    q_nope, q_pe = q[..., :dn], apply_rope(q[..., dn:], cos, sin)
-    kv = lin(x, w[p + "kv_a"])
-    c = rmsnorm(kv[:, :KV_LORA], w[p + "kv_a_norm"], cfg.rms_eps)
-    k_pe = apply_rope(kv[:, KV_LORA:], cos, sin)
-    q_lat = torch.einsum("thn,hnc->thc", q_nope, w[p + "w_uk"].to(q_nope.dtype))
-    Q = bf16(torch.cat([q_lat, q_pe], dim=-1).float())
-    # Lightning Indexer: RoPE on dims [0, 64), orthonormal Hadamard, MXFP8
-    qi = lin(qa, w[p + "idx_wq_b"]).view(n_tok, HI, INDEX_DIM).float()
-    qi = mx(apply_rope(qi, cos, sin) @ had)
-    ki = layernorm(lin(x, w[p + "idx_wk"]).float(), w[p + "idx_k_norm_w"], w[p + "idx_k_norm_b"], 1e-6)
-    ki = mx(apply_rope(ki, cos, sin) @ had)
-    wts = lin(x, w[p + "idx_weights_proj"]).float() * HI ** -0.5
-    # cache writes at (slot, position)
-    lat_cache, rope_cache, idx_cache = state.latent[layer], state.rope[layer], state.index[layer]
-    lat_cache[batch.slot_of_token, batch.positions] = fp8(c)
-    rope_cache[batch.slot_of_token, batch.positions] = bf16(k_pe.float())
+    names = ("q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "w_uk", "idx_wq_b", "idx_wk", "idx_k_norm_w",
+             "idx_k_norm_b", "idx_weights_proj")
+    Q, row, qi, ki, wts = maybe_compiled(dsa_project, batch.compile)(
+        x, batch.cos, batch.sin, *[w[p + n] for n in names], H, dn, HI, cfg.rms_eps, batch.quantize)
+    kv_cache, idx_cache = state.kv[layer], state.index[layer]
+    kv_cache[batch.slot_of_token, batch.positions] = row
     idx_cache[batch.slot_of_token, batch.positions] = ki
-
-    def keys_of(slots, end):
-        return torch.cat([lat_cache[slots, :end], rope_cache[slots, :end]], dim=-1), idx_cache[slots, :end]
-
     if batch.kind == "prefill":
         outs = []
         for slot, off, n, ctx in zip(batch.slots, batch.offsets, batch.lens, batch.ctx):
             seg = slice(off, off + n)
-            keys, kidx = keys_of([slot], ctx + n)
             outs.append(sparse_attention(Q[None, seg], qi[None, seg], wts[None, seg], batch.positions[None, seg],
-                                         keys, kidx, cfg.index_topk, cfg.sm_scale)[0])
+                                         kv_cache[slot:slot + 1, :ctx + n], idx_cache[slot:slot + 1, :ctx + n],
+                                         cfg.index_topk, cfg.sm_scale, batch.compile)[0])
         o_lat = torch.cat(outs, dim=0)
     else:
         n_seq, L = len(batch.slots), batch.lens[0]
-        keys, kidx = keys_of(batch.slot_index, max(batch.ctx) + L)
+        end = max(batch.ctx) + L
+        keys = _rows(kv_cache, batch.slots, batch.slot_index, end)
+        kidx = _rows(idx_cache, batch.slots, batch.slot_index, end)
         o_lat = sparse_attention(Q.view(n_seq, L, H, -1), qi.view(n_seq, L, HI, -1), wts.view(n_seq, L, HI),
-                                 batch.positions.view(n_seq, L), keys, kidx, cfg.index_topk, cfg.sm_scale)
+                                 batch.positions.view(n_seq, L), keys, kidx, cfg.index_topk, cfg.sm_scale,
+                                 batch.compile)
         o_lat = o_lat.reshape(n_tok, H, KV_LORA)
     o = torch.einsum("thc,hvc->thv", o_lat.to(x.dtype), w[p + "w_uv"].to(x.dtype))
     return lin(o.reshape(n_tok, H * dv), w[p + "o_proj"])

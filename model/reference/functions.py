@@ -12,6 +12,18 @@ import torch
 import torch.nn.functional as F
 
 E4M3_MAX = 448.0
+_COMPILED: dict = {}
+
+
+def maybe_compiled(fn, on: bool):
+    """fn, or its torch.compile'd version (dynamic shapes; one per function, shared by all models)
+    when `on`: the model's Python loops (layers, chunks, query blocks, experts) stay eager and the
+    tensor pieces between them are compiled."""
+    if not on:
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
 
 
 def lin(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -130,10 +142,11 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tens
     return ids[:, :top_k], top / top.sum(-1, keepdim=True)
 
 
-def moe(x: torch.Tensor, w: dict, prefix: str, top_k: int) -> torch.Tensor:
+def moe(x: torch.Tensor, w: dict, prefix: str, top_k: int, compile: bool = False) -> torch.Tensor:
     """Routed experts (tokens grouped by expert; only selected experts run) + the shared expert."""
-    ids, wgt = route(x, w[prefix + "router"], top_k)
-    out = swiglu(x, w[prefix + "shared_gate_up"], w[prefix + "shared_down"])
+    expert = maybe_compiled(swiglu, compile)
+    ids, wgt = maybe_compiled(route, compile)(x, w[prefix + "router"], top_k)
+    out = expert(x, w[prefix + "shared_gate_up"], w[prefix + "shared_down"])
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=w[prefix + "router"].shape[0]).tolist()   # one host sync
@@ -144,7 +157,7 @@ def moe(x: torch.Tensor, w: dict, prefix: str, top_k: int) -> torch.Tensor:
     for e, n in enumerate(counts):
         if n:
             t = tok[start:start + n]
-            out.index_add_(0, t, swiglu(x[t], gate_up[e], down[e]) * gates[start:start + n, None])
+            out.index_add_(0, t, expert(x[t], gate_up[e], down[e]) * gates[start:start + n, None])
         start += n
     return out
 

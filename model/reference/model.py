@@ -10,34 +10,36 @@ import torch
 from k31dsl.dsl.errors import K31Error
 from k31dsl.model.config import CONV, INDEX_DIM, KV_LORA, PAGE, ROPE_DIM, K31Config
 from k31dsl.model.reference.dsa import dsa_layer
-from k31dsl.model.reference.functions import attnres, lin, moe, rmsnorm, rope_tables
+from k31dsl.model.reference.functions import attnres, lin, maybe_compiled, moe, rmsnorm, rope_tables
 from k31dsl.model.reference.kda import kda_layer
 from k31dsl.model.step import Step
 
 
-def run_layers(cfg: K31Config, w: dict, e: torch.Tensor, attn, mlp) -> torch.Tensor:
+def run_layers(cfg: K31Config, w: dict, e: torch.Tensor, attn, mlp, compile: bool = False) -> torch.Tensor:
     """The decoder stack with Block AttnRes (K3 convention: `attnres_block` counts decoder layers).
     attn(l, kind, h) and mlp(l, h) are the sublayers including their pre-norm; returns the final
     AttnRes output h [T, d] (before the final norm)."""
     eps = cfg.attnres_eps
+    res = maybe_compiled(attnres, compile)
     blocks: list[torch.Tensor] = []
     prefix = e
     for l, kind in enumerate(cfg.layer_kinds):
         p = f"layers.{l}."
-        h = attnres(blocks + [prefix], w[p + "attn_res.query"], w[p + "attn_res.norm"], eps)
+        h = res(blocks + [prefix], w[p + "attn_res.query"], w[p + "attn_res.norm"], eps)
         if l % cfg.attnres_block == 0:
             blocks.append(prefix)
             prefix = None
         a = attn(l, kind, h)
         prefix = a if prefix is None else prefix + a
-        h = attnres(blocks + [prefix], w[p + "mlp_res.query"], w[p + "mlp_res.norm"], eps)
+        h = res(blocks + [prefix], w[p + "mlp_res.query"], w[p + "mlp_res.norm"], eps)
         prefix = prefix + mlp(l, h)
-    return attnres(blocks + [prefix], w["final_res.query"], w["final_res.norm"], eps)
+    return res(blocks + [prefix], w["final_res.query"], w["final_res.norm"], eps)
 
 
 class _States:
-    """Per-slot tensors: KDA state [slots, HV, K, V] and conv state [slots, 3, C] per KDA layer; the
-    dense caches [slots, max_len, 512 | 64 | 128] per DSA layer; pending verify states."""
+    """Per-slot tensors: KDA state [slots, HV, K, V] and conv state [slots, 3, C] per KDA layer; per
+    DSA layer the dense caches kv [slots, max_len, 576] (dequantised latent | bf16 rope; `latent`
+    and `rope` are views of it) and index [slots, max_len, 128]; pending verify states."""
 
     def __init__(self, cfg: K31Config, num_slots: int, max_len: int, device):
         f32 = dict(dtype=torch.float32, device=device)
@@ -45,8 +47,9 @@ class _States:
         channels = 2 * cfg.kda_heads * K + HV * V
         self.kda = {l: torch.zeros(num_slots, HV, K, V, **f32) for l in cfg.kda_layers}
         self.conv = {l: torch.zeros(num_slots, CONV - 1, channels, **f32) for l in cfg.kda_layers}
-        self.latent = {l: torch.zeros(num_slots, max_len, KV_LORA, **f32) for l in cfg.dsa_layers}
-        self.rope = {l: torch.zeros(num_slots, max_len, ROPE_DIM, **f32) for l in cfg.dsa_layers}
+        self.kv = {l: torch.zeros(num_slots, max_len, KV_LORA + ROPE_DIM, **f32) for l in cfg.dsa_layers}
+        self.latent = {l: t[..., :KV_LORA] for l, t in self.kv.items()}
+        self.rope = {l: t[..., KV_LORA:] for l, t in self.kv.items()}
         self.index = {l: torch.zeros(num_slots, max_len, INDEX_DIM, **f32) for l in cfg.dsa_layers}
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -65,15 +68,17 @@ class _Batch:
     cos: torch.Tensor                 # [Ntok, 32] fp32
     sin: torch.Tensor
     quantize: bool                    # False: the quantisation points are the identity (exact model)
+    compile: bool                     # torch.compile the tensor pieces between the Python loops
 
 
 class ReferenceModel:
     """The Runner of the torch reference: fp32 activations (matmuls in the weights' dtype).
     quantize=False replaces the quantisation points (FP8 latent, MXFP8 indexer, bf16 rope and Q)
-    by the identity: the exact model, whose paths agree to fp32 rounding (tests)."""
+    by the identity: the exact model, whose paths agree to fp32 rounding (tests). compile=True runs
+    the tensor pieces between the Python loops through torch.compile (the benchmark's anchor)."""
 
     def __init__(self, config: K31Config, weights: dict, device=None, num_slots: int = 8, max_len: int = 2048,
-                 quantize: bool = True):
+                 quantize: bool = True, compile: bool = False):
         from k31dsl.model.weights import check_weights
         check_weights(config, weights, origin="ReferenceModel")
         self.config = config
@@ -81,7 +86,7 @@ class ReferenceModel:
         self.weights = {n: t.to(self.device) for n, t in weights.items()}
         self.num_slots, self.max_len = num_slots, max_len
         self.states = _States(config, num_slots, max_len, self.device)
-        self.quantize = quantize
+        self.quantize, self.compile = quantize, compile
         self._verify: Step | None = None
 
     # ------------------------------------------------------------------ Runner protocol
@@ -96,9 +101,10 @@ class ReferenceModel:
         if self._verify is not None:
             raise K31Error("ReferenceModel: a verify step is pending; call commit(step, accepted) first")
         batch = self._batch(step)
-        tokens = torch.tensor([t for seq in step.tokens for t in seq], dtype=torch.long, device=self.device)
-        if int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab_size:
+        flat = [t for seq in step.tokens for t in seq]
+        if min(flat) < 0 or max(flat) >= cfg.vocab_size:
             raise K31Error(f"ReferenceModel: token ids must be in [0, {cfg.vocab_size})")
+        tokens = torch.tensor(flat, dtype=torch.long, device=self.device)
         e = w["embed"][tokens].float()
 
         def attn(l, kind, h):
@@ -108,9 +114,9 @@ class ReferenceModel:
 
         def mlp(l, h):
             x = rmsnorm(h, w[f"layers.{l}.mlp_norm"], cfg.rms_eps)
-            return moe(x, w, f"layers.{l}.moe.", cfg.n_experts_per_tok)
+            return moe(x, w, f"layers.{l}.moe.", cfg.n_experts_per_tok, self.compile)
 
-        h = run_layers(cfg, w, e, attn, mlp)
+        h = run_layers(cfg, w, e, attn, mlp, self.compile)
         if step.kind == "verify":
             self._verify = step
         return lin(rmsnorm(h, w["final_norm"], cfg.rms_eps), w["lm_head"]).float()
@@ -171,7 +177,7 @@ class ReferenceModel:
         cos, sin = rope_tables(positions, self.config.rope_theta, ROPE_DIM // 2)
         return _Batch(step.kind, list(step.state_slots), offsets, step.query_lens, list(step.context_lens),
                       torch.tensor(step.state_slots, dtype=torch.long, device=dev), slot_of_token, positions, cos, sin,
-                      self.quantize)
+                      self.quantize, self.compile)
 
 
 def forward(config: K31Config, weights: dict, tokens, quantize: bool = True) -> torch.Tensor:
