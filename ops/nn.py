@@ -557,9 +557,9 @@ register(OpSpec("linear", "nn", linear, [linear_rows],
                 "y = act(x @ w^T), torch Linear layout, act none/sigmoid/silu (fp32 accumulate, k.dot tiles)",
                 _check_linear, tags=["nn", "gemm"]))
 register(OpSpec("swiglu", "nn", swiglu, [swiglu_rows], "silu(x[..., :F]) * x[..., F:]", _check_swiglu, tags=["nn"]))
-register(OpSpec("embedding", "nn", embedding, [embedding_rows], "token embedding: table[ids] (ids checked on the host)",
+register(OpSpec("embedding", "nn", embedding, [embedding_rows], "token embedding: the table row of each token id (ids checked on the host)",
                 _check_embedding, tags=["nn"]))
-register(OpSpec("short_conv", "nn", short_conv, [short_conv_rows, short_conv_commit_rows],
+register(OpSpec("short_conv", "nn", short_conv, [short_conv_rows],
                 "KDA causal depthwise conv1d (kernel 4) + SiLU with a per-slot fp32 state pool (update in place)",
                 _check_short_conv, tags=["nn", "kda"]))
 register(OpSpec("short_conv_commit", "nn", short_conv_commit, [short_conv_commit_rows],

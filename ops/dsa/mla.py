@@ -357,7 +357,7 @@ def _register():
     register(OpSpec("mla_kv", "dsa", mla_kv, [mla_kv_rows],
                     "MLA key row: rmsnorm(latent 512) * w, rope(64)", _check_mla_kv, tags=["dsa", "mla"]))
     register(OpSpec("mla_out", "dsa", mla_out, [mla_out_rows],
-                    "MLA value up-projection per head: o[:, h] @ w_uv[h]^T -> [T, H * DV]", _check_mla_out,
+                    "MLA value up-projection per head: o_h @ w_uv_h^T -> [T, H * DV]", _check_mla_out,
                     tags=["dsa", "mla"]))
 
 
