@@ -354,12 +354,14 @@ def test_speculative_greedy_equals_plain_greedy(rng, gamma):
 
 def test_speculative_sampling_is_seeded_and_batch_independent(rng):
     seed = int(rng.integers(1 << 30))
-    prompts = random_prompts(rng, [7, 15, 26])
+    prompts = random_prompts(rng, [7, 15, 26, 11])
     sps = [SamplingParams(temperature=1.0, seed=int(rng.integers(1 << 30))) for _ in prompts]
+    sps[2] = SamplingParams()                         # a greedy request in the same rounds
     kw = dict(gamma=3, draft_noise=0.7)
     eng = make_engine(seed, **kw)
-    got = run_ragged(eng, prompts, [9] * 3, join_at=[0, 1, 1], samplings=sps)
+    got = run_ragged(eng, prompts, [9] * 4, join_at=[0, 1, 1, 3], samplings=sps)
     assert got == [run_alone(seed, p, 9, sp, **kw) for p, sp in zip(prompts, sps)]
+    assert got[2] == run_alone(seed, prompts[2], 9)
     assert 0 < eng.stats.acceptance_rate < 1
 
 
