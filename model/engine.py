@@ -145,6 +145,13 @@ class Engine:
         if draft is not None and int(draft.config.vocab_size) != self.vocab_size:
             raise K31Error(f"Engine: the draft's vocab_size ({draft.config.vocab_size}) differs from the "
                            f"target's ({self.vocab_size})")
+        for name, r in (("runner", runner), ("draft", draft)):
+            # Page and slot ids go to both runners unchanged: each must hold at least as many.
+            for attr, want in (("num_pages", num_pages), ("num_slots", num_slots)):
+                have = getattr(r, attr, None) if r is not None else None
+                if isinstance(have, int) and have < want:
+                    raise K31Error(f"Engine: the {name} ({type(r).__name__}) has {attr}={have}, fewer than the "
+                                   f"engine's {want}", hint=f"build the {name} with {attr}={want} or more")
         self.runner, self.draft, self.gamma = runner, draft, gamma
         self.max_batch, self.prefill_chunk, self.seed = max_batch, prefill_chunk, seed
         self.pages = PageAllocator(num_pages)

@@ -245,6 +245,10 @@ def test_request_that_can_never_fit(rng):
         eng.add_request([1], 0)
     with pytest.raises(K31Error, match="draft runner and gamma"):
         Engine(FakeRunner(0), num_pages=4, num_slots=2, max_batch=2, gamma=2)
+    with pytest.raises(K31Error, match="num_slots=2, fewer"):
+        small = FakeRunner(0)
+        small.num_slots = 2
+        Engine(small, num_pages=4, num_slots=3, max_batch=2)
     with pytest.raises(K31Error, match="vocab_size"):
         Engine(FakeRunner(0), num_pages=4, num_slots=2, max_batch=2, gamma=2, draft=FakeRunner(0, vocab=50))
 
