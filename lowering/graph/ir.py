@@ -420,10 +420,12 @@ def op_order(p: "Program", units: dict) -> list[str]:
     return out
 
 
-def would_cycle(p: "Program", nodes: set) -> bool:
+def would_cycle(p: "Program", nodes: set, deps: dict | None = None) -> bool:
     """True when merging `nodes` into one unit makes a cycle: some other node lies on a
-    dependency path between two of them."""
-    deps = {n: p.op_deps(n) for n in p.order}
+    dependency path between two of them. `deps` ({node: p.op_deps(node)} for every node) may be
+    passed by a caller asking many times about one program."""
+    if deps is None:
+        deps = {n: p.op_deps(n) for n in p.order}
     succ: dict = {n: set() for n in p.order}
     for n, ds in deps.items():
         for d in ds:

@@ -34,7 +34,11 @@ def _side(p, nid: str) -> Side:
 
 def consumers(p, nid: str) -> list[str]:
     """Calls reading a tensor version `nid` writes, in schedule order."""
-    pos = {n: i for i, n in enumerate(p.ops())}
+    # Without launch groups the schedule is the insertion order (a topological order, and ops()
+    # sorts by it): reading it is linear, where ops() is a full sort per query (a model step
+    # graph of ~100 calls spent 30 s here).
+    grouped = any("group" in p.node(n).attrs for n in p.order)
+    pos = {n: i for i, n in enumerate(p.ops() if grouped else p.order)}
     out = {r for t in p.writes_of(nid) for r in p.readers(t) if p.node(r).kind == "call"}
     return sorted(out, key=pos.get)
 
@@ -64,12 +68,24 @@ def fused_name(kernels: list[str]) -> str:
     return f"{head}__{len(kernels)}"
 
 
+def all_deps(p) -> dict:
+    """{node: p.op_deps(node)} of a program, computed once per program object (the pass replaces
+    the program on every fusion, so the cache never outlives the graph it describes)."""
+    deps = p.__dict__.get("_superkernel_deps")
+    if deps is None or deps[0] is not p.g:
+        deps = p._superkernel_deps = (p.g, {n: p.op_deps(n) for n in p.order})
+    return deps[1]
+
+
 def fuse_pair(p, prod: str, cons: str):
     """(new program, message) or raises Refusal."""
-    if would_cycle(p, {prod, cons}):
+    if would_cycle(p, {prod, cons}, all_deps(p)):
         import networkx as nx
         from k31dsl.lowering.passes.memory_plan import op_dag
-        dag = op_dag(p)
+        cached = p.__dict__.get("_superkernel_dag")
+        if cached is None or cached[0] is not p.g:
+            cached = p._superkernel_dag = (p.g, op_dag(p))
+        dag = cached[1]
         between = sorted((nx.descendants(dag, prod) & nx.ancestors(dag, cons)) - {prod, cons})
         raise Refusal(f"another node ({', '.join(between[:3])}) depends on `{prod}` and feeds `{cons}`")
     drop = droppable(p, prod, cons)
@@ -130,7 +146,7 @@ def superkernel(program):
             p.report.append(f"superkernel: did not inline {cons} into {prod}: {why}; not grouped either "
                             "(a branch or join: the streams pass may run its parts side by side)")
             continue
-        if would_cycle(p, members):
+        if would_cycle(p, members, all_deps(p)):
             p.report.append(f"superkernel: kept {prod} and {cons} apart and in separate launches: {why}; "
                             "grouping them would put another node inside the launch")
             continue
