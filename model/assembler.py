@@ -30,6 +30,7 @@ import torch
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
 from k31dsl.lowering.graph import compile_program
+from k31dsl.lowering.graph.pipeline import graph_pipeline, run_graph_pipeline
 from k31dsl.model.config import PAGE, K31Config
 from k31dsl.model.layers import dsa as dsa_layer
 from k31dsl.model.layers import kda as kda_layer
@@ -39,9 +40,16 @@ from k31dsl.model.step import Step
 from k31dsl.ops.common import next_pow2, resolve_target
 from k31dsl.ops.moe import add_moe
 from k31dsl.ops.nn import embedding_rows
+from k31dsl.model.layers.common import memo
+
+embedding_rows = memo(embedding_rows)
 
 FOLDED = (".attn_res.query", ".attn_res.norm", ".mlp_res.query", ".mlp_res.norm", "final_res.query",
           "final_res.norm", ".A_log", ".dt_bias", ".idx_k_norm_w", ".idx_k_norm_b")
+
+
+_PASSED: dict = {}        # (flavour, shape class, pass names so far) -> program after those passes
+_EXECUTABLES: dict = {}   # (flavour, shape class, pass names, target, device) -> executable
 
 
 def bucket(n: int) -> int:
@@ -108,7 +116,9 @@ class ModelRunner:
                        **dsa_layer.new_caches(config, num_pages, self.device)}
         self.graph_mode = (self.target == "triton" and self.device.type == "cuda") if graph_mode is None \
             else bool(graph_mode)
-        self._exes: dict = {}           # ShapeClass -> executable
+        # what the step programs depend on besides the shape class: the config, and the target
+        # only where a builder asks it (DSA heads per program on ascendc)
+        self._flavour = (config.digest(), self.dtype, "ascendc" if self.target == "ascendc" else "any")
         self._graphs: dict = {}         # ShapeClass -> (CUDAGraph, static inputs, logits)
         self._replay: dict = {}         # (n_seqs, n) -> verify buffers
         self._const: dict = {}          # (name, shape) -> constant inputs (zeros, chunk maps)
@@ -141,10 +151,30 @@ class ModelRunner:
         return build_commit_program(g) if shape.kind == "commit" else build_step_program(g)
 
     def executable(self, shape: ShapeClass):
-        exe = self._exes.get(shape)
+        """The compiled program of a shape class. Programs depend on the config and shape only
+        (weights, caches and states are inputs), so compiled programs are shared by every runner
+        of this process with the same config, target and passes; and since each graph pass is a
+        pure function Program -> Program, the program after each prefix of the pass list is kept
+        too (another pass list, or another target with the same passes, starts from there)."""
+        key = (self._flavour, shape, tuple(n for n, _ in graph_pipeline(self.target, self.passes)), self.target,
+               str(self.device))
+        exe = _EXECUTABLES.get(key)
         if exe is None:
-            exe = self._exes[shape] = compile_program(self.build(shape), self.target, passes=self.passes)
+            prog = self._after_passes(shape)
+            exe = _EXECUTABLES[key] = compile_program(prog, self.target, passes=[])
         return exe
+
+    def _after_passes(self, shape: ShapeClass):
+        prefix = (self._flavour, shape)
+        prog = _PASSED.get(prefix)
+        if prog is None:
+            prog = _PASSED[prefix] = self.build(shape)
+        for name, fn in graph_pipeline(self.target, self.passes):
+            prefix = prefix + (name,)
+            if prefix not in _PASSED:
+                _PASSED[prefix] = run_graph_pipeline(prog, self.target, passes=[(name, fn)])
+            prog = _PASSED[prefix]
+        return prog
 
     def explain(self, kind: str = "decode", n_seqs: int = 1, q_len: int | None = None, max_pages: int = 1) -> str:
         """The step graph of a shape class as text after each pass of the target's pipeline."""

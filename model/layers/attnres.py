@@ -17,6 +17,7 @@ from __future__ import annotations
 import k31dsl as k
 from k31dsl.ops.attnres import ROW_CONFIGS, attnres_prepare_rows, rmsnorm_row, row_block, row_warps
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2
+from k31dsl.model.layers.common import memo
 
 
 @k.kernel(configs=ROW_CONFIGS)
@@ -56,6 +57,10 @@ def attnres_append_block(src: k.Tensor[k.f32, "N", "T", "D"], partial: k.Tensor[
             out[i, t, k.span(0, BD)] = src[i, t, k.span(0, BD, other=0.0)]
         out[src.shape[0], t, k.span(0, BD)] = partial[t, k.span(0, BD, other=0.0)] + \
             delta[t, k.span(0, BD, other=0.0)].to(k.f32)
+
+
+attnres_slot_update_rows, attnres_append_block, attnres_prepare_rows, rmsnorm_row = memo(
+    attnres_slot_update_rows, attnres_append_block, attnres_prepare_rows, rmsnorm_row)
 
 
 def sublayer_plan(config) -> list[list[tuple[str, str | None]]]:

@@ -17,7 +17,37 @@ from k31dsl.lowering.graph import Program
 from k31dsl.lowering.graph.ir import TensorRef
 from k31dsl.ops.dsa.mla import rope_table_rows
 from k31dsl.ops.common import next_pow2
-from k31dsl.ops.nn import linear_rows
+from k31dsl.ops.nn import linear_rows as _linear_rows
+
+
+class MemoKernel:
+    """A @k.kernel whose specialisations (kernel IR per constexpr set) are built once per process:
+    a step graph makes ~100 calls of ~25 distinct specialisations, each ~50 ms to build, and every
+    shape class repeats them. Kernel IR is never edited in place (passes build new kernels), so
+    calls may share it. Everything else is the wrapped KernelDef's."""
+
+    _built: dict = {}
+
+    def __init__(self, kdef):
+        self._kdef = kdef
+
+    def __getattr__(self, name):
+        return getattr(self._kdef, name)
+
+    def ir(self, **constexprs):
+        key = (self._kdef.name, id(self._kdef), tuple(sorted((n, repr(v)) for n, v in constexprs.items())))
+        hit = self._built.get(key)
+        if hit is None or hit[0] is not self._kdef:
+            hit = self._built[key] = (self._kdef, self._kdef.ir(**constexprs))
+        return hit[1]
+
+
+def memo(*kdefs):
+    out = tuple(MemoKernel(kd) for kd in kdefs)
+    return out[0] if len(out) == 1 else out
+
+
+linear_rows = memo(_linear_rows)
 
 
 @dataclass(frozen=True)

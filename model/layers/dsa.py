@@ -28,6 +28,12 @@ from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_q_chain
 from k31dsl.ops.dsa.topk import topk_segments
+from k31dsl.model.layers.common import memo
+
+(rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
+ mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments) = memo(
+    rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
+    mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments)
 
 
 @k.func
@@ -62,6 +68,9 @@ def indexer_scores_flat(q_codes: k.Tensor[k.f8e4m3, "T", "H", "128"], q_scales: 
         pos = j * 64 + rows
         ok = (pos >= ks[t]) & (pos < ke[t])
         scores[t, k.span(j * 64, 64)] = k.where(ok, sc, float("-inf"))
+
+
+indexer_scores_flat = memo(indexer_scores_flat)
 
 
 def prepared_weights(cfg, weights: dict) -> dict:
@@ -100,7 +109,8 @@ def add_dsa(g, l, x):
     a = f"layers.{l}.attn."
     T = x.shape[0]
     H, dn, HI = cfg.mla_heads, cfg.qk_nope_dim, cfg.index_heads
-    bt = max(1, min(16, next_pow2(T)))
+    bt = max(1, min(16, next_pow2(T)))           # token rows per program of the row kernels
+    dot_bt = 16                                  # ... of the kernels with k.dot (compiled targets: dims >= 16)
     # q side
     qa = g.linear(x, a + "q_a", f"l{l}_qa_lin")
     qa = p.call(rmsnorm_rows, qa, g.weight(a + "q_a_norm"), g.tensor(f"l{l}_qa", qa.shape), cfg.rms_eps,
@@ -108,7 +118,7 @@ def add_dsa(g, l, x):
     qb = g.linear(qa, a + "q_b", f"l{l}_q_lin")
     q3 = g.reshape(qb, (T, H, dn + ROPE_DIM), f"l{l}_q_heads")
     big_q = g.tensor(f"l{l}_mla_q", (T, H, KV_LORA + ROPE_DIM), k.bf16)     # Q is bf16 (docs/model.md)
-    big_q = p.call(mla_q_rows, q3, g.weight(a + "w_uk"), g.cos, g.sin, big_q, BT=bt, BL=128,
+    big_q = p.call(mla_q_rows, q3, g.weight(a + "w_uk"), g.cos, g.sin, big_q, BT=dot_bt, BL=128,
                    BK=max(16, min(64, next_pow2(dn))))
     # kv side: latent and rope key in fp32 into the cache write (it quantises once, like the reference)
     kv = g.linear(x, a + "kv_a", f"l{l}_kv_lin")
@@ -150,6 +160,6 @@ def add_dsa(g, l, x):
     o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
                     BK=32)
     y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
-    y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
+    y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=dot_bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
                BK=128)
     return g.linear(y, a + "o_proj", f"l{l}_attn_out")

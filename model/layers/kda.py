@@ -21,6 +21,11 @@ from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
 from k31dsl.ops.kda.decode import kda_decode_step, kda_replay_prefix
 from k31dsl.ops.kda.gate import GATE_LOWER, GATE_SOFTPLUS
 from k31dsl.ops.nn import head_norm_gate_rows, short_conv_commit_rows, short_conv_rows
+from k31dsl.model.layers.common import memo
+
+(kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix, head_norm_gate_rows, short_conv_commit_rows,
+ short_conv_rows) = memo(kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix, head_norm_gate_rows,
+                         short_conv_commit_rows, short_conv_rows)
 
 CONV_NAMES = ("q", "k", "v")
 
@@ -33,6 +38,9 @@ def copy_state_rows(src: k.Tensor[k.f32, "S", "HV", "A", "B"], src_rows: k.Tenso
     for n, hv in k.grid(src_rows.shape[0], src.shape[1]):
         dst[dst_rows[n], hv, k.span(0, BA), k.span(0, BB)] = \
             src[src_rows[n], hv, k.span(0, BA, other=0.0), k.span(0, BB, other=0.0)]
+
+
+copy_state_rows = memo(copy_state_rows)
 
 
 def chunk_size(t: int) -> int:
