@@ -457,27 +457,38 @@ def test_model_seeded_sampling_is_batch_independent(rng, tiny):
 
 
 # The generated-op runner costs ~1-2 s per step on numpy (and a compile per new shape class), so it
-# gets a smaller set: prompt lengths a multiple of the prefill chunk (one prefill shape class).
-def test_numpy_runner_ragged_batch_equals_each_alone(rng, tiny):
-    prompts = random_prompts(rng, [8, 16, 8], vocab=256)
+# gets a smaller set: prompt lengths a multiple of the prefill chunk (one prefill shape class), and
+# the runs alone are shared between the two tests.
+@pytest.fixture(scope="module")
+def numpy_case(tiny):
+    prompts = random_prompts(np.random.default_rng(tiny[2]), [8, 16, 8], vocab=256)
+    memo = {}
+
+    def alone(k, max_new):
+        if (k, max_new) not in memo:
+            eng = model_engine("numpy", tiny, prefill_chunk=8)
+            memo[k, max_new] = eng.generate([prompts[k]], max_new)[0].tokens
+        return memo[k, max_new]
+    return prompts, alone
+
+
+def test_numpy_runner_ragged_batch_equals_each_alone(tiny, numpy_case):
+    prompts, alone = numpy_case
     max_news = [3, 2, 3]
     eng = model_engine("numpy", tiny, prefill_chunk=8)
     got = run_ragged(eng, prompts, max_news, join_at=[0, 1, 2])
-    alone = [model_engine("numpy", tiny, prefill_chunk=8).generate([p], m)[0].tokens
-             for p, m in zip(prompts, max_news)]
-    assert got == alone
+    assert got == [alone(k, m) for k, m in enumerate(max_news)]
 
 
-def test_numpy_runner_speculative_equals_greedy(rng, tiny):
+def test_numpy_runner_speculative_equals_greedy(tiny, numpy_case):
     """Verify + commit on the generated ops; the draft is the torch model of another weight seed
     (the engine takes any Runner as draft), so every round has rejections."""
     from k31dsl.model.reference import ReferenceModel
     from k31dsl.model.weights import init_weights
     config, weights, seed = tiny
-    prompt = random_prompts(rng, [8], vocab=256)[0]
-    plain = model_engine("numpy", tiny).generate([prompt], 4)[0].tokens
+    prompts, alone = numpy_case
     draft = ReferenceModel(config, init_weights(config, seed + 1), num_slots=MODEL_SLOTS, max_len=MODEL_PAGES * PAGE)
     eng = Engine(model_runner("numpy", config, weights), num_pages=MODEL_PAGES, num_slots=MODEL_SLOTS,
                  max_batch=2, draft=draft, gamma=2)
-    assert eng.generate([prompt], 4)[0].tokens == plain
+    assert eng.generate([prompts[0]], 3)[0].tokens == alone(0, 3)
     assert eng.stats.acceptance_rate < 1.0 and eng.stats.spec_rounds >= 1
