@@ -324,7 +324,9 @@ class Engine:
     # ------------------------------------------------------------------ forwards
     def _forward(self, runner, step: Step) -> torch.Tensor:
         out = runner.forward(step)
-        logits = out.float() if isinstance(out, torch.Tensor) else torch.from_numpy(np.asarray(out, np.float32))
+        # One copy to the host per step: sampling runs there, with per-request CPU generators.
+        logits = (out.detach().float().cpu() if isinstance(out, torch.Tensor)
+                  else torch.from_numpy(np.asarray(out, np.float32)))
         if tuple(logits.shape) != (step.n_tokens, self.vocab_size):
             raise K31Error(f"Engine: {type(runner).__name__}.forward returned logits of shape "
                            f"{tuple(logits.shape)}, expected ({step.n_tokens}, {self.vocab_size})")
@@ -362,9 +364,11 @@ class Engine:
         t0 = time.perf_counter()
         logits = self._forward(self.runner, self._step("decode", seqs, [[s.tokens[-1]] for s in seqs]))
         self.stats.decode_s += time.perf_counter() - t0
+        greedy = torch.argmax(logits, dim=-1).tolist()
         for i, s in enumerate(seqs):
             s.ctx += 1
-            self.stats.decode_tokens += self._emit(s, [sample_token(logits[i], s.params, s.gen)], finished)
+            tok = greedy[i] if s.params.greedy else sample_token(logits[i], s.params, s.gen)
+            self.stats.decode_tokens += self._emit(s, [tok], finished)
 
     def _spec_round(self, seqs: list[_Seq], finished: list[int]) -> None:
         t0 = time.perf_counter()
@@ -377,8 +381,9 @@ class Engine:
         for j in range(g):
             logits = self._forward(self.draft, self._step("decode", seqs, [[t] for t in last],
                                                           [c + j for c in ctx0]))
+            greedy = torch.argmax(logits, dim=-1).tolist()
             for i, s in enumerate(seqs):
-                tok, q = propose(logits[i], s.params, s.gen)
+                tok, q = (greedy[i], None) if s.params.greedy else propose(logits[i], s.params, s.gen)
                 drafts[i].append(tok)
                 qs[i].append(q)
                 last[i] = tok
