@@ -433,6 +433,17 @@ def test_model_ragged_batch_equals_each_alone(rng, tiny, chunk):
     assert [len(g) for g in got] == max_news
 
 
+def test_model_preemption_keeps_the_tokens(rng, tiny):
+    """Two 60-token prompts in 3 pages: both cross into a second page while decoding, the younger
+    is preempted (pages and slot freed), re-admitted (slot reset) and re-prefilled."""
+    config, weights, _ = tiny
+    prompts = random_prompts(rng, [60, 60], vocab=256)
+    eng = Engine(model_runner("reference", config, weights), num_pages=3, num_slots=3, max_batch=3)
+    res = eng.generate(prompts, 6)
+    assert eng.stats.preemptions >= 1
+    assert [r.tokens for r in res] == [model_alone("reference", tiny, p, 6) for p in prompts]
+
+
 @pytest.mark.parametrize("gamma", [1, 2, 3, 4])
 def test_model_speculative_equals_greedy(rng, tiny, gamma):
     prompts = random_prompts(rng, [int(n) for n in rng.integers(4, 41, 2)], vocab=256)
