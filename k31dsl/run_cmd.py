@@ -110,9 +110,17 @@ def load_model(config_spec: str | None, weights_path: str | None, seed: int, wha
         if not path.is_file():
             raise K31Error(f"{what} {weights_path}: no such file",
                            hint="write one with `k31dsl run --save-weights FILE`")
+        _need_safetensors(what)
         return W.load_weights(path, config)
     config = config or K31Config.load("tiny")
     return config, W.init_weights(config, seed)
+
+
+def _need_safetensors(option: str) -> None:
+    import importlib.util
+    if importlib.util.find_spec("safetensors") is None:
+        raise K31Error(f"{option} needs the safetensors package, which is not installed",
+                       hint="pip install 'k31dsl[model]' (or safetensors)")
 
 
 def layer_skip_draft(config, weights, n_layers: int | None = None):
@@ -242,6 +250,7 @@ def _generate(a, config, weights, t0: float, progress: bool) -> dict:
     from k31dsl.model import tokenizer
     from k31dsl.model.config import PAGE
     if a.save_weights:
+        _need_safetensors("--save-weights")
         from k31dsl.model.weights import save_weights
         save_weights(a.save_weights, config, weights)
     prompts = make_prompts(a.prompt, a.prompt_len, a.batch, a.seed)
