@@ -132,6 +132,12 @@ def _assigned_names(stmts) -> set[str]:
     return out
 
 
+def _tile_tuple(v) -> bool:
+    """A non-empty flat tuple of tiles: carried through a range() loop element by element (a tuple
+    holding compile-time values, e.g. a shape, stays a compile-time value)."""
+    return isinstance(v, tuple) and len(v) > 0 and all(is_tile(x) for x in v)
+
+
 def _same(a, b) -> bool:
     try:
         return a is b or bool(a == b)
@@ -462,20 +468,30 @@ class Frontend(ExprMixin):
         ivname = st.target.id
         assigned = _assigned_names(st.body)
         carried = sorted(n for n in assigned if n != ivname and n in self.env
-                         and (is_tile(self.env[n]) or is_const(self.env[n])))
-        inits = [self.as_value(self.env[n], st, None) for n in carried]
-        body = Block([Value(TileType(D.i32, ()), ivname)] + [Value(v.type, n) for v, n in zip(inits, carried)])
+                         and (is_tile(self.env[n]) or is_const(self.env[n]) or _tile_tuple(self.env[n])))
+        # a tuple of tiles is carried as one loop value per element (`slots`: name, element or None)
+        slots = [(n, i) for n in carried for i in (range(len(self.env[n])) if _tile_tuple(self.env[n]) else [None])]
+        inits = [self.as_value(self.env[n] if i is None else self.env[n][i], st, None) for n, i in slots]
+        body = Block([Value(TileType(D.i32, ()), ivname)]
+                     + [Value(v.type, n if i is None else f"{n}_{i}") for v, (n, i) in zip(inits, slots)])
         outer_env, outer_block, outer_locals = dict(self.env), self.block, self.loop_locals
         self.env[ivname] = body.args[0]
-        for n, a in zip(carried, body.args[1:]):
-            self.env[n] = a
+        for n in carried:
+            args = [a for a, (m, _) in zip(body.args[1:], slots) if m == n]
+            self.env[n] = tuple(args) if _tile_tuple(outer_env[n]) else args[0]
         self.block, self.loop_locals = body, {}
         self.in_loop += 1
         try:
             self.stmts(st.body)
             yields = []
-            for n, init in zip(carried, inits):
+            for (n, i), init in zip(slots, inits):
                 v = self.env[n]
+                if i is not None:
+                    if not isinstance(v, tuple) or len(v) != len(outer_env[n]):
+                        raise self.err(st, f"loop-carried tuple `{n}` must keep its {len(outer_env[n])} elements "
+                                       f"in the loop body, got {self.describe(v)}",
+                                       "rebuild it with the same number of tiles of the same types")
+                    v = v[i]
                 if is_const(v):
                     v = self.as_value(v, st, init.type.dtype)
                 if not is_tile(v) or v.type != init.type:
@@ -497,9 +513,11 @@ class Frontend(ExprMixin):
             inner_locals = self.loop_locals
             self.block, self.env, self.loop_locals = outer_block, outer_env, outer_locals
         results = self.emit("for", [lo, hi, step] + inits, {}, st, regions=[body])
-        for n, r in zip(carried, results):
-            r.hint = n
-            self.env[n] = r
+        for r, (n, i) in zip(results, slots):
+            r.hint = n if i is None else f"{n}_{i}"
+        for n in carried:
+            rs = [r for r, (m, _) in zip(results, slots) if m == n]
+            self.env[n] = tuple(rs) if _tile_tuple(outer_env[n]) else rs[0]
         inner_locals.setdefault(ivname, self.cur_src.loc(st.target))
         for n, loc in inner_locals.items():
             if n not in self.env:

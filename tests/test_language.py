@@ -254,3 +254,34 @@ def test_streamed_running_topk(target):
     order = np.argsort(-x.astype(np.float64), axis=1, kind="stable")[:, :K]
     np.testing.assert_array_equal(pos.numpy(), order)
     np.testing.assert_array_equal(vals.numpy(), np.take_along_axis(x, order, axis=1))
+
+
+# ---------------------------------------------------------------- (f) a tuple of tiles carried by a range loop
+
+@k.kernel
+def row_sums_and_squares(x: k.Tensor[k.f32, "R", "L"], out: k.Tensor[k.f32, "R", "2"], R: k.constexpr = 3,
+                         BL: k.constexpr = 16):
+    """Per row r < R (rows unrolled): sum and sum of squares, each row's two accumulators one
+    element of a tuple that the range() loop carries (one loop value per element)."""
+    for _ in k.grid(1):
+        acc = ()
+        for r in k.static_range(R):
+            acc = acc + (k.zeros((BL,), k.f32), k.zeros((BL,), k.f32))
+        for j in range(k.cdiv(x.shape[1], BL)):
+            nxt = ()
+            for r in k.static_range(R):
+                xr = x[r, k.span(j * BL, BL, other=0.0)]
+                nxt = nxt + (acc[2 * r] + xr, acc[2 * r + 1] + xr * xr)
+            acc = nxt
+        for r in k.static_range(R):
+            out[r, 0] = k.sum(acc[2 * r])
+            out[r, 1] = k.sum(acc[2 * r + 1])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_tuple_of_tiles_carried_by_a_range_loop(target):
+    x = np.random.default_rng().standard_normal((3, 45)).astype(np.float32)
+    out = torch.full((3, 2), float("nan"))
+    row_sums_and_squares[target](torch.from_numpy(x), out)
+    xd = x.astype(np.float64)
+    close(out.numpy(), np.stack([xd.sum(1), (xd * xd).sum(1)], axis=1))
