@@ -7,13 +7,13 @@ top-k routing and BM rows per GEMM block:
 
   moe_router        x, router -> ids [M, k] i32, wgt [M, k] f32: logits (fp32 MMA), softmax,
                     top-k (ties: lower expert), renormalised — one kernel.
-  moe_align         one program: a counting sort of the M*k (token, slot) pairs by expert into a
-                    padded row list of R = NB * BM rows, NB = cdiv(M*k, BM) + E - 1 (each expert's
-                    rows padded to a multiple of BM; sum_e cdiv(c_e, BM) <= NB): row -> token
-                    (-1 on padding rows), block -> expert (-1 past the last used block) and
-                    (token, slot) -> row. Within an expert, pairs keep their (token, slot) order.
-                    Padding rows and real rows are disjoint stores, so the one program needs no
-                    barrier between its loops.
+  moe_count,        a counting sort of the M*k (token, slot) pairs by expert into a padded row
+  moe_align         list of R = NB * BM rows, NB = cdiv(M*k, BM) + E - 1 (each expert's rows
+                    padded to a multiple of BM; sum_e cdiv(c_e, BM) <= NB): row -> token (-1 on
+                    padding rows), block -> expert (-1 past the last used block) and (token,
+                    slot) -> row. Within an expert, pairs keep their (token, slot) order. Two
+                    launches over G chunks of CH tokens: per-chunk counts, then each chunk's
+                    prefix from the whole count table (one [G, EP] tile) and its rows.
   moe_gate_up       grouped GEMM 1: each BM-row block (one expert) gathers its token rows of x,
                     times G_e and U_e, SwiGLU epilogue -> act [R, F]; unused blocks run no K loop.
   moe_down          grouped GEMM 2: act @ down[e]^T -> y [R, D].
@@ -59,8 +59,6 @@ ROUTER_CONFIGS = [{"BK": 64, "WARPS": 4, "num_warps": 4}, {"BK": 128, "WARPS": 4
 # The configs the graph builder (no autotuning) and the interpreter use, by regime.
 PREFILL_TILES = {"gate_up": GATE_UP_CONFIGS[1], "down": DOWN_CONFIGS[1], "router": ROUTER_CONFIGS[0]}
 DECODE_TILES = {"gate_up": GATE_UP_CONFIGS[2], "down": DOWN_CONFIGS[3], "router": ROUTER_CONFIGS[1]}
-ALIGN_CHUNK = 256        # token rows per step of the align program
-ALIGN_ROWS = 1024        # padded rows (and blocks) per step of its fill loops
 
 
 # ---------------------------------------------------------------- kernels
@@ -100,44 +98,54 @@ def moe_router(x: k.Tensor["XT", "M", "D"], router: k.Tensor["XT", "E", "D"], id
         wgt[k.span(pm * BM, BM), k.span(0, KP)] = e / k.sum(e, axis=1)[:, None]
 
 
+@k.func
+def chunk_experts(ids, c, lane_e, CH, KP):
+    """One-hot [CH * KP, EP] of the (token, slot) pairs of token chunk c, in (token, slot) order;
+    slots past top_k and tokens past M are all-zero rows."""
+    e = k.reshape(ids[k.span(c * CH, CH), k.span(0, KP, other=-1)], (CH * KP,))
+    return (e[:, None] == lane_e[None, :]).to(k.i32)
+
+
 @k.kernel
-def moe_align(ids: k.Tensor[k.i32, "M", "K"], pair_row: k.Tensor[k.i32, "M", "K"], row_tok: k.Tensor[k.i32, "R"],
-              blk_exp: k.Tensor[k.i32, "NB"], n_exp: k.i32, EP: k.constexpr = 16, KP: k.constexpr = 2,
-              BM: k.constexpr = 16, CH: k.constexpr = 256, CR: k.constexpr = 1024):
-    # One program (the sort needs every count before any row): count pairs per expert, padded
-    # segment starts by a cumsum, then rank each pair inside its expert's segment chunk by chunk.
-    for _ in k.grid(1):
-        m = ids.shape[0]
+def moe_count(ids: k.Tensor[k.i32, "M", "K"], chunk_cnt: k.Tensor[k.i32, "G", "EP"], EP: k.constexpr = 16,
+              KP: k.constexpr = 2, CH: k.constexpr = 16):
+    # Pairs per expert in each chunk of CH tokens (programs past the last chunk store zeros).
+    for c in k.grid(chunk_cnt.shape[0]):
+        chunk_cnt[c, k.span(0, EP)] = k.sum(chunk_experts(ids, c, k.arange(0, EP), CH, KP), axis=0)
+
+
+@k.kernel
+def moe_align(ids: k.Tensor[k.i32, "M", "K"], chunk_cnt: k.Tensor[k.i32, "G", "EP"], pair_row: k.Tensor[k.i32, "M", "K"],
+              row_tok: k.Tensor[k.i32, "R"], blk_exp: k.Tensor[k.i32, "NB"], n_exp: k.i32, EP: k.constexpr = 16,
+              KP: k.constexpr = 2, BM: k.constexpr = 16, CH: k.constexpr = 16, GP: k.constexpr = 1,
+              CR: k.constexpr = 32):
+    # Program c: every segment start and its chunk's prefix from the [G, EP] counts (one tile),
+    # then the rows of its chunk's pairs, the padding rows [c*CR, c*CR + CR) and the blocks
+    # [c*CR/BM, ...). Real rows (scattered) and padding rows (-1) are disjoint: no ordering needed.
+    for c in k.grid(chunk_cnt.shape[0]):
         lane_e = k.arange(0, EP)
-        cnt = k.zeros((EP,), k.i32)
-        for c in range(k.cdiv(m, CH)):
-            e = k.reshape(ids[k.span(c * CH, CH), k.span(0, KP, other=-1)], (CH * KP,))
-            cnt += k.sum((e[:, None] == lane_e[None, :]).to(k.i32), axis=0)
+        counts = chunk_cnt[k.span(0, GP, other=0), k.span(0, EP)]               # [GP, EP]
+        cnt = k.sum(counts, axis=0)
         padded = (cnt + (BM - 1)) // BM * BM
         end = k.cumsum(padded, axis=0)
         start = end - padded
-        nxt = start
-        for c in range(k.cdiv(m, CH)):
-            e = k.reshape(ids[k.span(c * CH, CH), k.span(0, KP, other=-1)], (CH * KP,))
-            oh = (e[:, None] == lane_e[None, :]).to(k.i32)
-            rank = k.cumsum(oh, axis=0) - oh + nxt[None, :]          # the pair's row if it is expert e
-            valid = k.sum(oh, axis=1) > 0
-            row = k.where(valid, k.sum(oh * rank, axis=1), -1)
-            pair_row[k.span(c * CH, CH), k.span(0, KP)] = k.reshape(row, (CH, KP))
-            tok = c * CH + k.arange(0, CH * KP) // KP
-            k.store(row_tok, (row,), tok, mask=valid)
-            nxt += k.sum(oh, axis=0)
+        before = k.cumsum(counts, axis=0) - counts                               # earlier chunks
+        mine = k.sum(k.where(k.arange(0, GP)[:, None] == c, before, 0), axis=0)
+        oh = chunk_experts(ids, c, lane_e, CH, KP)
+        rank = k.cumsum(oh, axis=0) - oh + (start + mine)[None, :]           # the row if expert e
+        valid = k.sum(oh, axis=1) > 0
+        row = k.where(valid, k.sum(oh * rank, axis=1), -1)
+        pair_row[k.span(c * CH, CH), k.span(0, KP)] = k.reshape(row, (CH, KP))
+        k.store(row_tok, (row,), c * CH + k.arange(0, CH * KP) // KP, mask=valid)
         # rows that hold no pair (each segment's tail, everything past the last segment): -1
-        for c in range(k.cdiv(row_tok.shape[0], CR)):
-            r = c * CR + k.arange(0, CR)
-            real = (r[:, None] >= start[None, :]) & (r[:, None] < (start + cnt)[None, :])
-            k.store(row_tok, (r,), k.full((CR,), -1, k.i32), mask=k.sum(real.to(k.i32), axis=1) == 0)
+        r = c * CR + k.arange(0, CR)
+        real = (r[:, None] >= start[None, :]) & (r[:, None] < (start + cnt)[None, :])
+        k.store(row_tok, (r,), k.full((CR,), -1, k.i32), mask=k.sum(real.to(k.i32), axis=1) == 0)
         # block b belongs to the expert whose segment holds row b * BM: count the segments ending
         # at or before it (empty ones included); past the last segment that count reaches EP
-        for c in range(k.cdiv(blk_exp.shape[0], CR)):
-            first = (c * CR + k.arange(0, CR)) * BM
-            ex = k.sum((end[None, :] <= first[:, None]).to(k.i32), axis=1)
-            blk_exp[k.span(c * CR, CR)] = k.where(ex < n_exp, ex, -1)
+        first = (c * (CR // BM) + k.arange(0, CR // BM)) * BM
+        ex = k.sum((end[None, :] <= first[:, None]).to(k.i32), axis=1)
+        blk_exp[k.span(c * (CR // BM), CR // BM)] = k.where(ex < n_exp, ex, -1)
 
 
 @k.kernel(configs=GATE_UP_CONFIGS)
@@ -235,10 +243,23 @@ class MoEPlan:
         self.nb = -(-self.pairs // self.bm) + e - 1
         self.rows = self.nb * self.bm
         self.dense_bm = min(128, max(16, next_pow2(m)))       # shared expert / combine row tiles
+        # counting sort: G programs, each CH tokens (CH * top_k pairs) and CR padded rows; CH
+        # keeps G <= ~128 at prefill (the count table is one [G, EP] tile) and small enough at
+        # decode that several chunks run (and are tested)
+        self.ch = min(256, max(16, next_pow2(-(-m // 8))))
+        self.cr = max(self.bm, next_pow2(self.ch * top_k))
+        self.g = max(-(-m // self.ch), -(-self.rows // self.cr))
+        self.gp = next_pow2(self.g)
         self.ep = max(16, next_pow2(e))
         self.kp = max(1, next_pow2(top_k))
         base = DECODE_TILES if self.bm == 16 else PREFILL_TILES
         self.tiles = {**base, **(tiles or {})}
+
+    def count_cx(self) -> dict:
+        return {"EP": self.ep, "KP": self.kp, "CH": self.ch}
+
+    def align_cx(self) -> dict:
+        return {"EP": self.ep, "KP": self.kp, "BM": self.bm, "CH": self.ch, "GP": self.gp, "CR": self.cr}
 
     def tile(self, which: str) -> dict:
         """The constexprs of one kernel's tile config (BN/BK/WARPS, launch options dropped)."""
@@ -311,8 +332,9 @@ def moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k: int, *, ta
     auto = target == "triton" and dev.type == "cuda"       # autotune BN/BK/warps on a GPU
     tiles = (lambda which: {}) if auto else plan.tile
     moe_router[target](x, router, ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **tiles("router"))
-    moe_align[target](ids, pair_row, row_tok, blk_exp, plan.e, EP=plan.ep, KP=plan.kp, BM=plan.bm,
-                      CH=ALIGN_CHUNK, CR=ALIGN_ROWS)
+    chunk_cnt = torch.empty((plan.g, plan.ep), dtype=torch.int32, device=dev)
+    moe_count[target](ids, chunk_cnt, **plan.count_cx())
+    moe_align[target](ids, chunk_cnt, pair_row, row_tok, blk_exp, plan.e, **plan.align_cx())
     moe_shared_gate_up[target](x, shared_gate_up, act_s, BM=plan.dense_bm, **tiles("gate_up"))
     moe_gate_up[target](x, row_tok, blk_exp, gate_up, act, BM=plan.bm, **tiles("gate_up"))
     moe_down[target](act, blk_exp, down, y, BM=plan.bm, **tiles("down"))
@@ -373,6 +395,7 @@ def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = Non
     K = top_k
     ids = p.tensor(f"{name}_ids", (m, K), k.i32)
     wgt = p.tensor(f"{name}_wgt", (m, K), k.f32)
+    chunk_cnt = p.tensor(f"{name}_chunk_cnt", (plan.g, plan.ep), k.i32)
     pair_row = p.tensor(f"{name}_pair_row", (m, K), k.i32)
     row_tok = p.tensor(f"{name}_row_tok", (plan.rows,), k.i32)
     blk_exp = p.tensor(f"{name}_blk_exp", (plan.nb,), k.i32)
@@ -384,15 +407,15 @@ def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = Non
     elif not isinstance(out, TensorRef) or tuple(out.shape) != (m, d) or out.dtype is not dt:
         raise K31Error(f"{op}: `out` must be a TensorRef {dt.name}[{m}, {d}], got {out!r}")
     ids, wgt = p.call(moe_router, x, w["router"], ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))
-    pair_row, row_tok, blk_exp = p.call(moe_align, ids, pair_row, row_tok, blk_exp, e, EP=plan.ep, KP=plan.kp,
-                                        BM=plan.bm, CH=ALIGN_CHUNK, CR=ALIGN_ROWS)
+    chunk_cnt = p.call(moe_count, ids, chunk_cnt, **plan.count_cx())
+    pair_row, row_tok, blk_exp = p.call(moe_align, ids, chunk_cnt, pair_row, row_tok, blk_exp, e, **plan.align_cx())
     act_s = p.call(moe_shared_gate_up, x, w["shared_gate_up"], act_s, BM=plan.dense_bm, **plan.tile("gate_up"))
     act = p.call(moe_gate_up, x, row_tok, blk_exp, w["gate_up"], act, BM=plan.bm, **plan.tile("gate_up"))
     y = p.call(moe_down, act, blk_exp, w["down"], y, BM=plan.bm, **plan.tile("down"))
     return p.call(moe_combine, act_s, w["shared_down"], y, pair_row, wgt, out, BM=plan.dense_bm, **plan.tile("down"))
 
 
-MOE_KERNELS = [moe_router, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
+MOE_KERNELS = [moe_router, moe_count, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
 
 
 # ---------------------------------------------------------------- checks against the oracle

@@ -33,8 +33,9 @@ def _route(x, router, top_k, target, plan):
     row_tok = torch.full((plan.rows,), 12345, dtype=torch.int32)      # every row must be written
     blk_exp = torch.full((plan.nb,), 12345, dtype=torch.int32)
     mo.moe_router[target](x, router, ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))
-    mo.moe_align[target](ids, pair_row, row_tok, blk_exp, plan.e, EP=plan.ep, KP=plan.kp, BM=plan.bm,
-                         CH=mo.ALIGN_CHUNK, CR=mo.ALIGN_ROWS)
+    chunk_cnt = torch.full((plan.g, plan.ep), 12345, dtype=torch.int32)
+    mo.moe_count[target](ids, chunk_cnt, **plan.count_cx())
+    mo.moe_align[target](ids, chunk_cnt, pair_row, row_tok, blk_exp, plan.e, **plan.align_cx())
     return [t.numpy() for t in (ids, wgt, pair_row, row_tok, blk_exp)]
 
 
@@ -115,11 +116,12 @@ def test_add_moe_in_a_program_equals_moe(target, rng):
         oracle = ref.moe(oracle, *(to_f64(w[n]) for n in mo.MOE_WEIGHTS), top_k)
     assert torch.equal(got, want)
     assert np.abs(to_f64(got) - oracle).max() <= 1e-4 * np.abs(oracle).max()
-    assert sum(1 for nid in exe.p.calls()) == 12
+    assert sum(1 for nid in exe.p.calls()) == 14
 
 
 def test_moe_plan_regimes():
-    """Block rows by rows per expert; the static row list always holds every expert's padding."""
+    """Block rows by rows per expert; the static row list always holds every expert's padding;
+    the counting sort's programs cover it."""
     assert mo.MoEPlan(1, 2048, 8, 1024, 1024, 2).bm == 16                # decode
     assert mo.MoEPlan(64, 2048, 8, 1024, 1024, 2).bm == 16
     assert mo.MoEPlan(32768, 2048, 8, 1024, 1024, 2).bm == 128           # prefill
@@ -130,6 +132,9 @@ def test_moe_plan_regimes():
         worst = max(n + (pairs - n) // plan.bm for n in range(1, min(e, pairs) + 1))
         assert worst <= plan.nb <= worst + e
         assert plan.rows == plan.nb * plan.bm
+        # the count/align programs cover every token, row and block; the count table is one tile
+        assert plan.g * plan.ch >= m and plan.g * plan.cr >= plan.rows and plan.cr % plan.bm == 0
+        assert plan.g <= plan.gp <= 512
 
 
 def test_empty_batch():
@@ -189,8 +194,8 @@ def _h200(m: int) -> dict:
     """The constexprs of every kernel at the small preset's MoE (D 2048, F 1024, E 8, top-2, bf16)."""
     plan = mo.MoEPlan(m, 2048, 8, 1024, 1024, 2)
     return {"router": Specialised(mo.moe_router, XT=k.bf16, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router")),
-            "align": Specialised(mo.moe_align, EP=plan.ep, KP=plan.kp, BM=plan.bm, CH=mo.ALIGN_CHUNK,
-                                 CR=mo.ALIGN_ROWS),
+            "count": Specialised(mo.moe_count, **plan.count_cx()),
+            "align": Specialised(mo.moe_align, **plan.align_cx()),
             "gate_up": Specialised(mo.moe_gate_up, XT=k.bf16, BM=plan.bm, **plan.tile("gate_up")),
             "down": Specialised(mo.moe_down, XT=k.bf16, BM=plan.bm, **plan.tile("down")),
             "shared": Specialised(mo.moe_shared_gate_up, XT=k.bf16, BM=plan.dense_bm, **plan.tile("gate_up")),
@@ -199,11 +204,11 @@ def _h200(m: int) -> dict:
 
 PREFILL = _h200(32768)
 DECODE = _h200(64)
-(PF_ROUTER, PF_ALIGN, PF_GATE_UP, PF_DOWN, PF_SHARED, PF_COMBINE) = PREFILL.values()
-(DC_ROUTER, DC_ALIGN, DC_GATE_UP, DC_DOWN, DC_SHARED, DC_COMBINE) = DECODE.values()
+(PF_ROUTER, PF_COUNT, PF_ALIGN, PF_GATE_UP, PF_DOWN, PF_SHARED, PF_COMBINE) = PREFILL.values()
+(DC_ROUTER, DC_COUNT, DC_ALIGN, DC_GATE_UP, DC_DOWN, DC_SHARED, DC_COMBINE) = DECODE.values()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    names = ["PF_ROUTER", "PF_ALIGN", "PF_GATE_UP", "PF_DOWN", "PF_SHARED", "PF_COMBINE",
+    names = ["PF_ROUTER", "PF_COUNT", "PF_ALIGN", "PF_GATE_UP", "PF_DOWN", "PF_SHARED", "PF_COMBINE",
              "DC_GATE_UP", "DC_DOWN", "DC_COMBINE"]        # the decode router/align/shared differ only in tiles
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
