@@ -169,7 +169,7 @@ def _state_of(m: ReferenceModel, slot: int, length: int):
     return out + [t[slot, :length] for t in list(st.latent.values()) + list(st.rope.values()) + list(st.index.values())]
 
 
-def _assert_states_close(a, b, tol=1e-5):
+def _assert_states_close(a, b, tol=EXACT_TOL):
     for x, y in zip(a, b, strict=True):
         assert float((x - y).abs().max()) <= tol * max(1.0, float(y.abs().max()))
 

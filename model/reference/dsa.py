@@ -15,6 +15,7 @@ from k31dsl.model.reference.functions import (apply_rope, bf16_round, fp8_tile_q
                                               maybe_compiled, mxfp8_qdq, rmsnorm)
 
 BLOCK_ELEMENTS = 1 << 28          # bound of the per-query-block intermediates (elements)
+_HADAMARD: dict = {}              # device -> the orthonormal 128 x 128 Hadamard matrix
 
 
 def _as_f32(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ def sparse_attention(Q, qi, wts, qpos, keys, kidx, topk: int, sm_scale: float, c
     return torch.cat(out, dim=1)
 
 
-def dsa_project(x, cos, sin, q_a, q_a_norm, q_b, kv_a, kv_a_norm, w_uk, idx_wq_b, idx_wk, idx_k_norm_w,
+def dsa_project(x, cos, sin, had, q_a, q_a_norm, q_b, kv_a, kv_a_norm, w_uk, idx_wq_b, idx_wk, idx_k_norm_w,
                 idx_k_norm_b, idx_weights_proj, H: int, dn: int, HI: int, eps: float, quantize: bool):
     """Per token: the attention query Q [n, H, 576] (bf16), the cache row [n, 576] (FP8-tile latent
     | bf16 rope), the indexer query qi [n, HI, 128] and key ki [n, 128] (MXFP8) and head weights
@@ -62,7 +63,6 @@ def dsa_project(x, cos, sin, q_a, q_a_norm, q_b, kv_a, kv_a_norm, w_uk, idx_wq_b
     else:
         fp8 = mx = bf16 = _as_f32
     n_tok = x.shape[0]
-    had = hadamard(INDEX_DIM, x.device, torch.float32)
     qa = rmsnorm(lin(x, q_a), q_a_norm, eps)
     q = lin(qa, q_b).view(n_tok, H, dn + ROPE_DIM)
     q_nope, q_pe = q[..., :dn], apply_rope(q[..., dn:], cos, sin)
@@ -95,8 +95,10 @@ def dsa_layer(cfg, w: dict, p: str, x: torch.Tensor, batch, state, layer: int) -
     n_tok = x.shape[0]
     names = ("q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "w_uk", "idx_wq_b", "idx_wk", "idx_k_norm_w",
              "idx_k_norm_b", "idx_weights_proj")
+    if x.device not in _HADAMARD:
+        _HADAMARD[x.device] = hadamard(INDEX_DIM, x.device, torch.float32)
     Q, row, qi, ki, wts = maybe_compiled(dsa_project, batch.compile)(
-        x, batch.cos, batch.sin, *[w[p + n] for n in names], H, dn, HI, cfg.rms_eps, batch.quantize)
+        x, batch.cos, batch.sin, _HADAMARD[x.device], *[w[p + n] for n in names], H, dn, HI, cfg.rms_eps, batch.quantize)
     kv_cache, idx_cache = state.kv[layer], state.index[layer]
     kv_cache[batch.slot_of_token, batch.positions] = row
     idx_cache[batch.slot_of_token, batch.positions] = ki

@@ -129,10 +129,13 @@ class ReferenceModel:
             raise K31Error(f"ReferenceModel.commit: accepted must give 1..{step.query_lens[0]} per sequence, "
                            f"got {accepted}")
         st = self.states
+        slots = torch.tensor(step.state_slots, dtype=torch.long, device=self.device)
+        acc = torch.tensor(accepted, dtype=torch.long, device=self.device)
+        rows = torch.arange(len(accepted), device=self.device)
+        window = acc[:, None] + torch.arange(CONV - 1, device=self.device)      # last 3 inputs after acc tokens
         for l, (s_all, full) in st.pending.items():
-            for i, (slot, acc) in enumerate(zip(step.state_slots, accepted)):
-                st.kda[l][slot] = s_all[i, acc - 1]
-                st.conv[l][slot] = full[i, acc:acc + CONV - 1]
+            st.kda[l][slots] = s_all[rows, acc - 1]
+            st.conv[l][slots] = full[rows[:, None], window]
         st.pending.clear()
         self._verify = None
 
