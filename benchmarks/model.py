@@ -1,0 +1,385 @@
+"""The K31 model end to end on a GPU: the generated-op runner (model/assembler.py ModelRunner, target
+triton, decode in graph mode) vs the torch reference model (model/reference ReferenceModel) eager
+and under torch.compile, all in one run, on the `small` preset (~1.2 B parameters, bf16).
+
+  1. prefill TTFT: one sequence of 4K and 32K tokens from an empty cache, one `forward` of the
+     whole prompt (the time to the first token's logits). Median of triton.testing.do_bench when a
+     call takes < 50 ms, else the median of 3 wall-clock calls after a warm-up (synchronised).
+  2. decode tokens/s at batch 1 and 64: every sequence prefilled to `--decode-context` tokens, then
+     `--decode-steps` decode steps, each feeding the greedy token of the step before (argmax on the
+     device, to the host: what an engine does). Wall clock over the N steps after 2 warm-up steps.
+  3. speculative decoding at gamma = 3 through the engine (model/engine.py): the same greedy
+     requests with and without a draft; speedup = decode tokens/s ratio (engine stats), acceptance
+     rate, and a check that the tokens are identical. Draft: the layer-skip draft of `k31dsl run`
+     (the target's first quarter of layers, its own weights: a small K31 config).
+
+    python benchmarks/model.py            # GPU; writes benchmarks/results/model.{json,md}
+    python benchmarks/model.py --smoke    # tiny preset on the CPU (Triton interpreter), end to end
+
+Every runner speaks the Runner protocol (model/step.py), so the three are timed by the same code.
+Floors (bytes and FLOPs of a decode step / a prefill, from the config): `floors()`, printed first."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported
+sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402
+
+HBM_TBS = 4.28           # H200 copy ceiling measured in earlier runs (NOTES.md); re-measured here
+BF16_TFLOPS = 790.0      # H200 bf16 dense GEMM on random data (NOTES.md)
+KDA_FLOP_PER_TOKEN_HEAD = 156e3      # our chunk_kda kernels, K = V = 128 (NOTES.md, KDA prefill)
+
+
+# ---------------------------------------------------------------- floors from the config
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def floors(cfg, batch: int = 64, context: int = 1024, prefill: int = 32768) -> dict:
+    """Bytes and FLOPs of one decode step (batch sequences at `context` tokens each) and of one
+    prefill of `prefill` tokens, from the config alone. Weights in cfg.dtype, KDA state fp32
+    (read + written), conv state fp32, DSA caches 656 B (latent: 512 e4m3 + 4 fp32 scales + 64
+    bf16 rope) + 132 B (indexer: 128 e4m3 + 4 e8m0) per token and layer."""
+    from k31dsl.model.config import CONV, INDEX_DIM, KV_LORA, ROPE_DIM
+    wb = 2 if cfg.dtype == "bfloat16" else 4
+    shapes = cfg.weight_shapes()
+    experts = sum(_numel(s) for n, s in shapes.items() if n.endswith((".moe.gate_up", ".moe.down")))
+    embed = _numel(shapes["embed"])
+    dense = cfg.n_params() - embed - experts
+    e, k = cfg.n_experts, cfg.n_experts_per_tok
+    n_kda, n_dsa = len(cfg.kda_layers), len(cfg.dsa_layers)
+    active = dense + experts * k / e                       # matmul parameters one token uses
+    lat_b, idx_b = KV_LORA + 4 * 4 + ROPE_DIM * 2, INDEX_DIM + INDEX_DIM // 32
+    hv, K, V = cfg.kda_value_heads, cfg.kda_head_dim, cfg.kda_value_dim
+    conv_ch = 2 * cfg.kda_heads * K + hv * V
+    mla_dot = KV_LORA + ROPE_DIM + KV_LORA                 # scores over 576 dims + output over 512
+
+    def decode(b):
+        touched = e * (1 - (1 - k / e) ** b)               # experts a batch of b routes to (uniform routing)
+        weight_bytes = (dense + experts * touched / e) * wb + b * cfg.d_model * wb
+        state = b * n_kda * (hv * K * V * 4 + conv_ch * (CONV - 1) * 4) * 2
+        keys = min(context + 1, cfg.index_topk)
+        cache = b * n_dsa * ((context + 1) * idx_b + keys * lat_b + lat_b + idx_b)
+        flop = (2 * b * active + b * n_dsa * ((context + 1) * cfg.index_heads * INDEX_DIM * 2
+                                             + keys * cfg.mla_heads * mla_dot * 2)
+                + b * n_kda * hv * K * V * 8)
+        total = weight_bytes + state + cache
+        return {"batch": b, "context": context, "weight_bytes": weight_bytes, "state_bytes": state,
+                "cache_bytes": cache, "bytes": total, "flop": flop,
+                "floor_ms": max(total / (HBM_TBS * 1e12), flop / (BF16_TFLOPS * 1e12)) * 1e3,
+                "floor_tokens_per_s": b / max(total / (HBM_TBS * 1e12), flop / (BF16_TFLOPS * 1e12))}
+
+    def prefill_cost(t):
+        pairs_idx = t * (t + 1) / 2
+        pairs_mla = sum(min(i + 1, cfg.index_topk) for i in range(t))
+        mm = 2 * t * active
+        idx = n_dsa * cfg.index_heads * INDEX_DIM * 2 * pairs_idx
+        mla = n_dsa * cfg.mla_heads * mla_dot * 2 * pairs_mla
+        kda = n_kda * t * hv * KDA_FLOP_PER_TOKEN_HEAD * (K * V) / (128 * 128)
+        flop = mm + idx + mla + kda
+        act = t * cfg.d_model * 4 * (cfg.n_blocks + 2) * cfg.n_layers * 2   # AttnRes sources re-read per sublayer
+        by = cfg.n_params() * wb + act
+        return {"tokens": t, "matmul_flop": mm, "indexer_flop": idx, "mla_flop": mla, "kda_flop": kda,
+                "flop": flop, "bytes": by,
+                "floor_ms": max(flop / (BF16_TFLOPS * 1e12), by / (HBM_TBS * 1e12)) * 1e3}
+
+    return {"params": cfg.n_params(), "active_params_per_token": active,
+            "decode": {b: decode(b) for b in sorted({1, batch})}, "prefill": prefill_cost(prefill)}
+
+
+def print_floors(cfg, f: dict) -> None:
+    print(f"floors for {cfg.name}: {f['params'] / 1e9:.3f} B parameters, "
+          f"{f['active_params_per_token'] / 1e9:.3f} B matmul parameters per token")
+    for b, d in f["decode"].items():
+        print(f"  decode B={b} L={d['context']}: weights {d['weight_bytes'] / 1e9:.3f} GB, KDA+conv state "
+              f"{d['state_bytes'] / 1e9:.3f} GB (r+w), caches {d['cache_bytes'] / 1e9:.3f} GB -> "
+              f"{d['bytes'] / 1e9:.3f} GB, {d['flop'] / 1e9:.1f} GFLOP: floor {d['floor_ms']:.3f} ms "
+              f"({d['floor_tokens_per_s']:,.0f} tokens/s)")
+    p = f["prefill"]
+    print(f"  prefill T={p['tokens']}: matmul {p['matmul_flop'] / 1e12:.1f} + indexer {p['indexer_flop'] / 1e12:.1f} "
+          f"+ MLA {p['mla_flop'] / 1e12:.1f} + KDA {p['kda_flop'] / 1e12:.2f} = {p['flop'] / 1e12:.1f} TFLOP, "
+          f"{p['bytes'] / 1e9:.1f} GB: floor {p['floor_ms']:.1f} ms")
+
+
+# ---------------------------------------------------------------- runners
+
+class Runners:
+    """The implementations under test. The k31dsl runner (generated ops on Triton, graph mode for
+    decode on a GPU) is built once with room for every section; the reference runners keep dense
+    per-slot caches [slots, max_len, ...], so each section builds them at its own size."""
+
+    def __init__(self, cfg, weights, impls: list[str], num_pages: int, num_slots: int, device: str):
+        self.cfg, self.weights, self.impls, self.device = cfg, weights, impls, device
+        self.k31 = None
+        if "k31dsl" in impls:
+            t = time.perf_counter()
+            try:
+                from k31dsl.model.assembler import ModelRunner
+                self.k31 = ModelRunner(cfg, weights, "triton", num_pages=num_pages, num_slots=num_slots)
+                print(f"k31dsl: runner built in {time.perf_counter() - t:.1f} s")
+            except Exception as e:  # noqa: BLE001 - the anchors still run
+                print(f"k31dsl: could not build the runner: {type(e).__name__}: {e}")
+
+    def for_section(self, num_slots: int, max_len: int) -> dict:
+        import gc
+        import torch
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        out = {}
+        for impl in self.impls:
+            if impl == "k31dsl":
+                if self.k31 is not None:
+                    out[impl] = self.k31
+                continue
+            try:
+                from k31dsl.model.reference import ReferenceModel
+                # compile=True: torch.compile(dynamic=True) of the tensor pieces between the
+                # reference's Python loops (layers, chunks, query blocks, experts)
+                out[impl] = ReferenceModel(self.cfg, self.weights, device=self.device, num_slots=num_slots,
+                                           max_len=max_len, compile=(impl == "torch.compile"))
+            except Exception as e:  # noqa: BLE001
+                print(f"{impl}: could not build the runner: {type(e).__name__}: {e}")
+        return out
+
+
+# ---------------------------------------------------------------- timing
+
+def _sync(device):
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+def time_call_ms(fn, device: str, repeats: int = 3) -> tuple[float, str]:
+    """(median ms, how): do_bench for calls under 50 ms on a GPU, else the wall-clock median of
+    `repeats` calls after a first (warm-up, compile) call."""
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    first = (time.perf_counter() - t) * 1e3
+    if device == "cuda" and first < 50:
+        return harness.median_ms(fn, warmup=5, rep=100), "do_bench median"
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        ts.append((time.perf_counter() - t) * 1e3)
+    return sorted(ts)[len(ts) // 2], f"wall median of {repeats}"
+
+
+def _prompt(n: int, seed: int, vocab: int = 256) -> list[int]:
+    import numpy as np
+    return [int(x) for x in np.random.default_rng(seed).integers(32, 127, n) % vocab]
+
+
+def _pages(n_tokens: int) -> int:
+    from k31dsl.model.config import PAGE
+    return -(-n_tokens // PAGE)
+
+
+def bench_prefill(runners, lengths, device, rows, results, repeats: int = 3):
+    from k31dsl.model.step import Step
+    out = {}
+    for t in lengths:
+        step = Step("prefill", [_prompt(t, 1)], [0], [0], [list(range(_pages(t)))])
+        for name, r in runners.items():
+            def fn(r=r):
+                r.reset_slot(0)
+                return r.forward(step)
+            try:
+                ms, how = time_call_ms(fn, device, repeats)
+            except Exception as e:  # noqa: BLE001 - e.g. the eager reference out of memory at 32K
+                print(f"prefill T={t} {name}: {type(e).__name__}: {str(e)[:200]}")
+                ms, how = float("nan"), f"failed: {type(e).__name__}"
+            out.setdefault(t, {})[name] = ms
+            rows.append({"case": f"prefill TTFT T={t}", "impl": name, "ms": ms, "tokens/s": t / (ms * 1e-3),
+                         "timing": how})
+            print(f"prefill T={t} {name}: {ms:.3f} ms ({how})")
+        base = out[t].get("torch.compile")
+        for row in rows[-len(runners):]:
+            row["vs torch.compile"] = base / row["ms"] if base else float("nan")
+    results["prefill_ms"] = out
+
+
+def bench_decode(runners, batches, context, steps, device, rows, results, warmup: int = 2):
+    import torch
+    from k31dsl.model.step import Step
+    out = {}
+    for b in batches:
+        prompts = [_prompt(context, 100 + i) for i in range(b)]
+        per = _pages(context + steps + 3)
+        tables = [list(range(i * per, (i + 1) * per)) for i in range(b)]
+        for name, r in runners.items():
+            try:
+                for i in range(b):
+                    r.reset_slot(i)
+                logits = r.forward(Step("prefill", prompts, [0] * b, list(range(b)), tables))
+                last = torch.as_tensor(logits).view(b, context, -1)[:, -1].argmax(-1).tolist()
+                ctx = context
+
+                def one():
+                    nonlocal last, ctx
+                    lg = r.forward(Step("decode", [[x] for x in last], [ctx] * b, list(range(b)), tables))
+                    last = torch.as_tensor(lg).argmax(-1).tolist()
+                    ctx += 1
+                for _ in range(warmup):
+                    one()
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    one()
+                _sync(device)
+                s = time.perf_counter() - t0
+                ms, tps = s * 1e3 / steps, b * steps / s
+            except Exception as e:  # noqa: BLE001
+                print(f"decode B={b} {name}: {type(e).__name__}: {str(e)[:200]}")
+                ms, tps = float("nan"), float("nan")
+            out.setdefault(b, {})[name] = {"ms_per_step": ms, "tokens_per_s": tps}
+            rows.append({"case": f"decode B={b} L={context}", "impl": name, "ms": ms, "tokens/s": tps,
+                         "timing": f"wall, {steps} steps"})
+            print(f"decode B={b} {name}: {ms:.3f} ms/step, {tps:,.0f} tokens/s")
+        base = out[b].get("torch.compile", {}).get("tokens_per_s")
+        for row in rows[-len(runners):]:
+            row["vs torch.compile"] = row["tokens/s"] / base if base else float("nan")
+    results["decode"] = out
+
+
+def bench_spec(target_runner, drafts: dict, num_pages, num_slots, batch, prompt_len, new_tokens, gamma,
+               rows, results) -> bool:
+    """The engine with each draft (label -> runner) at gamma vs without one, same greedy requests."""
+    from k31dsl.model.engine import Engine
+    prompts = [_prompt(prompt_len, 200 + i) for i in range(batch)]
+
+    def run(draft, g):
+        eng = Engine(target_runner, num_pages=num_pages, num_slots=num_slots, max_batch=batch, draft=draft, gamma=g)
+        res = eng.generate(prompts, new_tokens)
+        return [r.tokens for r in res], eng.stats.as_dict()
+
+    case = f"engine B={batch}, prompt {prompt_len}, {new_tokens} new"
+    plain_tokens, plain = run(None, 0)
+    rows.append({"case": case, "impl": "k31dsl plain decode", "tokens/s": plain["decode_tokens_per_s"],
+                 "timing": "engine stats (decode_s)", "vs torch.compile": ""})
+    out, all_same = {"gamma": gamma, "batch": batch, "plain": plain, "drafts": {}}, True
+    for label, draft in drafts.items():
+        tokens, st = run(draft, gamma)
+        speedup = st["decode_tokens_per_s"] / plain["decode_tokens_per_s"] if plain["decode_tokens_per_s"] else float("nan")
+        same = tokens == plain_tokens
+        all_same &= same
+        rows.append({"case": case, "impl": f"k31dsl spec gamma={gamma}, draft {label}", "tokens/s": st["decode_tokens_per_s"],
+                     "timing": "engine stats (decode_s)", "acceptance": st["acceptance_rate"],
+                     "vs torch.compile": "", "speedup vs plain": speedup, "tokens == plain": same})
+        print(f"speculative gamma={gamma}, draft {label}: speedup {speedup:.2f}x, acceptance "
+              f"{st['acceptance_rate']}, draft share of decode time {st['draft_s'] / max(st['decode_s'], 1e-12):.0%}, "
+              f"tokens identical to plain greedy: {same}")
+        out["drafts"][label] = {"speedup": speedup, "identical": same, "stats": st}
+    results["spec"] = out
+    return all_same
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    from k31dsl.model.config import K31Config
+    from k31dsl.model.weights import cast_weights, init_weights
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny preset on the CPU (Triton interpreter)")
+    ap.add_argument("--config", default="small")
+    ap.add_argument("--prefill", default="4096,32768", help="prefill lengths")
+    ap.add_argument("--batches", default="1,64", help="decode batch sizes")
+    ap.add_argument("--decode-context", type=int, default=1024)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--gamma", type=int, default=3)
+    ap.add_argument("--spec-batch", type=int, default=1)
+    ap.add_argument("--spec-tokens", type=int, default=64)
+    ap.add_argument("--draft-layers", default="4,8", help="depths of the layer-skip drafts to try")
+    ap.add_argument("--impls", default="k31dsl,eager,torch.compile")
+    ap.add_argument("--skip", default="", help="sections to skip: prefill,decode,spec")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        # The Triton interpreter runs a tiny prefill in about a minute and a decode step in ~10 s
+        # (2 loaded cores): one of each shape, one timed call, gamma 1 (few shape classes).
+        args.config, args.prefill, args.batches = "tiny", "12", "1,2"
+        args.decode_context, args.decode_steps, args.spec_batch, args.spec_tokens, args.gamma = 8, 1, 1, 3, 1
+        args.draft_layers = "2"
+        args.impls = ",".join(i for i in args.impls.split(",") if i != "torch.compile")
+    device = "cpu" if args.smoke else "cuda"
+    cfg = K31Config.load(args.config)
+    f = floors(cfg, batch=max(int(b) for b in args.batches.split(",")), context=args.decode_context,
+               prefill=max(int(t) for t in args.prefill.split(",")))
+    print_floors(cfg, f)
+    results = {"env": harness.environment(), "smoke": args.smoke, "config": cfg.to_dict(), "floors": f}
+    if not args.smoke:
+        results["ceiling_tbs"] = harness.copy_ceiling_tbs()
+        print(f"copy ceiling {results['ceiling_tbs']:.3f} TB/s")
+    weights = cast_weights(init_weights(cfg, 0), cfg.dtype)
+    if device == "cuda":
+        weights = {n: w.to(device) for n, w in weights.items()}
+    lengths = [int(t) for t in args.prefill.split(",") if t]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    num_slots = max(batches + [args.spec_batch])
+    num_pages = max([_pages(t) for t in lengths]
+                    + [b * _pages(args.decode_context + args.decode_steps + 3) for b in batches]
+                    + [args.spec_batch * _pages(args.decode_context + args.spec_tokens + args.gamma + 1)])
+    runners = Runners(cfg, weights, args.impls.split(","), num_pages, num_slots, device)
+    rows: list[dict] = []
+    skip = set(args.skip.split(","))
+    cols = ["case", "impl", "ms", "tokens/s", "vs torch.compile", "timing", "acceptance", "speedup vs plain",
+            "tokens == plain"]
+
+    def save():
+        results["rows"] = rows
+        if not args.smoke:
+            harness.write("model", results, cols, rows, notes=_notes(results))
+
+    if "prefill" not in skip:
+        bench_prefill(runners.for_section(1, max(lengths)), lengths, device, rows, results, 1 if args.smoke else 3)
+        save()
+    if "decode" not in skip:
+        bench_decode(runners.for_section(max(batches), args.decode_context + args.decode_steps + 3),
+                     batches, args.decode_context, args.decode_steps, device, rows, results, 1 if args.smoke else 2)
+        save()
+    ok = True
+    if "spec" not in skip and runners.k31 is not None:
+        from k31dsl.model.assembler import ModelRunner
+        from k31dsl.run_cmd import layer_skip_draft
+        drafts = {}
+        for n in [int(x) for x in args.draft_layers.split(",") if x]:
+            dcfg, dweights = layer_skip_draft(cfg, weights, n)
+            drafts[f"{n} layers (layer-skip)"] = ModelRunner(dcfg, dweights, "triton", num_pages=num_pages,
+                                                            num_slots=num_slots)
+        ok = bench_spec(runners.k31, drafts, num_pages, num_slots, args.spec_batch, args.decode_context,
+                        args.spec_tokens, args.gamma, rows, results)
+        save()
+    harness.print_table(cols, rows)
+    if args.smoke:
+        print("smoke run: tiny preset in the Triton interpreter; nothing written")
+    return 0 if ok else 1
+
+
+def _notes(results) -> str:
+    f = results["floors"]
+    parts = [f"copy ceiling {results.get('ceiling_tbs', float('nan')):.3f} TB/s (this run)."]
+    for b, d in f["decode"].items():
+        parts.append(f"decode B={b} floor {d['floor_ms']:.3f} ms/step ({d['floor_tokens_per_s']:,.0f} tokens/s; "
+                     f"{d['bytes'] / 1e9:.2f} GB, {d['flop'] / 1e9:.0f} GFLOP).")
+    p = f["prefill"]
+    parts.append(f"prefill T={p['tokens']} floor {p['floor_ms']:.1f} ms ({p['flop'] / 1e12:.1f} TFLOP).")
+    parts.append("prefill: one forward of the whole prompt (do_bench median < 50 ms, else wall median of 3); "
+                 "decode: wall clock over N steps, greedy token fed back through the host; spec: engine stats.")
+    return " ".join(parts)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
