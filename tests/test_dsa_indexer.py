@@ -12,7 +12,7 @@ from k31dsl import K31Error
 from k31dsl.ops.dsa import indexer as I
 from k31dsl.ops.dsa import indexer_checks as C
 from k31dsl.ops.dsa import prolog as P
-from k31dsl.ops.dsa.topk import topk, topk_segments
+from k31dsl.ops.dsa.topk import topk, topk_order, topk_segments
 from k31dsl.ops.testing import bytes_of, load_oracle
 
 ref = load_oracle("dsa_indexer")
@@ -258,7 +258,9 @@ def test_prolog_bad_inputs():
 LI_DECODE = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
 LI_PREFILL = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
 LI_BF16 = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
-TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True)
+TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True, BL=8192)
+TOPK_STAGE1 = Specialised(topk_segments, KP=2048, BL=8192)
+TOPK_ORDER = Specialised(topk_order)
 Q_CHAIN = Specialised(P.indexer_q_chain, BM=16)
 K_CHAIN = Specialised(P.indexer_k_chain, BM=16)
 W_CHAIN = Specialised(P.indexer_head_weights, H=64, BM=64)
@@ -267,4 +269,4 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 
 def test_kernels_compile_for_hopper(tmp_path):
     assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
-                                          "TOPK_MERGE"], tmp_path, index_types=("int32",))
+                                          "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"], tmp_path, index_types=("int32",))

@@ -1,19 +1,27 @@
-"""Exact row-wise top-k for the DSA indexer scores (k up to 2048, rows up to ~128K and beyond).
+"""Exact row-wise top-k for the DSA indexer scores (k up to 4096, rows up to ~128K and beyond),
+by SELECTION (no sort).
 
-Result: int32 [R, k]; row r lists the positions of its min(k, valid) largest scores ordered by
-(score descending, position ascending), then -1. A score is valid when it is > -inf (the indexer
-writes -inf outside each token's key range; NaN never counts). Ties go to the lower position, so
-the result is deterministic and identical on every target.
+Result of `topk`: int32 [R, k]; row r lists the positions of its min(k, valid) largest scores,
+then -1. A score is valid when it is > -inf (the indexer writes -inf outside each token's key
+range; NaN never counts). Ties go to the lower position, so the set is deterministic and
+identical on every target. Order: sorted=True (the default) gives (score descending, position
+ascending); sorted=False gives the same set in ascending position order (what sparse attention
+needs: a set; one launch less).
 
-Design (chunked merge, then a merge tree): KP = next power of two >= k. Stage 1 gives each
-program a segment of SEG = CH * KP scores of one row; it sorts the first KP-wide chunk and merges
-each further chunk into the running top-KP list (values + positions, in the order above) with one
-k.topk over the 2*KP-long concatenation [running, chunk]. The running list always holds lower
-positions than the chunk, and k.topk keeps the lower lane first on equal values, so ties resolve
-to the lower position. Then launches of the same kernel merge neighbouring segment lists in pairs
-(lower list first: the same tie rule) until one list per row is left; the last launch writes -1
-for invalid entries. CH is chosen for ~512 stage-1 programs; the tree keeps the sequential chain
-at CH + log2(L / SEG) merges (one program per row merging every list would be L / SEG).
+Design. Scores map to an order-preserving int32 `o` (-0 as +0; NaN and -inf to INT_MIN: never
+selected). Program (r, sp) of `topk_segments` takes a segment of its row (the first BL lanes in
+registers, the rest streamed in BL-wide tiles) and finds the K-th largest `o` by a bitwise
+binary search: 32 steps of "count the keys >= candidate" (tile compare + sum), building the
+threshold from the top bit down (on o ^ INT_MIN, the unsigned image). Then, in position order,
+keys above the threshold are selected plus the first (K - count above) keys equal to it (a
+cumsum over the equal mask: ties to the lower position), and each selected key gets its output
+column from a cumsum over the selection mask: a scatter store of the compacted list. Lanes that
+are not written are padded (-inf / -1) by a disjoint masked store, so no lane is read back.
+Levels: stage 1 reduces segments of SEG = 4 * KP scores to KP candidates each (values +
+positions, in position order), each further launch reduces 4 lists to one, the last (FINAL)
+selects exactly k and writes positions only. For sorted output `topk_order` ranks the k winners:
+rank(i) = #{j : key_j > key_i} over [BI, BJ] compare tiles, a scatter to column rank(i).
+Cost per level: 32 x (compare + add) per key + 32 block reductions per program; no sort anywhere.
 """
 from __future__ import annotations
 
@@ -22,65 +30,146 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 
 MAX_K = 4096
+INT_MIN = -2147483647 - 1
+GROUP = 4                 # candidate lists merged per program above stage 1 (and SEG = GROUP * KP)
+MAX_BL = 8192             # lanes held in registers per program (32 per thread at 8 warps)
 
 
 @k.func
-def merge_topk(run_v, run_i, v, i, KP):
-    """Merge a chunk (values v, positions i, [KP]) into the running list (run_v, run_i, [KP],
-    sorted by value descending, position ascending; all its positions below the chunk's)."""
-    tv, tp = k.topk(k.cat(run_v, v), KP)
-    return tv, k.take(k.cat(run_i, i), tp)
+def order_key(v):
+    """int32 with the order of the fp32 scores v (-0 as +0); INT_MIN for -inf and NaN (never
+    selected: every valid key is above it)."""
+    b = v.bitcast(k.i32)
+    o = k.where(v == 0.0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
+    return k.where(v > float("-inf"), o, -2147483647 - 1)
 
 
-# Sorting networks of 2*KP int64 keys: more warps for long lists (a guess until measured on a GPU).
-TOPK_CONFIGS = [{"KP": 4096, "num_warps": 16}, {"KP": 2048, "num_warps": 8}, {"KP": 1024, "num_warps": 8}]
+@k.func
+def seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX):
+    """Tile j of the segment vals[r, start : start + n]: (scores, order keys, positions); lanes
+    past the segment read -inf (key INT_MIN)."""
+    lane = j * BL + k.arange(BL)
+    inside = lane < n
+    v = k.load(vals, (r, k.span(start + j * BL, BL)), mask=inside, other=float("-inf"))
+    if HAS_IDX:
+        pos = k.load(idx, (r, k.span(start + j * BL, BL)), mask=inside, other=-1)
+    else:
+        pos = start + lane
+    return v, order_key(v), pos
+
+
+@k.func
+def kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX):
+    """The largest t with #{keys >= t} >= K over the segment (o0 = its first tile's keys, in
+    registers; the other tiles are re-read per step), or INT_MIN when fewer than K are valid.
+    Bitwise on the unsigned image u = o ^ INT_MIN: 32 counting steps."""
+    p = 0
+    for b in range(32):
+        cand = p | (1 << (31 - b))
+        t = cand ^ (-2147483647 - 1)
+        cnt = k.sum((o0 >= t).to(k.i32))
+        for j in range(1, k.cdiv(n, BL)):
+            _, o, _ = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
+            cnt += k.sum((o >= t).to(k.i32))
+        p = k.where(cnt >= K, cand, p)
+    return p ^ (-2147483647 - 1)
+
+
+@k.func
+def select_tile(o, thr, need_eq, eq_before, written):
+    """The selection of one tile given the threshold: keys above it, and equal keys while the
+    running count of equal keys (eq_before + this tile's, in position order) is <= need_eq.
+    Returns (selected mask, output column of each lane, count selected, count equal)."""
+    eq = (o == thr) & (o != -2147483647 - 1)
+    sel = (o > thr) | (eq & (eq_before + k.cumsum(eq.to(k.i32), axis=0) <= need_eq))
+    si = sel.to(k.i32)
+    return sel, written + k.cumsum(si, axis=0) - 1, k.sum(si), k.sum(eq.to(k.i32))
+
+
+# Launch options by tile width (lanes held in registers per program).
+TOPK_CONFIGS = [{"BL": 8192, "num_warps": 16}, {"BL": 4096, "num_warps": 8}, {"BL": 2048, "num_warps": 4},
+                {"BL": 1024, "num_warps": 4}]
 
 
 @k.kernel(configs=TOPK_CONFIGS)
 def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"], out_v: k.Tensor[k.f32, "R", "M"],
                   out_i: k.Tensor[k.i32, "R", "M"], seg: k.i32,
-                  KP: k.constexpr = 16, HAS_IDX: k.constexpr = False, FINAL: k.constexpr = False):
-    # Program (r, sp) reduces vals[r, sp*seg : (sp+1)*seg] (seg a multiple of KP) to its top KP,
-    # written to out_*[r, sp*KP : (sp+1)*KP]. Positions are the column (HAS_IDX=False) or idx's
-    # entry (then every KP-wide chunk is already a sorted list: the first one needs no sort).
-    # FINAL: only the positions, -1 where the value is not > -inf, columns past M dropped.
+                  KP: k.constexpr = 16, HAS_IDX: k.constexpr = False, FINAL: k.constexpr = False,
+                  BL: k.constexpr = 4096):
+    # Program (r, sp) reduces vals[r, sp*seg : (sp+1)*seg] to its top KP (FINAL: top M), written
+    # compacted in position order to out_*[r, sp*KP : sp*KP + KP] (-inf / -1 after the last).
+    # Positions are the column (HAS_IDX=False) or idx's entry (then the lists in the segment are
+    # in position order, as the previous level wrote them). FINAL: positions only, M columns.
     for r, sp in k.grid(vals.shape[0], k.cdiv(vals.shape[1], seg)):
         start = sp * seg
-        v = vals[r, k.span(start, KP, other=float("-inf"))]
-        if HAS_IDX:
-            run_v = v
-            run_i = idx[r, k.span(start, KP, other=-1)]
-        else:
-            run_v, pos = k.topk(v, KP)
-            run_i = start + pos
-        for c in range(1, k.cdiv(k.minimum(seg, vals.shape[1] - start), KP)):
-            col = start + c * KP
-            v = vals[r, k.span(col, KP, other=float("-inf"))]
-            if HAS_IDX:
-                i = idx[r, k.span(col, KP, other=-1)]
-            else:
-                i = col + k.arange(KP)
-            run_v, run_i = merge_topk(run_v, run_i, v, i, KP)
+        n = k.minimum(seg, vals.shape[1] - start)
         if FINAL:
-            out_i[r, k.span(sp * KP, KP)] = k.where(run_v > float("-inf"), run_i, -1)
+            K = out_i.shape[1]
+            base = 0
         else:
-            out_v[r, k.span(sp * KP, KP)] = run_v
-            out_i[r, k.span(sp * KP, KP)] = run_i
+            K = KP
+            base = sp * KP
+        v0, o0, p0 = seg_tile(vals, idx, r, start, n, 0, BL, HAS_IDX)
+        thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX)
+        above = k.sum((o0 > thr).to(k.i32))
+        for j in range(1, k.cdiv(n, BL)):
+            _, o, _ = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
+            above += k.sum((o > thr).to(k.i32))
+        need_eq = K - above
+        sel, col, written, eq_seen = select_tile(o0, thr, need_eq, 0, 0)
+        k.store(out_i, (r, base + col), p0, mask=sel)
+        if not FINAL:
+            k.store(out_v, (r, base + col), v0, mask=sel)
+        for j in range(1, k.cdiv(n, BL)):
+            v, o, pos = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
+            sel, col, ns, ne = select_tile(o, thr, need_eq, eq_seen, written)
+            k.store(out_i, (r, base + col), pos, mask=sel)
+            if not FINAL:
+                k.store(out_v, (r, base + col), v, mask=sel)
+            written += ns
+            eq_seen += ne
+        pad = k.arange(KP)
+        k.store(out_i, (r, k.span(base, KP)), k.full((KP,), -1, k.i32), mask=(pad >= written) & (pad < K))
+        if not FINAL:
+            k.store(out_v, (r, k.span(base, KP)), k.full((KP,), float("-inf"), k.f32), mask=pad >= written)
+
+
+@k.kernel
+def topk_order(vals: k.Tensor[k.f32, "R", "N"], pos_in: k.Tensor[k.i32, "R", "M"], pos_out: k.Tensor[k.i32, "R", "M"],
+               BI: k.constexpr = 64, BJ: k.constexpr = 128):
+    # Program (r, ib): entries ib*BI .. +BI of the row's selected positions (valid ones first,
+    # then -1) get their rank in (score descending, position ascending) order by counting the
+    # entries ahead of them, BJ at a time; each is stored at column rank (-1 entries stay put).
+    for r, ib in k.grid(pos_in.shape[0], k.cdiv(pos_in.shape[1], BI)):
+        pi = k.load(pos_in, (r, k.span(ib * BI, BI)), other=-1)
+        oi = order_key(k.load(vals, (r, pi), mask=pi >= 0, other=float("-inf")))
+        rank = k.zeros((BI,), k.i32)
+        for jb in range(k.cdiv(pos_in.shape[1], BJ)):
+            pj = k.load(pos_in, (r, k.span(jb * BJ, BJ)), other=-1)
+            oj = order_key(k.load(vals, (r, pj), mask=pj >= 0, other=float("-inf")))
+            ahead = (pj[None, :] >= 0) & ((oj[None, :] > oi[:, None]) | ((oj[None, :] == oi[:, None]) &
+                                                                        (pj[None, :] < pi[:, None])))
+            rank += k.sum(ahead.to(k.i32), axis=1)
+        lane = ib * BI + k.arange(BI)
+        k.store(pos_out, (r, k.where(pi >= 0, rank, lane)), pi, mask=lane < pos_in.shape[1])
 
 
 def _plan(rows: int, length: int, kp: int, programs: int = 512) -> int:
-    """Chunks per stage-1 segment: a power of two (at most 8) leaving about `programs` programs."""
-    chunks = -(-length // kp)
-    ch = 1
-    while ch < 8 and rows * -(-chunks // (2 * ch)) >= programs:
-        ch *= 2
-    return ch
+    """Stage-1 segment length in units of KP: GROUP (a 4x reduction per program), fewer when the
+    rows are short (one launch then does it all)."""
+    del rows, programs
+    return GROUP
 
 
-def topk(scores, k_: int, *, chunks: int | None = None, target: str | None = None):
+def _bl(seg: int) -> int:
+    return min(MAX_BL, max(16, next_pow2(seg)))
+
+
+def topk(scores, k_: int, *, sorted: bool = True, chunks: int | None = None, target: str | None = None):
     """Positions of the k largest valid scores of each row -> int32 [R, k] (see the module
-    docstring for order, ties and -1 padding). scores: fp32 [R, L]. chunks overrides the
-    stage-1 segment length in units of KP (tests use it to force the two-stage path)."""
+    docstring for ties, order and -1 padding). scores: fp32 [R, L]. sorted=False returns the same
+    set in position order (one launch less). chunks overrides the stage-1 segment length in units
+    of KP (tests use it to force the multi-level path)."""
     import torch
     target = resolve_target(target)
     require_tensor("topk", "scores", scores, (k.f32,))
@@ -97,23 +186,28 @@ def topk(scores, k_: int, *, chunks: int | None = None, target: str | None = Non
     kp = max(16, next_pow2(k_))
     ch = chunks if chunks is not None else _plan(rows, length, kp)
     seg = ch * kp
-    ns = -(-length // seg)
     x = scores.contiguous()
     kern = topk_segments[target]
+
     def unused(dtype, n):            # a parameter the specialisation never touches (stride 0)
         return torch.empty(1, dtype=dtype, device=scores.device).expand(rows, n)
 
-    if ns == 1:
-        kern(x, unused(torch.int32, length), unused(torch.float32, k_), out, seg, KP=kp, FINAL=True)
-        return out
-    v1 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
-    i1 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-    kern(x, unused(torch.int32, length), v1, i1, seg, KP=kp)
-    while ns > 2:                    # pairwise merges of neighbouring lists
-        ns = -(-ns // 2)
-        v2 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
-        i2 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-        kern(v1, i1, v2, i2, 2 * kp, KP=kp, HAS_IDX=True)
-        v1, i1 = v2, i2
-    kern(v1, i1, unused(torch.float32, k_), out, ns * kp, KP=kp, HAS_IDX=True, FINAL=True)
+    res = out if not sorted else torch.empty_like(out)
+    if length <= seg:
+        kern(x, unused(torch.int32, length), unused(torch.float32, k_), res, length, KP=kp, FINAL=True,
+             BL=_bl(length))
+    else:
+        ns = -(-length // seg)
+        v1 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
+        i1 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
+        kern(x, unused(torch.int32, length), v1, i1, seg, KP=kp, BL=_bl(seg))
+        while ns > GROUP:                # GROUP neighbouring lists -> one
+            ns = -(-ns // GROUP)
+            v2 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
+            i2 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
+            kern(v1, i1, v2, i2, GROUP * kp, KP=kp, HAS_IDX=True, BL=_bl(GROUP * kp))
+            v1, i1 = v2, i2
+        kern(v1, i1, unused(torch.float32, k_), res, ns * kp, KP=kp, HAS_IDX=True, FINAL=True, BL=_bl(ns * kp))
+    if sorted:
+        topk_order[target](x, res, out, BI=min(64, max(16, next_pow2(k_))), BJ=min(128, max(16, next_pow2(k_))))
     return out
