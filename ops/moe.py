@@ -233,16 +233,20 @@ class MoEPlan:
     shared expert of Fs, top-k. Pure shape arithmetic (no tensors), the same for the direct
     function and the graph builder."""
 
-    def __init__(self, m: int, d: int, e: int, f: int, fs: int, top_k: int, tiles: dict | None = None):
+    def __init__(self, m: int, d: int, e: int, f: int, fs: int, top_k: int, tiles: dict | None = None,
+                 target: str | None = None):
         self.m, self.d, self.e, self.f, self.fs, self.top_k = m, d, e, f, fs, top_k
         self.pairs = m * top_k
         per_expert = self.pairs / e
         # rows per grouped-GEMM block: small blocks when experts see few rows (decode), else
         # large ones (prefill); padding costs at most E * (BM - 1) rows
         self.bm = 16 if per_expert <= 24 else 64 if per_expert <= 256 else 128
+        small_chip = target == "ascendc"           # 192 KB of UB per vector core: 64-row tiles at most
+        if small_chip:
+            self.bm = min(self.bm, 64)
         self.nb = -(-self.pairs // self.bm) + e - 1
         self.rows = self.nb * self.bm
-        self.dense_bm = min(128, max(16, next_pow2(m)))       # shared expert / combine row tiles
+        self.dense_bm = min(64 if small_chip else 128, max(16, next_pow2(m)))   # shared expert / combine rows
         # counting sort: G programs, each CH tokens (CH * top_k pairs) and CR padded rows; CH
         # keeps G <= ~128 at prefill (the count table is one [G, EP] tile) and small enough at
         # decode that several chunks run (and are tested)
@@ -252,7 +256,7 @@ class MoEPlan:
         self.gp = next_pow2(self.g)
         self.ep = max(16, next_pow2(e))
         self.kp = max(1, next_pow2(top_k))
-        base = DECODE_TILES if self.bm == 16 else PREFILL_TILES
+        base = DECODE_TILES if self.bm == 16 or small_chip else PREFILL_TILES
         self.tiles = {**base, **(tiles or {})}
 
     def count_cx(self) -> dict:
@@ -266,7 +270,7 @@ class MoEPlan:
         return {n: v for n, v in self.tiles[which].items() if n not in ("num_warps", "num_stages")}
 
 
-def _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k) -> MoEPlan:
+def _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k, target) -> MoEPlan:
     op = "moe"
     require_tensor(op, "x", x)
     if x.dim() != 2:
@@ -296,7 +300,7 @@ def _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k) -> MoEP
         raise K31Error(f"{op}: top_k must be an int in [1, {e}] (the number of experts), got {top_k!r}")
     if min(d, f, fs) < 1:
         raise K31Error(f"{op}: empty model dim or expert width (D={d}, F={f}, Fs={fs})")
-    return MoEPlan(m, d, e, f, fs, top_k)
+    return MoEPlan(m, d, e, f, fs, top_k, target=target)
 
 
 def _contig(t):
@@ -314,7 +318,7 @@ def moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k: int, *, ta
     expert), weights p / sum(selected p). Returns [M, D] in x's dtype."""
     import torch
     target = resolve_target(target)
-    plan = _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k)
+    plan = _check(x, router, gate_up, down, shared_gate_up, shared_down, top_k, target)
     out = torch.empty((plan.m, plan.d), dtype=x.dtype, device=x.device)
     if plan.m == 0:
         return out
@@ -347,14 +351,16 @@ def moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k: int, *, ta
 MOE_WEIGHTS = ("router", "gate_up", "down", "shared_gate_up", "shared_down")
 
 
-def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = None, tiles: dict | None = None):
+def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = None, tiles: dict | None = None,
+            target: str | None = None):
     """Append the MoE FFN of `x` (a TensorRef [M, D]) to the graph Program `p`: the calls `moe`
     makes, with their intermediates as temps named `<name>_...` (default: a fresh `moe<i>`).
     `weights` maps router, gate_up, down, shared_gate_up, shared_down to TensorRefs of the shapes
     `moe` takes (all in x's dtype). Writes `out` (a TensorRef [M, D] in x's dtype; default a new
     temp `<name>_out`) and returns its new version. `tiles` overrides tile configs by kernel
-    ("router", "gate_up", "down": {"BN", "BK", "WARPS"}), e.g. smaller ones for a target with a
-    small on-chip memory."""
+    ("router", "gate_up", "down": {"BN", "BK", "WARPS"}). `target`: the target the program will
+    be compiled for, when known; "ascendc" caps the tiles to fit its 192 KB Unified Buffer (the
+    default tiles are the GPU's, which `moe(..., target=T)` also picks for T)."""
     from k31dsl.lowering.graph.ir import TensorRef
     op = "add_moe"
     if not isinstance(x, TensorRef) or len(x.shape) != 2:
@@ -386,7 +392,7 @@ def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = Non
         raise K31Error(f"{op}: top_k must be an int in [1, {e}], got {top_k!r}")
     if m == 0:
         raise K31Error(f"{op}: x has no rows; a graph program needs M >= 1")
-    plan = MoEPlan(m, d, e, f, fs, top_k, tiles)
+    plan = MoEPlan(m, d, e, f, fs, top_k, tiles, target)
     if name is None:
         i = 0
         while any(s.startswith(f"moe{i}_") for s in p.latest):

@@ -84,13 +84,13 @@ def test_router_ties_pick_the_lower_expert(target, rng):
     assert (top == [1, 2]).all()
 
 
-def _program(m, d, weights, top_k, layers: int, dtype):
+def _program(m, d, weights, top_k, layers: int, dtype, target):
     """x -> MoE -> MoE ... (each layer its own weights), the last output returned."""
     p = Program("moe_layers")
     h = p.input("x", (m, d), dtype)
     for i in range(layers):
         refs = {n: p.weight(f"l{i}_{n}", tuple(t.shape), dtype) for n, t in weights[i].items()}
-        h = mo.add_moe(p, h, refs, top_k)
+        h = mo.add_moe(p, h, refs, top_k, target=target)
     p.output(h)
     return p
 
@@ -106,7 +106,7 @@ def test_add_moe_in_a_program_equals_moe(target, rng):
         args = mo.moe_inputs(m, d, f, fs, e, top_k, "f32", "random", g)
         layers.append(dict(zip(mo.MOE_WEIGHTS, args[1:])))
     x = args[0]
-    exe = compile_program(_program(m, d, layers, top_k, 2, k.f32), target)
+    exe = compile_program(_program(m, d, layers, top_k, 2, k.f32, target), target)
     inputs = {"x": x, **{f"l{i}_{n}": t for i, w in enumerate(layers) for n, t in w.items()}}
     (got,) = exe(inputs).values()
     want = x
@@ -212,3 +212,24 @@ def test_kernels_compile_for_hopper(tmp_path):
     names = ["PF_ROUTER", "PF_COUNT", "PF_ALIGN", "PF_GATE_UP", "PF_DOWN", "PF_SHARED", "PF_COMBINE",
              "DC_GATE_UP", "DC_DOWN", "DC_COMBINE"]        # the decode router/align/shared differ only in tiles
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
+
+
+# ---------------------------------------------------------------- AscendC tiles
+
+@pytest.mark.parametrize("m", [64, 32768])
+def test_ascendc_tiles_fit_the_unified_buffer(m):
+    """The tiles the plan picks for ascendc (prefill and decode) fit a vector core's 192 KB UB:
+    every kernel emits without a CapacityError, in f32 (the largest tiles) and bf16."""
+    from k31dsl.lowering.pipeline import run_pipeline
+    from k31dsl.targets.ascendc.emit import emit_all
+    plan = mo.MoEPlan(m, 2048, 8, 1024, 1024, 2, target="ascendc")
+    assert plan.bm <= 64 and plan.dense_bm <= 64
+    for dt in (k.f32, k.bf16):
+        kernels = [(mo.moe_router, dict(XT=dt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))),
+                   (mo.moe_count, plan.count_cx()), (mo.moe_align, plan.align_cx()),
+                   (mo.moe_gate_up, dict(XT=dt, BM=plan.bm, **plan.tile("gate_up"))),
+                   (mo.moe_down, dict(XT=dt, BM=plan.bm, **plan.tile("down"))),
+                   (mo.moe_shared_gate_up, dict(XT=dt, BM=plan.dense_bm, **plan.tile("gate_up"))),
+                   (mo.moe_combine, dict(XT=dt, BM=plan.dense_bm, **plan.tile("down")))]
+        for kdef, cx in kernels:
+            assert emit_all(run_pipeline(kdef.ir(**cx), "ascendc")), kdef.name
