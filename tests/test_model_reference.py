@@ -27,8 +27,10 @@ from k31dsl.model.reference.functions import (causal_conv, fp8_tile_qdq, kda_gat
 from k31dsl.model.reference.kda import kda_chunk, kda_recurrent
 from k31dsl.model.step import Step
 from k31dsl.model.weights import init_weights
-from tests.oracles import attnres as attnres_oracle
-from tests.oracles import quant as quant_oracle
+from k31dsl.ops.testing import load_oracle
+
+attnres_oracle = load_oracle("attnres")
+quant_oracle = load_oracle("quant")
 
 EXACT_TOL = 1e-4
 QUANT_TOL = 4e-3
