@@ -116,9 +116,11 @@ class ModelRunner:
                        **dsa_layer.new_caches(config, num_pages, self.device)}
         self.graph_mode = (self.target == "triton" and self.device.type == "cuda") if graph_mode is None \
             else bool(graph_mode)
-        # what the step programs depend on besides the shape class: the config, and the target
-        # only where a builder asks it (DSA heads per program on ascendc)
-        self._flavour = (config.digest(), self.dtype, "ascendc" if self.target == "ascendc" else "any")
+        # what the step programs depend on besides the shape class: the config, the sizes of the
+        # caches and state pools (their shapes are in the program), and the target only where a
+        # builder asks it (DSA heads per program on ascendc)
+        self._flavour = (config.digest(), self.dtype, num_pages, num_slots,
+                         "ascendc" if self.target == "ascendc" else "any")
         self._graphs: dict = {}         # ShapeClass -> (CUDAGraph, static inputs, logits)
         self._replay: dict = {}         # (n_seqs, n) -> verify buffers
         self._const: dict = {}          # (name, shape) -> constant inputs (zeros, chunk maps)
@@ -325,7 +327,7 @@ class ModelRunner:
         _, vshape, inputs = self._pending
         shape = ShapeClass("commit", vshape.n_seqs, vshape.q_len, 1)
         acc = list(accepted) + [0] * (vshape.n_seqs - step.n_seqs)      # padding rows keep their state
-        feed = {"state_slots": inputs["state_slots"],
+        feed = {"state_slots": inputs["state_slots"], "checkpoint_rows": inputs["state_slots"],
                 "accepted": torch.tensor(acc, dtype=torch.int32, device=self.device)}
         self._run_commit(shape, feed)
         self._pending = None

@@ -195,7 +195,8 @@ def add_commit(g, l):
     pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
     acc = g.input("accepted", (g.shape.n_seqs,), k.i32)
     rk, ru, rg = (g.state(f"kda{l}_replay_{c}", g.runner_states[f"kda{l}_replay_{c}"]) for c in "kug")
-    g.p.call(kda_replay_prefix, pool, g.state_slots, pool, g.state_slots, rk, ru, rg, acc,
+    rows = g.input("checkpoint_rows", (g.shape.n_seqs,), k.i32)     # = state_slots (the pool is the checkpoint)
+    g.p.call(kda_replay_prefix, pool, g.state_slots, pool, rows, rk, ru, rg, acc,
              BK=max(16, next_pow2(K)), BV=min(32, V))
     for c in CONV_NAMES:
         keep = g.state(f"kda{l}_keep_{c}", g.runner_states[f"kda{l}_keep_{c}"])
