@@ -421,6 +421,28 @@ def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = Non
     return p.call(moe_combine, act_s, w["shared_down"], y, pair_row, wgt, out, BM=plan.dense_bm, **plan.tile("down"))
 
 
+def moe_program(m: int = 64, d: int = 2048, e: int = 8, f: int = 1024, fs: int = 1024, top_k: int = 2,
+                dtype=k.bf16, target: str | None = None):
+    """One MoE FFN as a whole Program (input x, the five weights, output out); defaults: the
+    `small` preset at a decode batch of 64. `k31dsl explain ops/moe.py --target T` shows it."""
+    from k31dsl.lowering.graph import Program
+    p = Program("moe_ffn")
+    x = p.input("x", (m, d), dtype)
+    shapes = {"router": (e, d), "gate_up": (e, 2 * f, d), "down": (e, d, f),
+              "shared_gate_up": (2 * fs, d), "shared_down": (d, fs)}
+    refs = {n: p.weight(n, s, dtype) for n, s in shapes.items()}
+    out = p.input("out", (m, d), dtype)
+    p.output(add_moe(p, x, refs, top_k, out=out, target=target))
+    return p
+
+
+def _explained():
+    return moe_program()
+
+
+_explained.__k31_program__ = True      # what `k31dsl explain ops/moe.py` shows (lowering.graph.program)
+
+
 MOE_KERNELS = [moe_router, moe_count, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
 
 
