@@ -22,8 +22,9 @@ top-k routing and BM rows per GEMM block:
                     expert's down-projection with the routed rows gathered in its epilogue (no
                     scatter, no atomics).
 
-Public API: `moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k, target=)` and the
-graph builder `add_moe(p, x, weights, top_k)` that appends the same calls to a Program.
+Public API: `moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k, target=)`, the
+graph builder `add_moe(p, x, weights, top_k, out=, name=, target=)` that appends the same calls
+(same tiles: `MoEPlan`) to a Program, and `moe_program()` (one MoE as a Program, for explain).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ DOWN_CONFIGS = [{"BN": 64, "BK": 64, "WARPS": 4, "num_warps": 4, "num_stages": 3
 ROUTER_CONFIGS = [{"BK": 64, "WARPS": 4, "num_warps": 4}, {"BK": 128, "WARPS": 4, "num_warps": 4},
                   {"BK": 256, "WARPS": 8, "num_warps": 8}]
 
-# The configs the graph builder (no autotuning) and the interpreter use, by regime.
+# The configs by regime where nothing autotunes: graph programs, the interpreter, numpy, ascendc.
 PREFILL_TILES = {"gate_up": GATE_UP_CONFIGS[1], "down": DOWN_CONFIGS[1], "router": ROUTER_CONFIGS[0]}
 DECODE_TILES = {"gate_up": GATE_UP_CONFIGS[2], "down": DOWN_CONFIGS[3], "router": ROUTER_CONFIGS[1]}
 
