@@ -9,8 +9,8 @@ AttnRes input -> MoE (ops/moe.add_moe)] -> final AttnRes + norm -> LM head, ever
 `p.call` of an op-library kernel, compiled with `compile_program(prog, target, passes=...)` (the
 target's pipeline: superkernel, streams, memory plan; ascendc adds nz_layout) once per shape
 class and cached. Shape classes:
-  prefill  one sequence, exact chunk length T (a step with several sequences runs them one by one);
-           pages per sequence rounded up to a power of two
+  prefill  one sequence, its chunk padded to a bucket of 16, 32, 64, ... tokens (a step with several
+           sequences runs them one by one); pages per sequence rounded up to a power of two
   decode   the batch padded to a bucket 1, 2, 4, 8, ... (padding rows: token 0, cache slot -1 so
            nothing is written, key range empty, the spare state row), pages as above
   verify   the same buckets x (gamma + 1) tokens; KDA/conv states stay untouched until `commit`,
@@ -55,6 +55,12 @@ _EXECUTABLES: dict = {}   # (flavour, shape class, pass names, target, device) -
 def bucket(n: int) -> int:
     """Decode batch buckets: 1, 2, 4, 8, ..."""
     return next_pow2(max(1, n))
+
+
+def prefill_bucket(n: int) -> int:
+    """Prefill chunk buckets: 16, 32, 64, ... tokens (one compiled program serves every prompt
+    length up to the bucket; the padding rows write no cache and are dropped from the logits)."""
+    return max(16, next_pow2(n))
 
 
 def build_step_program(g: StepGraph):
@@ -206,7 +212,7 @@ class ModelRunner:
         pages = max(-(-(step.context_lens[i] + step.query_lens[i]) // PAGE) for i in seqs)
         mp = next_pow2(pages)
         if step.kind == "prefill":
-            return ShapeClass("prefill", 1, step.query_lens[seqs[0]], mp)
+            return ShapeClass("prefill", 1, prefill_bucket(step.query_lens[seqs[0]]), mp)
         return ShapeClass(step.kind, bucket(len(seqs)), step.query_lens[0], mp)
 
     def _step_inputs(self, step: Step, seqs: list[int], shape: ShapeClass) -> dict:
@@ -218,13 +224,14 @@ class ModelRunner:
             if j < len(seqs):
                 i = seqs[j]
                 ctx, table = step.context_lens[i], list(step.block_tables[i])
-                if len(step.tokens[i]) != n:
+                m = len(step.tokens[i])          # < n: a prefill padded to its bucket
+                if m != n and shape.kind != "prefill":
                     raise K31Error("ModelRunner: sequences of one decode/verify step need the same token count")
-                ps = list(range(ctx, ctx + n))
-                tokens += step.tokens[i]
-                pos += ps
-                slot_map += [table[q // PAGE] * PAGE + q % PAGE for q in ps]
-                ke += [q + 1 for q in ps]
+                ps = list(range(ctx, ctx + m))
+                tokens += step.tokens[i] + [0] * (n - m)
+                pos += ps + [0] * (n - m)
+                slot_map += [table[q // PAGE] * PAGE + q % PAGE for q in ps] + [-1] * (n - m)
+                ke += [q + 1 for q in ps] + [0] * (n - m)
                 bt.append((table + [0] * mp)[:mp])
                 rows.append(step.state_slots[i])
             else:
@@ -243,16 +250,20 @@ class ModelRunner:
 
     def _constants(self, shape: ShapeClass) -> dict:
         """Inputs that depend on the shape class only (chunk maps, parameters no kernel reads)."""
-        from k31dsl.ops.kda.chunk import chunk_map
         T, cfg = shape.n_tokens, self.config
         out = {"row_zero": self._const_tensor("row_zero", (1,), torch.int32),
                "no_replay": self._const_tensor("no_replay", (1, 1, 1, 1), torch.float32),
                "topk_no_idx": self._const_tensor("topk_no_idx", (T, shape.max_pages * PAGE), torch.int32),
                "topk_no_val": self._const_tensor("topk_no_val", (T, cfg.index_topk), torch.float32)}
-        if shape.kind == "prefill":
-            info, seq_chunks, cu, _ = chunk_map([0, T], kda_layer.chunk_size(T), self.device)
-            out.update(kda_chunk_info=info, kda_seq_chunks=seq_chunks, kda_cu=cu)
         return out
+
+    def _prefill_inputs(self, t_real: int, t_pad: int, slot: int) -> dict:
+        """The KDA chunk map of a padded prefill (model/layers/kda.py) and the state rows it uses."""
+        i32 = dict(dtype=torch.int32, device=self.device)
+        info, seq_chunks, cu = kda_layer.prefill_chunk_map(t_real, t_pad)
+        return {"kda_chunk_info": torch.tensor(info, **i32), "kda_seq_chunks": torch.tensor(seq_chunks, **i32),
+                "kda_cu": torch.tensor(cu, **i32), "prefill_len": torch.tensor([t_real], **i32),
+                "h0_rows": torch.tensor([slot, self.num_slots], **i32), "h0_dst": torch.tensor([0, 1], **i32)}
 
     def _run(self, shape: ShapeClass, step_inputs: dict) -> dict:
         exe = self.executable(shape)
@@ -307,7 +318,9 @@ class ModelRunner:
             parts = []
             for i in range(step.n_seqs):
                 shape = self._shape_of(step, [i])
-                parts.append(self._run(shape, self._step_inputs(step, [i], shape))["logits"].clone())
+                inputs = self._step_inputs(step, [i], shape)
+                inputs.update(self._prefill_inputs(step.query_lens[i], shape.q_len, step.state_slots[i]))
+                parts.append(self._run(shape, inputs)["logits"][: step.query_lens[i]].clone())
             return torch.cat(parts)
         shape = self._shape_of(step, list(range(step.n_seqs)))
         inputs = self._step_inputs(step, list(range(step.n_seqs)), shape)

@@ -131,6 +131,19 @@ def test_verify_then_commit_equals_plain_decode(model):
         assert torch.allclose(both[0], both[1], rtol=1e-5, atol=1e-6), name
 
 
+def test_chunked_prefill_matches_reference(model):
+    """A prompt in two prefill chunks (13 + 7 tokens: one bucket of 16, the second chunk starting
+    from the first's KDA, conv and cache state) against the reference doing the same."""
+    runner = ModelRunner(TINY, model["weights"], "numpy", **SIZES)
+    ref = ReferenceModel(TINY, model["weights"], num_slots=SIZES["num_slots"])
+    prompt = model["prompt"]
+    for ctx, chunk in ((0, prompt[:13]), (13, prompt[13:])):
+        st = Step("prefill", [chunk], [ctx], [3], [[5]])
+        got, want = runner.forward(st), ref.forward(st)
+        assert got.shape == (len(chunk), TINY.vocab_size)
+        assert rel_err(got, want) <= TOL, f"seed {model['seed']}, chunk at {ctx}"
+
+
 def test_decode_batch_pads_to_bucket_and_matches_single(model):
     """Three sequences in one decode step (bucket 4: one padding row) == each decoded alone."""
     runner = ModelRunner(TINY, model["weights"], "numpy", **SIZES)

@@ -112,22 +112,47 @@ def _output(g, l, o_heads, ogate):
     return g.linear(y, f"layers.{l}.attn.o_proj", f"l{l}_attn_out")
 
 
+def prefill_chunk_map(t_real: int, t_pad: int) -> tuple[list, list, list]:
+    """chunk_kda's varlen map for a prefill padded to t_pad rows: sequence 0 is the t_real real
+    tokens, sequence 1 the padding (so every output row is computed: no undefined rows flow on).
+    Chunk rows (first token, end of its sequence) padded to the program's fixed count with empty
+    chunks; per-sequence first chunks; cu_seqlens."""
+    bt = chunk_size(t_pad)
+    info = [(t, t_real) for t in range(0, t_real, bt)] + [(t, t_pad) for t in range(t_real, t_pad, bt)]
+    n0 = -(-t_real // bt)
+    seq_chunks = [0, n0, len(info)]
+    info += [(t_pad, t_pad)] * (max_chunks(t_pad) - len(info))
+    return info, seq_chunks, [0, t_real, t_pad]
+
+
+def max_chunks(t_pad: int) -> int:
+    return -(-t_pad // chunk_size(t_pad)) + 1
+
+
 def add_kda_prefill(g, l, x):
-    """One sequence's chunk of T tokens (with earlier context in the slot's state)."""
+    """One sequence's chunk (T rows: the real tokens, then padding to the bucket) with earlier
+    context in the slot's state. The conv states are only read by the convolution, then moved
+    on by the real tokens alone (short_conv_commit_rows with the real length); the recurrence
+    treats the padding as a second sequence whose final state is dropped."""
     cfg = g.cfg
     H, HV, K, V = kda_dims(cfg)
     T = x.shape[0]
     pre, graw, beta, ogate = _projections(g, l, x, 1, T)
-    conv = _conv(g, l, pre, update=True)
+    conv = _conv(g, l, pre, update=False)
+    real = g.input("prefill_len", (1,), k.i32)
+    for c in CONV_NAMES:
+        state = g.state(f"kda{l}_conv_{c}", g.runner_states[f"kda{l}_conv_{c}"])
+        g.p.call(short_conv_commit_rows, pre[c], state, g.state_slots, real,
+                 BC=min(256, next_pow2(pre[c].shape[2])))
     q = g.reshape(conv["q"], (T, H, K), f"l{l}_q")
     kk = g.reshape(conv["k"], (T, H, K), f"l{l}_k")
     v = g.reshape(conv["v"], (T, HV, V), f"l{l}_v")
     graw = g.reshape(graw, (T, HV, K), f"l{l}_graw3")
     bt = chunk_size(T)
-    nt = -(-T // bt)
+    nt = max_chunks(T)
     info = g.input("kda_chunk_info", (nt, 2), k.i32)
-    seq_chunks = g.input("kda_seq_chunks", (2,), k.i32)
-    cu = g.input("kda_cu", (2,), k.i32)
+    seq_chunks = g.input("kda_seq_chunks", (3,), k.i32)
+    cu = g.input("kda_cu", (3,), k.i32)
     f32 = cfg.dtype == "float32"
     mt = k.f32 if f32 else k.bf16
     prec, solve, keep = ("ieee", "ieee", k.f32) if f32 else PREP_VARIANTS[DEFAULT_VARIANT]
@@ -141,16 +166,18 @@ def add_kda_prefill(g, l, x):
     w, u, qg, kb, aqk, gam = g.p.call(
         kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"), info,
         w, u, qg, kb, aqk, gam, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
-        SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt, PREFETCH=False)
+        SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt)
     pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
-    h0 = g.tensor(f"l{l}_kda_h0", (1, HV, K, V), k.f32)
-    zero = g.input("row_zero", (1,), k.i32)
-    h0 = g.p.call(copy_state_rows, pool, g.state_slots, h0, zero, BA=K, BB=V)
-    ht = g.tensor(f"l{l}_kda_ht", (1, HV, K, V), k.f32)
+    h0 = g.tensor(f"l{l}_kda_h0", (2, HV, K, V), k.f32)
+    # h0 = [the slot's state, the spare row] (the padding sequence's start: any finite state)
+    h0 = g.p.call(copy_state_rows, pool, g.input("h0_rows", (2,), k.i32), h0, g.input("h0_dst", (2,), k.i32),
+                  BA=K, BB=V)
+    ht = g.tensor(f"l{l}_kda_ht", (2, HV, K, V), k.f32)
     o = g.tensor(f"l{l}_kda_o", (T, HV, V))
     ht, o = g.p.call(kda_chunk_state, w, u, qg, kb, aqk, gam, seq_chunks, cu, h0, ht, o, HAS_H0=True,
                      STORE_HT=True, PREC="ieee" if f32 else "tf32", BK=K, BT=bt, BV=min(32, V))
-    g.p.call(copy_state_rows, ht, zero, pool, g.state_slots, BA=K, BB=V)
+    pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
+    g.p.call(copy_state_rows, ht, g.input("row_zero", (1,), k.i32), pool, g.state_slots, BA=K, BB=V)
     return _output(g, l, o, ogate)
 
 
