@@ -2,27 +2,30 @@
 unfused path it must agree with (`li_sfa_unfused`: lightning_indexer -> topk -> slots ->
 sparse_mla_attention), with `li_sfa` choosing between them per shape.
 
-DESIGN (one program per query token, or per (token, head block) for small batches; nothing but o
-and lse reaches global memory):
+DESIGN (one program per query token, or per (token, head block) for small batches; only o and
+lse are outputs; a per-program scratch row of 2 * KP candidates is the one other global memory):
   1. select — the query's indexer operands (64 heads x 128, MXFP8) stay in registers; the keys of
      its range [ks, ke) are scored page by page straight from the paged MXFP8 key cache through
-     the block table (indexer.indexer_page_scores, shared with lightning_indexer), assembled into
-     chunks of KP = next_pow2(topk) scores, and each chunk is merged into a running top-KP list
-     by one k.topk over the 2*KP concatenation [running, chunk] of i64 sort keys (score order
-     bits << 32 | 2^31 - 1 - position): ties go to the lower position, the list is exactly
-     topk()'s result in the same order (score descending, position ascending), and the
-     positions ride in the keys, so the merge needs no gather (a k.take of positions after a
-     value top-k costs O(n^2/32) warp shuffles at n = 4096 on Hopper, and minutes of compile).
-  2. attend — the first min(topk, valid) positions are mapped to physical slots through the
-     block table and attended exactly like sparse_mla_attention (same @k.funcs: per-128-tile
-     scale folded into the score / probability tiles, online softmax over blocks of BK), the slot
-     list kept in registers as [KP / BK, BK] rows (block j = a masked row sum, no gather).
-Why not a two-pass threshold or a split-L merge: an exact k-th-largest threshold needs either a
-histogram (a scatter-add the DSL has no op for) or the logits kept between passes (global
-memory); splitting L over programs needs the per-split candidate lists merged across programs,
-i.e. written to global memory — both break "no logits or indices in global memory" or need new
-IR ops. The running list costs one 2*KP bitonic top-k per KP keys, which is what bounds this
-kernel at long contexts (benchmarks/NOTES.md, DSA section); the unfused path wins there.
+     the block table (indexer.indexer_page_scores, shared with lightning_indexer) in chunks of KC
+     (256) scores. Each score becomes topk.py's order-preserving int32 key; keys above the running
+     threshold are appended to the program's candidate buffer (cumsum compaction, a scatter
+     store; positions ascend along the buffer). When the next chunk might not fit (n > 2*KP - KC)
+     the buffer is cut back IN PLACE to its exact top-k by selection, no sort: a 32-step count
+     search for the k-th largest key over the 2*KP-lane tile (topk.kth_in_tile), ties to the lower
+     position by a cumsum over the equal keys, cumsum compaction; the threshold becomes that k-th
+     key (a later key can only enter above it). A final cut leaves exactly min(topk, valid)
+     winners, in position order — the set topk() selects.
+     Scratch reads follow the writes of other threads of the program only after a block-wide
+     reduction (`fence`: its barrier orders them on a GPU; the DSL has no barrier op).
+  2. attend — the winners' positions are read back BK at a time, mapped to physical slots
+     through the block table and attended exactly like sparse_mla_attention (same @k.funcs:
+     per-128-tile scale folded into the score / probability tiles, online softmax).
+Cost of the selection: per chunk a compare, a KC-lane cumsum and a masked store; per cut 32 block
+reductions over 2*KP lanes (16 keys per thread at KP = 2048, 8 warps) plus two cumsums. Random
+scores need ~k * ln(L / k) appends in all, i.e. a handful of cuts; keys ascending with position
+(the worst case) one cut per (2*KP - k) / KC chunks. The earlier design merged every KP-key chunk
+into a sorted running list with a 2*KP-wide k.topk, which Triton lowers to a sort with 1024 keys
+per thread (~200 µs per merge on an H200; benchmarks/NOTES.md, DSA sections).
 
 For tests the kernel can also write the selected logical positions (return_indices=True): the
 same positions topk() returns, -1 padded.
@@ -35,9 +38,10 @@ from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa.attention import empty_online_state, finish, load_query, online_block
 from k31dsl.ops.dsa.indexer import indexer_page_scores, indexer_query
+from k31dsl.ops.dsa.topk import kth_in_tile, order_key, select_tile
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
-# One config: at KP = 2048 each specialisation takes minutes to compile, so no autotuning.
+# One config (each specialisation compiles in ~30 s for sm_90).
 FUSED_CONFIGS = [{"PB": 1, "BH": 64, "BK": 32, "num_warps": 8}]
 # Longest context (keys per query) for which li_sfa picks the fused kernel by default. GPU run 3
 # (H200): fused 2.3x slower than unfused at L = 32K and 4.8x at 128K (each further 2048 keys cost
@@ -50,27 +54,7 @@ FUSED_MAX_KEYS = 2048
 HEAD_SPLIT_PROGRAMS = 264
 
 
-NO_KEY = -2139095041 * 2 ** 32          # the sort key of a -inf score: below every valid key
-
-
-@k.func
-def sort_keys(v, pos):
-    """i64 keys ordering (score descending, position ascending): the score's order-preserving
-    int32 (-0 as +0, NaN lowest) in the high half, 2^31 - 1 - position in the low half. Keys of
-    -inf or NaN scores are <= NO_KEY."""
-    b = v.bitcast(k.i32)
-    o = k.where(v == 0.0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
-    o = k.where(v != v, -2147483647 - 1, o)
-    return (o.to(k.i64) << 32) | (2147483647 - pos).to(k.i64)
-
-
-@k.func
-def merge_running(run, v, pos, KP):
-    """Merge a chunk (scores v, positions pos, [KP]) into the running list of the KP largest sort
-    keys (descending). Positions live in the keys, so one k.topk of the 2*KP concatenation
-    does it, with no gather."""
-    top, _ = k.topk(k.cat(run, sort_keys(v, pos)), KP)
-    return top
+INT_MIN = -2147483647 - 1
 
 
 @k.func
@@ -94,6 +78,45 @@ def chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, 
     return k.reshape(chunk, (KP,))
 
 
+@k.func
+def fence(n, W):
+    """n (in [0, W]) again, through a block-wide reduction of a W-lane tile: on a GPU all threads of
+    the program meet at its barrier, so the scratch stores issued before it are visible to the
+    loads after it that use the result (the DSL has no barrier op; a reduction is one)."""
+    return k.sum((k.arange(W) < n).to(k.i32))
+
+
+@k.func
+def append_keys(cand_o, cand_p, g, n, thr, v, pos):
+    """Append the scores v (positions pos, ascending, after every buffered one) whose order key
+    is above thr to program g's buffer at columns n, n+1, ... (cumsum compaction); returns the
+    new count. The count's reduction comes after the stores (see `fence`)."""
+    okey = order_key(v)
+    keep = okey > thr
+    kept = keep.to(k.i32)
+    dst = n + k.cumsum(kept, axis=0) - 1
+    k.store(cand_o, (g, dst), okey, mask=keep)
+    k.store(cand_p, (g, dst), pos, mask=keep)
+    return n + k.sum(kept)
+
+
+@k.func
+def reselect(cand_o, cand_p, g, n, topk, CAP):
+    """Reduce program g's candidate buffer (n entries, position order) to its top `topk` in place.
+    Returns (entries kept, threshold order key: a later key enters only above it, the kept mask,
+    their columns and positions as tiles over the CAP lanes)."""
+    nn = fence(n, CAP)
+    lane = k.arange(CAP)
+    o = k.load(cand_o, (g, k.span(0, CAP)), mask=lane < nn, other=INT_MIN)
+    p = k.load(cand_p, (g, k.span(0, CAP)), mask=lane < nn, other=-1)
+    thr = kth_in_tile(o, topk)
+    above = k.sum((o > thr).to(k.i32))
+    chosen, col, kept, _ = select_tile(o, thr, topk - above, 0, 0)
+    k.store(cand_o, (g, col), o, mask=chosen)
+    k.store(cand_p, (g, col), p, mask=chosen)
+    return kept, thr, chosen, col, p
+
+
 @k.kernel(configs=FUSED_CONFIGS)
 def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: k.Tensor[k.e8m0, "T", "HI", "DI // 32"],
                         weights: k.Tensor[k.f32, "T", "HI"], kc: k.Tensor[k.f8e4m3, "P", "PG", "DI"],
@@ -102,41 +125,50 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
                         rope: k.Tensor[k.bf16, "S", "R // 2"], block_table: k.Tensor[k.i32, "B", "MP"],
                         ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                         lse: k.Tensor[k.f32, "T", "H"], sel: k.Tensor[k.i32, "T", "KS"],
+                        cand_o: k.Tensor[k.i32, "G", "CAP"], cand_p: k.Tensor[k.i32, "G", "CAP"],
                         n_per_seq: k.i32, topk: k.i32, sm_scale: k.f32,
                         QT: k.constexpr[k.bf16, k.f32] = k.bf16, HI: k.constexpr = 64, KP: k.constexpr = 2048,
-                        PB: k.constexpr = 1, BH: k.constexpr = 64, BK: k.constexpr = 32, HB: k.constexpr = 1,
-                        WRITE_SEL: k.constexpr = False):
+                        KC: k.constexpr = 256, PB: k.constexpr = 1, BH: k.constexpr = 64, BK: k.constexpr = 32,
+                        HB: k.constexpr = 1, WRITE_SEL: k.constexpr = False):
     # Program (t, hp): query token t, head blocks [hp*HB, hp*HB + HB) of BH heads. With HB below
     # the number of head blocks, the programs of one token each redo the selection (same keys,
-    # read from L2 by the second) to put more SMs on small batches.
+    # read from L2 by the second) to put more SMs on small batches. Program g = t * nhp + hp owns
+    # row g of the candidate scratch (cand_o / cand_p: order keys / positions, 2 * KP columns).
     nhb = k.cdiv(q.shape[1], BH)
-    for t, hp in k.grid(q.shape[0], k.cdiv(q.shape[1], BH * HB)):
+    nhp = k.cdiv(q.shape[1], BH * HB)
+    CAP = 2 * KP
+    for t, hp in k.grid(q.shape[0], nhp):
+        g = t * nhp + hp
         b = t // n_per_seq
         lo = k.maximum(ks[t], 0)
         hi = k.minimum(ke[t], block_table.shape[1] * 64)
-        # 1. select: running exact top-KP over the query's key range, chunk by chunk
+        # 1. select: keys above the running threshold are appended to the buffer; a full buffer
+        #    is cut back to its exact top-k (count search + compaction), which raises the threshold
         q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, HI)
-        run = k.full((KP,), NO_KEY, k.i64)
-        for c in range(lo // KP, k.cdiv(hi, KP)):
-            v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KP, PB)
-            run = merge_running(run, v, c * KP + k.arange(KP), KP)
-        chosen = (k.arange(KP) < topk) & (run > NO_KEY + 2147483647)
-        run_i = (2147483647 - (run & 2147483647)).to(k.i32)
+        n = 0
+        thr = INT_MIN
+        for c in range(lo // KC, k.cdiv(hi, KC)):
+            v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KC, PB)
+            for _ in range(k.where(n > CAP - KC, 1, 0)):       # room for this chunk first
+                n, thr, _, _, _ = reselect(cand_o, cand_p, g, n, topk, CAP)
+            n = append_keys(cand_o, cand_p, g, n, thr, v, c * KC + k.arange(KC))
+        n_sel, _, chosen, col, pos = reselect(cand_o, cand_p, g, n, topk, CAP)
         if WRITE_SEL:
-            sel[t, k.span(0, KP)] = k.where(chosen, run_i, -1)
-        # 2. attend over the chosen keys (a prefix of the list), slots from the block table
-        page = k.load(block_table, (b, k.where(chosen, run_i // 64, 0)), other=-1)
-        slots = k.where(chosen, page * 64 + run_i % 64, -1)
-        n_sel = k.sum(chosen.to(k.i32))
-        slot_rows = k.reshape(slots, (KP // BK, BK))       # block j of the list = row j (no gather)
-        row_ids = k.arange(KP // BK)
+            k.store(sel, (t, col), pos, mask=chosen)
+            pad = k.arange(KP)
+            k.store(sel, (t, k.span(0, KP)), k.full((KP,), -1, k.i32), mask=pad >= n_sel)
+        n_sel = fence(n_sel, CAP)
+        # 2. attend over the chosen keys (the buffer's first n_sel entries), slots from the block table
         n_slots = codes.shape[0]
         for hb in range(hp * HB, k.minimum(hp * HB + HB, nhb)):
             h0 = hb * BH
             ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
             m, l, a0, a1, a2, a3 = empty_online_state(BH)
             for j in range(k.cdiv(n_sel, BK)):
-                idx = k.sum(k.where(row_ids[:, None] == j, slot_rows, 0), axis=0)
+                lane = j * BK + k.arange(BK)
+                pj = k.load(cand_p, (g, k.span(j * BK, BK)), mask=lane < n_sel, other=-1)
+                page = k.load(block_table, (b, k.where(pj >= 0, pj // 64, 0)), mask=pj >= 0, other=-1)
+                idx = k.where(pj >= 0, page * 64 + pj % 64, -1)
                 valid = (idx >= 0) & (idx < n_slots)
                 m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
                                                     sm_scale, m, l, a0, a1, a2, a3)
@@ -209,6 +241,12 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     nhb = -(-h // kw.get("BH", 64))
     if "HB" not in config and t * nhb > HEAD_SPLIT_PROGRAMS:
         kw["HB"] = nhb                                   # enough tokens: one program per token
+    kw.setdefault("KC", min(256, kw["KP"]))
+    if kw["KC"] > kw["KP"] or kw["KC"] & (kw["KC"] - 1) or kw["KC"] % (64 * kw.get("PB", 1)):
+        raise K31Error(f"{op}: KC={kw['KC']} must be a power of two <= KP ({kw['KP']}) and a multiple of 64 * PB")
+    nhp = -(-nhb // kw.get("HB", 1))
+    cand_o = torch.empty((t * nhp, 2 * kw["KP"]), dtype=torch.int32, device=mla_q.device)    # per-program scratch
+    cand_p = torch.empty_like(cand_o)
     if return_indices:
         kw["WRITE_SEL"] = True
         sel_arg = sel
@@ -216,7 +254,7 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
         sel_arg = torch.empty(1, dtype=torch.int32, device=mla_q.device).expand(t, 1)   # never touched
     fused_li_sfa_decode[target](q_idx_codes.contiguous(), q_idx_scales.contiguous(), idx_weights.contiguous(), kc, ksc,
                                 mla_q.contiguous(), c, s, r, block_table.contiguous(), ks32, ke32, o, lse, sel_arg,
-                                t // b, int(topk), float(sm_scale), **kw)
+                                cand_o, cand_p, t // b, int(topk), float(sm_scale), **kw)
     return (o, lse, sel) if return_indices else (o, lse)
 
 
@@ -236,7 +274,7 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
         max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
     scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32, max_len,
                                target=target)
-    pos = topk_op(scores, topk, target=target)
+    pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
     slots = A.slots_of_positions(pos, block_table, t // b, target=target)
     o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, target=target)
     return (o, lse, pos) if return_indices else (o, lse)

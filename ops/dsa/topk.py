@@ -76,6 +76,17 @@ def kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX):
 
 
 @k.func
+def kth_in_tile(o, K):
+    """kth_key for keys held in one tile: the largest t with #{o >= t} >= K, INT_MIN if fewer
+    than K keys are valid (32 counting steps, one block reduction each)."""
+    p = 0
+    for b in range(32):
+        cand = p | (1 << (31 - b))
+        p = k.where(k.sum((o >= (cand ^ (-2147483647 - 1))).to(k.i32)) >= K, cand, p)
+    return p ^ (-2147483647 - 1)
+
+
+@k.func
 def select_tile(o, thr, need_eq, eq_before, written):
     """The selection of one tile given the threshold: keys above it, and equal keys while the
     running count of equal keys (eq_before + this tile's, in position order) is <= need_eq.
