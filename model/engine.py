@@ -3,8 +3,9 @@ a state-slot pool, greedy / seeded sampling, and speculative decoding with a dra
 
     eng = Engine(runner, num_pages=64, num_slots=8, max_batch=8)
     rid = eng.add_request(prompt_tokens, max_new_tokens=16, sampling=SamplingParams(temperature=0.7, seed=1))
-    results = eng.run()                    # {request id: RequestResult}; or call eng.step() yourself
-    results[rid].tokens, results[rid].ttft_s, eng.stats.as_dict()
+    results = eng.run(progress=None)       # {request id: RequestResult}; or call eng.step() yourself
+    results[rid].tokens, results[rid].ttft_s, eng.stats.as_dict()   # EngineStats: tokens/s, acceptance
+    eng.generate([prompt_a, prompt_b], max_new_tokens=8)           # add + run: results in prompt order
 
 One `step()`: admit waiting requests (FIFO, while a batch place, a state slot and pages for the whole
 prompt are free), run one prefill chunk (`prefill_chunk` tokens per sequence, None = all) for the
