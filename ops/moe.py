@@ -6,14 +6,15 @@ captured as a CUDA graph, so no host sync and no data-dependent sizes). For M to
 top-k routing and BM rows per GEMM block:
 
   moe_router        x, router -> ids [M, k] i32, wgt [M, k] f32: logits (fp32 MMA), softmax,
-                    top-k (ties: lower expert), renormalised — one kernel.
-  moe_count,        a counting sort of the M*k (token, slot) pairs by expert into a padded row
-  moe_align         list of R = NB * BM rows, NB = cdiv(M*k, BM) + E - 1 (each expert's rows
+                    top-k (ties: lower expert), renormalised; per chunk of CH tokens also the
+                    pairs per expert (chunk_cnt [G, EP]) for the sort — one kernel.
+  moe_align         a counting sort of the M*k (token, slot) pairs by expert into a padded row
+                    list of R = NB * BM rows, NB = cdiv(M*k, BM) + E - 1 (each expert's rows
                     padded to a multiple of BM; sum_e cdiv(c_e, BM) <= NB): row -> token (-1 on
                     padding rows), block -> expert (-1 past the last used block) and (token,
-                    slot) -> row. Within an expert, pairs keep their (token, slot) order. Two
-                    launches over G chunks of CH tokens: per-chunk counts, then each chunk's
-                    prefix from the whole count table (one [G, EP] tile) and its rows.
+                    slot) -> row. Within an expert, pairs keep their (token, slot) order. G
+                    programs, one per chunk: its prefix from the whole count table (one [G, EP]
+                    tile), its pairs' rows, a share of the padding rows and blocks.
   moe_gate_up       grouped GEMM 1: each BM-row block (one expert) gathers its token rows of x,
                     times G_e and U_e, SwiGLU epilogue -> act [R, F]; unused blocks run no K loop.
   moe_down          grouped GEMM 2: act @ down[e]^T -> y [R, D].
@@ -66,16 +67,17 @@ DECODE_TILES = {"gate_up": GATE_UP_CONFIGS[2], "down": DOWN_CONFIGS[3], "router"
 
 @k.kernel(configs=ROUTER_CONFIGS)
 def moe_router(x: k.Tensor["XT", "M", "D"], router: k.Tensor["XT", "E", "D"], ids: k.Tensor[k.i32, "M", "K"],
-               wgt: k.Tensor[k.f32, "M", "K"], XT: k.constexpr[FLOAT_INPUTS] = k.bf16,
-               EP: k.constexpr = 16, KP: k.constexpr = 2, BM: k.constexpr = 16, BK: k.constexpr = 64,
-               WARPS: k.constexpr = 4):
-    # BM tokens per program: fp32 logits [BM, EP] (experts past E masked to -inf), top-k on the
-    # logits (softmax is monotonic), and the renormalised weights
-    # p_j / sum_sel p = exp(l_j - m) / sum_sel exp(l - m): the full softmax denominator cancels.
-    for pm in k.grid(k.cdiv(x.shape[0], BM)):
-        acc = k.zeros((BM, EP), k.f32)
+               wgt: k.Tensor[k.f32, "M", "K"], chunk_cnt: k.Tensor[k.i32, "G", "EP"],
+               XT: k.constexpr[FLOAT_INPUTS] = k.bf16, EP: k.constexpr = 16, KP: k.constexpr = 2,
+               CH: k.constexpr = 16, BK: k.constexpr = 64, WARPS: k.constexpr = 4):
+    # Program c routes the CH tokens of chunk c: fp32 logits [CH, EP] (experts past E masked to
+    # -inf), top-k on the logits (softmax is monotonic), the renormalised weights
+    # p_j / sum_sel p = exp(l_j - m) / sum_sel exp(l - m) (the full softmax denominator cancels),
+    # and the chunk's pairs per expert for the counting sort (programs past M store zeros).
+    for c in k.grid(chunk_cnt.shape[0]):
+        acc = k.zeros((CH, EP), k.f32)
         for j in range(k.cdiv(x.shape[1], BK)):
-            xt = x[k.span(pm * BM, BM), k.span(j * BK, BK, other=0.0)]
+            xt = x[k.span(c * CH, CH), k.span(j * BK, BK, other=0.0)]
             wt = router[k.span(0, EP), k.span(j * BK, BK, other=0.0)]
             acc += k.dot(xt, wt.T)
         lane = k.arange(0, EP)[None, :]
@@ -84,8 +86,8 @@ def moe_router(x: k.Tensor["XT", "M", "D"], router: k.Tensor["XT", "E", "D"], id
         # reductions are native everywhere); ties go to the lower expert
         bits = k.where(lane < router.shape[0], acc, float("-inf")).bitcast(k.i32)
         key = k.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        top = k.full((BM, KP), -2147483648, k.i32)
-        pos = k.zeros((BM, KP), k.i32)
+        top = k.full((CH, KP), -2147483648, k.i32)
+        pos = k.zeros((CH, KP), k.i32)
         for j in range(KP):
             v = k.max(key, axis=1)[:, None]
             p = k.min(k.where(key == v, lane, EP), axis=1)[:, None]
@@ -95,8 +97,11 @@ def moe_router(x: k.Tensor["XT", "M", "D"], router: k.Tensor["XT", "E", "D"], id
         vals = k.where(top < 0, top ^ 0x7FFFFFFF, top).bitcast(k.f32)
         first = k.sum(k.where(slot == 0, vals, 0.0), axis=1)[:, None]        # the largest
         e = k.where(slot < ids.shape[1], k.exp(vals - first), 0.0)
-        ids[k.span(pm * BM, BM), k.span(0, KP)] = pos
-        wgt[k.span(pm * BM, BM), k.span(0, KP)] = e / k.sum(e, axis=1)[:, None]
+        ids[k.span(c * CH, CH), k.span(0, KP)] = pos
+        wgt[k.span(c * CH, CH), k.span(0, KP)] = e / k.sum(e, axis=1)[:, None]
+        real = ((c * CH + k.arange(0, CH))[:, None] < x.shape[0]) & (slot < ids.shape[1])
+        flat = k.reshape(k.where(real, pos, -1), (CH * KP,))
+        chunk_cnt[c, k.span(0, EP)] = k.sum((flat[:, None] == k.arange(0, EP)[None, :]).to(k.i32), axis=0)
 
 
 @k.func
@@ -105,14 +110,6 @@ def chunk_experts(ids, c, lane_e, CH, KP):
     slots past top_k and tokens past M are all-zero rows."""
     e = k.reshape(ids[k.span(c * CH, CH), k.span(0, KP, other=-1)], (CH * KP,))
     return (e[:, None] == lane_e[None, :]).to(k.i32)
-
-
-@k.kernel
-def moe_count(ids: k.Tensor[k.i32, "M", "K"], chunk_cnt: k.Tensor[k.i32, "G", "EP"], EP: k.constexpr = 16,
-              KP: k.constexpr = 2, CH: k.constexpr = 16):
-    # Pairs per expert in each chunk of CH tokens (programs past the last chunk store zeros).
-    for c in k.grid(chunk_cnt.shape[0]):
-        chunk_cnt[c, k.span(0, EP)] = k.sum(chunk_experts(ids, c, k.arange(0, EP), CH, KP), axis=0)
 
 
 @k.kernel
@@ -248,10 +245,10 @@ class MoEPlan:
         self.nb = -(-self.pairs // self.bm) + e - 1
         self.rows = self.nb * self.bm
         self.dense_bm = min(64 if small_chip else 128, max(16, next_pow2(m)))   # shared expert / combine rows
-        # counting sort: G programs, each CH tokens (CH * top_k pairs) and CR padded rows; CH
-        # keeps G <= ~128 at prefill (the count table is one [G, EP] tile) and small enough at
-        # decode that several chunks run (and are tested)
-        self.ch = min(256, max(16, next_pow2(-(-m // 8))))
+        # router and counting sort: G programs, each CH tokens (CH * top_k pairs) and CR padded
+        # rows; CH keeps G <= ~128 at prefill (the count table is one [G, EP] tile; ascendc: 512
+        # with 64-token router tiles) and is small enough at decode that several chunks run
+        self.ch = min(64 if small_chip else 256, max(16, next_pow2(-(-m // 8))))
         self.cr = max(self.bm, next_pow2(self.ch * top_k))
         self.g = max(-(-m // self.ch), -(-self.rows // self.cr))
         self.gp = next_pow2(self.g)
@@ -260,8 +257,9 @@ class MoEPlan:
         base = DECODE_TILES if self.bm == 16 or small_chip else PREFILL_TILES
         self.tiles = {**base, **(tiles or {})}
 
-    def count_cx(self) -> dict:
-        return {"EP": self.ep, "KP": self.kp, "CH": self.ch}
+    def router_cx(self) -> dict:
+        """The router's constexprs other than its dtype (tile config included)."""
+        return {"EP": self.ep, "KP": self.kp, "CH": self.ch, **self.tile("router")}
 
     def align_cx(self) -> dict:
         return {"EP": self.ep, "KP": self.kp, "BM": self.bm, "CH": self.ch, "GP": self.gp, "CR": self.cr}
@@ -336,9 +334,8 @@ def moe(x, router, gate_up, down, shared_gate_up, shared_down, top_k: int, *, ta
     act_s = torch.empty((plan.m, plan.fs), dtype=x.dtype, device=dev)
     auto = target == "triton" and dev.type == "cuda"       # autotune BN/BK/warps on a GPU
     tiles = (lambda which: {}) if auto else plan.tile
-    moe_router[target](x, router, ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **tiles("router"))
     chunk_cnt = torch.empty((plan.g, plan.ep), dtype=torch.int32, device=dev)
-    moe_count[target](ids, chunk_cnt, **plan.count_cx())
+    moe_router[target](x, router, ids, wgt, chunk_cnt, EP=plan.ep, KP=plan.kp, CH=plan.ch, **tiles("router"))
     moe_align[target](ids, chunk_cnt, pair_row, row_tok, blk_exp, plan.e, **plan.align_cx())
     moe_shared_gate_up[target](x, shared_gate_up, act_s, BM=plan.dense_bm, **tiles("gate_up"))
     moe_gate_up[target](x, row_tok, blk_exp, gate_up, act, BM=plan.bm, **tiles("gate_up"))
@@ -413,8 +410,7 @@ def add_moe(p, x, weights: dict, top_k: int, *, out=None, name: str | None = Non
         out = p.tensor(f"{name}_out", (m, d), dt)
     elif not isinstance(out, TensorRef) or tuple(out.shape) != (m, d) or out.dtype is not dt:
         raise K31Error(f"{op}: `out` must be a TensorRef {dt.name}[{m}, {d}], got {out!r}")
-    ids, wgt = p.call(moe_router, x, w["router"], ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))
-    chunk_cnt = p.call(moe_count, ids, chunk_cnt, **plan.count_cx())
+    ids, wgt, chunk_cnt = p.call(moe_router, x, w["router"], ids, wgt, chunk_cnt, **plan.router_cx())
     pair_row, row_tok, blk_exp = p.call(moe_align, ids, chunk_cnt, pair_row, row_tok, blk_exp, e, **plan.align_cx())
     act_s = p.call(moe_shared_gate_up, x, w["shared_gate_up"], act_s, BM=plan.dense_bm, **plan.tile("gate_up"))
     act = p.call(moe_gate_up, x, row_tok, blk_exp, w["gate_up"], act, BM=plan.bm, **plan.tile("gate_up"))
@@ -444,7 +440,7 @@ def _explained():
 _explained.__k31_program__ = True      # what `k31dsl explain ops/moe.py` shows (lowering.graph.program)
 
 
-MOE_KERNELS = [moe_router, moe_count, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
+MOE_KERNELS = [moe_router, moe_align, moe_gate_up, moe_down, moe_shared_gate_up, moe_combine]
 
 
 # ---------------------------------------------------------------- checks against the oracle

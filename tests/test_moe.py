@@ -25,18 +25,17 @@ def _gen(rng):
 
 
 def _route(x, router, top_k, target, plan):
-    """Run the router and align kernels alone -> (ids, wgt, pair_row, row_tok, blk_exp) as NumPy."""
+    """Run the router and align kernels alone -> (ids, wgt, pair_row, row_tok, blk_exp, chunk_cnt)."""
     m = x.shape[0]
     ids = torch.empty((m, top_k), dtype=torch.int32)
     wgt = torch.empty((m, top_k), dtype=torch.float32)
     pair_row = torch.empty((m, top_k), dtype=torch.int32)
     row_tok = torch.full((plan.rows,), 12345, dtype=torch.int32)      # every row must be written
     blk_exp = torch.full((plan.nb,), 12345, dtype=torch.int32)
-    mo.moe_router[target](x, router, ids, wgt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))
     chunk_cnt = torch.full((plan.g, plan.ep), 12345, dtype=torch.int32)
-    mo.moe_count[target](ids, chunk_cnt, **plan.count_cx())
+    mo.moe_router[target](x, router, ids, wgt, chunk_cnt, **plan.router_cx())
     mo.moe_align[target](ids, chunk_cnt, pair_row, row_tok, blk_exp, plan.e, **plan.align_cx())
-    return [t.numpy() for t in (ids, wgt, pair_row, row_tok, blk_exp)]
+    return [t.numpy() for t in (ids, wgt, pair_row, row_tok, blk_exp, chunk_cnt)]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -46,10 +45,14 @@ def test_routing_and_sort_invariants(target, m, e, top_k, rng):
     x = torch.from_numpy(rng.standard_normal((m, d)).astype(np.float32))
     router = torch.from_numpy((rng.standard_normal((e, d)) / d ** 0.5).astype(np.float32))
     plan = mo.MoEPlan(m, d, e, 16, 16, top_k)
-    ids, wgt, pair_row, row_tok, blk_exp = _route(x, router, top_k, target, plan)
+    ids, wgt, pair_row, row_tok, blk_exp, chunk_cnt = _route(x, router, top_k, target, plan)
     top, w = ref.route(to_f64(x), to_f64(router), top_k)
     np.testing.assert_array_equal(ids, top)
     np.testing.assert_allclose(wgt, w, rtol=1e-5, atol=1e-6)
+    assert plan.g > 1 or m <= 16                                       # several chunks when M allows
+    for c in range(plan.g):                                            # pairs per expert per chunk
+        want = np.bincount(top[c * plan.ch:(c + 1) * plan.ch].ravel(), minlength=plan.ep)
+        np.testing.assert_array_equal(chunk_cnt[c], want)
     bm = plan.bm
     counts = np.bincount(top.ravel(), minlength=e)
     seg = np.concatenate([[0], np.cumsum(-(-counts // bm) * bm)])      # each expert's padded rows
@@ -116,7 +119,7 @@ def test_add_moe_in_a_program_equals_moe(target, rng):
         oracle = ref.moe(oracle, *(to_f64(w[n]) for n in mo.MOE_WEIGHTS), top_k)
     assert torch.equal(got, want)
     assert np.abs(to_f64(got) - oracle).max() <= 1e-4 * np.abs(oracle).max()
-    assert sum(1 for nid in exe.p.calls()) == 14
+    assert sum(1 for nid in exe.p.calls()) == 12
 
 
 def test_moe_plan_regimes():
@@ -193,8 +196,7 @@ def test_add_moe_bad_inputs_raise():
 def _h200(m: int) -> dict:
     """The constexprs of every kernel at the small preset's MoE (D 2048, F 1024, E 8, top-2, bf16)."""
     plan = mo.MoEPlan(m, 2048, 8, 1024, 1024, 2)
-    return {"router": Specialised(mo.moe_router, XT=k.bf16, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router")),
-            "count": Specialised(mo.moe_count, **plan.count_cx()),
+    return {"router": Specialised(mo.moe_router, XT=k.bf16, **plan.router_cx()),
             "align": Specialised(mo.moe_align, **plan.align_cx()),
             "gate_up": Specialised(mo.moe_gate_up, XT=k.bf16, BM=plan.bm, **plan.tile("gate_up")),
             "down": Specialised(mo.moe_down, XT=k.bf16, BM=plan.bm, **plan.tile("down")),
@@ -204,12 +206,12 @@ def _h200(m: int) -> dict:
 
 PREFILL = _h200(32768)
 DECODE = _h200(64)
-(PF_ROUTER, PF_COUNT, PF_ALIGN, PF_GATE_UP, PF_DOWN, PF_SHARED, PF_COMBINE) = PREFILL.values()
-(DC_ROUTER, DC_COUNT, DC_ALIGN, DC_GATE_UP, DC_DOWN, DC_SHARED, DC_COMBINE) = DECODE.values()
+(PF_ROUTER, PF_ALIGN, PF_GATE_UP, PF_DOWN, PF_SHARED, PF_COMBINE) = PREFILL.values()
+(DC_ROUTER, DC_ALIGN, DC_GATE_UP, DC_DOWN, DC_SHARED, DC_COMBINE) = DECODE.values()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    names = ["PF_ROUTER", "PF_COUNT", "PF_ALIGN", "PF_GATE_UP", "PF_DOWN", "PF_SHARED", "PF_COMBINE",
+    names = ["PF_ROUTER", "PF_ALIGN", "PF_GATE_UP", "PF_DOWN", "PF_SHARED", "PF_COMBINE",
              "DC_GATE_UP", "DC_DOWN", "DC_COMBINE"]        # the decode router/align/shared differ only in tiles
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
 
@@ -225,8 +227,7 @@ def test_ascendc_tiles_fit_the_unified_buffer(m):
     plan = mo.MoEPlan(m, 2048, 8, 1024, 1024, 2, target="ascendc")
     assert plan.bm <= 64 and plan.dense_bm <= 64
     for dt in (k.f32, k.bf16):
-        kernels = [(mo.moe_router, dict(XT=dt, EP=plan.ep, KP=plan.kp, BM=16, **plan.tile("router"))),
-                   (mo.moe_count, plan.count_cx()), (mo.moe_align, plan.align_cx()),
+        kernels = [(mo.moe_router, dict(XT=dt, **plan.router_cx())), (mo.moe_align, plan.align_cx()),
                    (mo.moe_gate_up, dict(XT=dt, BM=plan.bm, **plan.tile("gate_up"))),
                    (mo.moe_down, dict(XT=dt, BM=plan.bm, **plan.tile("down"))),
                    (mo.moe_shared_gate_up, dict(XT=dt, BM=plan.dense_bm, **plan.tile("gate_up"))),
