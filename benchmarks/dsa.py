@@ -92,7 +92,7 @@ def compare(fused, unfused):
 def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | None, fused: bool = True,
               save=lambda row: None):
     """Correctness first, then timings; the unfused path and the anchors before the fused kernel
-    (whose first compile at KP = 2048 takes minutes), `save(row)` after each step."""
+    (its first compile at KP = 2048 takes ~30 s per scoring variant), `save(row)` after each step."""
     import torch
     from k31dsl.ops.dsa import fused as F
     import harness
@@ -105,6 +105,7 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
     ref_o, _ = torch_step(*anchor_in, topk=topk)
     row["unfused o rel diff vs torch"] = float((unf[0].float() - ref_o.float()).abs().max() / ref_o.float().abs().max())
     fns = {"unfused": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length),
+           "unfused bf16": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length, mma="bf16"),
            "eager": lambda: torch_step(*anchor_in, topk=topk)}
     if timed:
         compiled = torch.compile(torch_step)
@@ -117,24 +118,29 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
         row[f"{name} graph ms"] = harness.graph_median_ms(fns[name])
         print(f"[B={b} L={length}] {name}: {row[f'{name} ms']:.4f} ms, graph {row[f'{name} graph ms']:.4f} ms",
               flush=True)
-        if name in ("fused", "unfused") and "compile ms" in row:
+        if name.startswith(("fused", "unfused")) and "compile ms" in row:
             best = min(row[f"{name} ms"], row[f"{name} graph ms"])
             row[f"{name} % floor BW"] = 100 * row["floor ms"] / best
             row[f"{name} vs compile"] = min(row["compile ms"], row["compile graph ms"]) / best
         save(row)
 
     if timed:
-        for name in ("eager", "compile", "unfused"):
+        for name in ("eager", "compile", "unfused", "unfused bf16"):
             measure(name)
     if not fused:
         return row
     fus = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, target=target)
     print(f"[B={b} L={length}] fused first call {time.time() - t0:.1f}s", flush=True)
     row["rows with different keys"], row["o rel diff"], row["lse diff"] = compare(fus, unf)
+    fus16 = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, mma="bf16", target=target)
+    unf16 = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, mma="bf16", target=target, max_len=length)
+    row["bf16: rows with different keys"], row["bf16: o rel diff"], _ = compare(fus16, unf16)
     save(row)
     if timed:
         fns["fused"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, target=target)
+        fns["fused bf16"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, mma="bf16", target=target)
         measure("fused")
+        measure("fused bf16")
     return row
 
 
@@ -142,13 +148,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), no timing")
-    ap.add_argument("--no-fused", action="store_true", help="skip the fused kernel (its first compile takes minutes)")
+    ap.add_argument("--no-fused", action="store_true", help="skip the fused kernel")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         row = run_shape(2, 200, 16, 16, 4, "cpu", timed=False, ceiling=None)
         print(row)
-        ok = row["rows with different keys"] == 0 and row["o rel diff"] < 2e-2
+        ok = row["rows with different keys"] == 0 and row["o rel diff"] < 2e-2 and \
+            row["bf16: rows with different keys"] == 0 and row["bf16: o rel diff"] < 2e-2
         print("smoke", "ok" if ok else "FAILED")
         return 0 if ok else 1
     import harness

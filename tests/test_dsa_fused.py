@@ -101,6 +101,18 @@ def test_fused_matches_oracle_and_unfused(case, target):
         assert (sel[1] == -1).all() and (o[1] == 0).all() and torch.isinf(lse[1]).all()
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_bf16_scoring_fused_matches_unfused(target):
+    """mma="bf16" (operands dequantized exactly to bf16, one K=128 dot) in both paths: the oracle's
+    keys and attention; on numpy the two paths do the same arithmetic, so identical results."""
+    g = _gen()
+    args = decode_step(g, [150, 40] if target == "numpy" else [100, 20], 2 if target == "numpy" else 1)
+    o, lse, sel = check_step(args, 16, 0.1, target, F.fused_li_sfa, mma="bf16")
+    uo, ul, usel = F.li_sfa_unfused(*args, 16, 0.1, return_indices=True, mma="bf16", target=target)
+    if target == "numpy":
+        assert torch.equal(sel, usel) and torch.equal(o, uo) and torch.equal(lse, ul)
+
+
 def test_unfused_matches_oracle():
     g = _gen()
     check_step(decode_step(g, [150, 40], 2), 16, 0.1, "numpy", F.li_sfa_unfused)
@@ -125,6 +137,7 @@ def test_fused_without_indices_and_dispatch():
     (lambda a: F.fused_li_sfa(*a[:6], a[6][:2], *a[7:], 16, 0.1), "do not split evenly"),
     (lambda a: F.fused_li_sfa(a[0][:, :8], a[1][:, :8], a[2][:, :8], *a[3:], 16, 0.1), "indexer heads"),
     (lambda a: F.li_sfa(*a, 16, 0.1, impl="fast"), "impl"),
+    (lambda a: F.fused_li_sfa(*a, 16, 0.1, mma="int8"), "mma"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args = decode_step(torch.Generator().manual_seed(0), [70, 30, 5], 1)
@@ -135,11 +148,15 @@ def test_bad_inputs_raise_k31error(call, needle):
 
 # The real decode sizes (64 indexer heads, top-k 2048: a 4096-lane candidate buffer, KC = 256
 # (four pages per chunk: the chunk-assembly loop), 64-head MLA blocks): ~30 s of Triton + ptxas.
+# K31_HOPPER_FULL=1 adds the bf16-scoring variant (another ~25 s).
 FUSED_REAL = Specialised(F.fused_li_sfa_decode, KP=2048, KC=256)
+FUSED_BF16 = Specialised(F.fused_li_sfa_decode, KP=2048, KC=256, MMA_BF16=True)
 
 
 def test_compiles_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["FUSED_REAL"], tmp_path, index_types=("int32",))
+    import os
+    names = ["FUSED_REAL"] + (["FUSED_BF16"] if os.environ.get("K31_HOPPER_FULL") else [])
+    assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
 
 
 # ---------------------------------------------------------------- the streaming selection alone

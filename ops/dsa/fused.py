@@ -37,7 +37,7 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa.attention import empty_online_state, finish, load_query, online_block
-from k31dsl.ops.dsa.indexer import indexer_page_scores, indexer_query
+from k31dsl.ops.dsa.indexer import indexer_page_scores, indexer_page_scores_bf16, indexer_query, indexer_query_bf16
 from k31dsl.ops.dsa.topk import kth_in_tile, order_key, select_tile
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
@@ -58,20 +58,29 @@ INT_MIN = -2147483647 - 1
 
 
 @k.func
-def chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KP, PB):
+def page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, HI, PB, MMA_BF16):
+    """Scores [1, PB*64] of one query against the pages: fp8 dots per MX group, or (MMA_BF16) the
+    operands dequantized exactly to bf16 and one K=128 dot (q0 holds the bf16 query then)."""
+    if MMA_BF16:
+        return indexer_page_scores_bf16(q0, w, kc, ksc, pages, 1, HI, PB)
+    return indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, 1, HI, PB)
+
+
+@k.func
+def chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KP, PB, MMA_BF16):
     """Scores [KP] of positions c*KP .. c*KP+KP-1 of sequence b (-inf outside [lo, hi))."""
     BS = PB * 64
     NSUB = KP // BS
     if NSUB == 1:
         pages = block_table[b, k.span(c * (KP // 64), PB, other=-1)]
-        sc = k.reshape(indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, 1, HI, PB), (KP,))
+        sc = k.reshape(page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, HI, PB, MMA_BF16), (KP,))
         pos = c * KP + k.arange(KP)
         return k.where((pos >= lo) & (pos < hi), sc, float("-inf"))
     rows = k.arange(NSUB)
     chunk = k.full((NSUB, BS), float("-inf"), k.f32)
     for u in range(NSUB):
         pages = block_table[b, k.span(c * (KP // 64) + u * PB, PB, other=-1)]
-        sc = k.reshape(indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, 1, HI, PB), (BS,))
+        sc = k.reshape(page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, HI, PB, MMA_BF16), (BS,))
         pos = c * KP + u * BS + k.arange(BS)
         sc = k.where((pos >= lo) & (pos < hi), sc, float("-inf"))
         chunk = k.where(rows[:, None] == u, sc[None, :], chunk)
@@ -129,7 +138,7 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
                         n_per_seq: k.i32, topk: k.i32, sm_scale: k.f32,
                         QT: k.constexpr[k.bf16, k.f32] = k.bf16, HI: k.constexpr = 64, KP: k.constexpr = 2048,
                         KC: k.constexpr = 256, PB: k.constexpr = 1, BH: k.constexpr = 64, BK: k.constexpr = 32,
-                        HB: k.constexpr = 1, WRITE_SEL: k.constexpr = False):
+                        HB: k.constexpr = 1, WRITE_SEL: k.constexpr = False, MMA_BF16: k.constexpr = False):
     # Program (t, hp): query token t, head blocks [hp*HB, hp*HB + HB) of BH heads. With HB below
     # the number of head blocks, the programs of one token each redo the selection (same keys,
     # read from L2 by the second) to put more SMs on small batches. Program g = t * nhp + hp owns
@@ -144,11 +153,16 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
         hi = k.minimum(ke[t], block_table.shape[1] * 64)
         # 1. select: keys above the running threshold are appended to the buffer; a full buffer
         #    is cut back to its exact top-k (count search + compaction), which raises the threshold
-        q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, HI)
+        if MMA_BF16:
+            q0, w = indexer_query_bf16(q_codes, q_scales, weights, t, 1, HI)
+            q1, q2, q3, s0, s1, s2, s3 = w, w, w, w, w, w, w            # unused by the bf16 scoring
+        else:
+            q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, HI)
         n = 0
         thr = INT_MIN
         for c in range(lo // KC, k.cdiv(hi, KC)):
-            v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KC, PB)
+            v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KC, PB,
+                             MMA_BF16)
             for _ in range(k.where(n > CAP - KC, 1, 0)):       # room for this chunk first
                 n, thr, _, _, _ = reselect(cand_o, cand_p, g, n, topk, CAP)
             n = append_keys(cand_o, cand_p, g, n, thr, v, c * KC + k.arange(KC))
@@ -208,7 +222,8 @@ def _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q,
 
 
 def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
-                 topk: int, sm_scale, *, return_indices: bool = False, target: str | None = None, **config):
+                 topk: int, sm_scale, *, return_indices: bool = False, mma: str = "fp8", target: str | None = None,
+                 **config):
     """One decode step of DSA attention in one kernel: indexer scores of each query token over its
     key range [ks, ke) (logical positions of its sequence; T = B * n tokens, sequence-major),
     exact top-`topk` (ties to the lower position), sparse MLA attention over those keys.
@@ -217,7 +232,8 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     [T, H_I, 4], idx_weights fp32 [T, H_I], idx_cache uint8 [P, 8448]); attention side as
     sparse_mla_attention (mla_q [T, H, 576], mla_cache uint8 [P, 64, 656]); both caches share
     block_table int32 [B, max_pages]. Returns (o [T, H, 512] bf16, lse [T, H] fp32), plus the
-    selected logical positions int32 [T, topk] (-1 padded) when return_indices."""
+    selected logical positions int32 [T, topk] (in position order, -1 padded) when return_indices.
+    mma: the indexer scoring, "fp8" or "bf16" (as lightning_indexer's)."""
     import torch
     target = resolve_target(target)
     op = "fused_li_sfa"
@@ -232,7 +248,11 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     from k31dsl.ops.dsa.indexer import indexer_cache_views
     kc, ksc = indexer_cache_views(idx_cache)
     c, s, r = A.cache_views(mla_cache)
+    if mma not in ("fp8", "bf16"):
+        raise K31Error(f"{op}: mma={mma!r} must be \"fp8\" or \"bf16\"")
     kw = {"HI": q_idx_codes.shape[1], "KP": max(64, next_pow2(topk)), **config}
+    if mma == "bf16":
+        kw["MMA_BF16"] = True
     if kw["KP"] < topk or kw["KP"] & (kw["KP"] - 1) or kw["KP"] % (64 * kw.get("PB", 1)):
         raise K31Error(f"{op}: KP={kw['KP']} must be a power of two >= topk ({topk}) and a multiple of 64 * PB")
     cap = A.max_head_block(target)
@@ -260,10 +280,11 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
 
 def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
                    topk: int, sm_scale, *, return_indices: bool = False, max_len: int | None = None,
-                   target: str | None = None):
+                   mma: str = "fp8", target: str | None = None):
     """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits [T, max_len]
     to global memory) -> topk -> slots_of_positions -> sparse_mla_attention. max_len (default:
-    max(ke), a host sync) bounds the logits' width."""
+    max(ke), a host sync) bounds the logits' width; mma as lightning_indexer's. Positions come
+    out in position order (topk sorted=False: attention needs the set only)."""
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
@@ -273,7 +294,7 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
     if max_len is None:
         max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
     scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32, max_len,
-                               target=target)
+                               mma=mma, target=target)
     pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
     slots = A.slots_of_positions(pos, block_table, t // b, target=target)
     o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, target=target)
