@@ -112,11 +112,14 @@ def chunk_experts(ids, c, lane_e, CH, KP):
     return (e[:, None] == lane_e[None, :]).to(k.i32)
 
 
-@k.kernel
+ALIGN_CONFIGS = [{"WARPS": 4, "num_warps": 4}, {"WARPS": 8, "num_warps": 8}]   # 8 for 256-token chunks
+
+
+@k.kernel(configs=ALIGN_CONFIGS)
 def moe_align(ids: k.Tensor[k.i32, "M", "K"], chunk_cnt: k.Tensor[k.i32, "G", "EP"], pair_row: k.Tensor[k.i32, "M", "K"],
               row_tok: k.Tensor[k.i32, "R"], blk_exp: k.Tensor[k.i32, "NB"], n_exp: k.i32, EP: k.constexpr = 16,
               KP: k.constexpr = 2, BM: k.constexpr = 16, CH: k.constexpr = 16, GP: k.constexpr = 1,
-              CR: k.constexpr = 32):
+              CR: k.constexpr = 32, WARPS: k.constexpr = 4):
     # Program c: every segment start and its chunk's prefix from the [G, EP] counts (one tile),
     # then the rows of its chunk's pairs, the padding rows [c*CR, c*CR + CR) and the blocks
     # [c*CR/BM, ...). Real rows (scattered) and padding rows (-1) are disjoint: no ordering needed.
@@ -262,7 +265,9 @@ class MoEPlan:
         return {"EP": self.ep, "KP": self.kp, "CH": self.ch, **self.tile("router")}
 
     def align_cx(self) -> dict:
-        return {"EP": self.ep, "KP": self.kp, "BM": self.bm, "CH": self.ch, "GP": self.gp, "CR": self.cr}
+        # 256-token chunks: [512, EP] one-hot tiles and their cumsum need 8 warps' registers
+        return {"EP": self.ep, "KP": self.kp, "BM": self.bm, "CH": self.ch, "GP": self.gp, "CR": self.cr,
+                "WARPS": 8 if self.ch >= 128 else 4}
 
     def tile(self, which: str) -> dict:
         """The constexprs of one kernel's tile config (BN/BK/WARPS, launch options dropped)."""
