@@ -56,7 +56,7 @@ DOWN_CONFIGS = [{"BN": 64, "BK": 64, "WARPS": 4, "num_warps": 4, "num_stages": 3
                 {"BN": 32, "BK": 128, "WARPS": 4, "num_warps": 4, "num_stages": 4},
                 {"BN": 64, "BK": 128, "WARPS": 4, "num_warps": 4, "num_stages": 3}]
 ROUTER_CONFIGS = [{"BK": 64, "WARPS": 4, "num_warps": 4}, {"BK": 128, "WARPS": 4, "num_warps": 4},
-                  {"BK": 256, "WARPS": 8, "num_warps": 8}]
+                  {"BK": 64, "WARPS": 8, "num_warps": 8}]      # 256-token chunks: [256, BK] x tiles
 
 # The configs by regime where nothing autotunes: graph programs, the interpreter, numpy, ascendc.
 PREFILL_TILES = {"gate_up": GATE_UP_CONFIGS[1], "down": DOWN_CONFIGS[1], "router": ROUTER_CONFIGS[0]}
