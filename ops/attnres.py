@@ -35,21 +35,22 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 # the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
 # ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
 # re-read more from DRAM. The autotuner decides.
-RESIDENT_CONFIGS = ((128, 16, 24, 8, False),)     # BD, warps, RC, GROUP, PREFETCH
-PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "RC": 0, "GROUP": 1,
-                    "num_warps": w}
+PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "SOURCE_ROWS": False,
+                    "RC": 0, "GROUP": 1, "num_warps": w}
                    for bd, w, re, un, pf in (
                        (128, 4, False, False, False), (256, 8, False, True, False), (512, 16, False, True, False),
                        (512, 16, True, True, False), (512, 8, True, True, False), (256, 16, False, True, False),
                        (128, 4, False, False, True), (256, 8, False, False, True), (128, 4, True, False, True),
                        (256, 16, False, False, True), (512, 16, False, True, True), (512, 16, False, False, True),
                        (512, 16, True, False, True))]
-# Resident configs (RC > 0, see _prepare_one_row_resident): the row's first RC chunks stay in
-# registers between the sweeps, GROUP chunks are loaded at once in the streamed part. One program
-# per SM (16 warps at 128 registers), so the rows in flight (132 x the re-read part) stay in L2.
-PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": True, "UNROLL_SRC": False, "PREFETCH": pf, "RC": rc,
-                     "GROUP": g, "num_warps": w}
-                    for bd, w, rc, g, pf in RESIDENT_CONFIGS]
+# 1-D row variant (SOURCE_ROWS, _prepare_one_row_sources): BD = one element per thread (no
+# replication, no layout conversions), RC chunks kept on chip, GROUP chunks per load burst,
+# PREFETCH of the next burst. sm_90 registers at n = 8, S = 6 in benchmarks/NOTES.md (all spill-free).
+SOURCE_ROW_CONFIGS = ((512, 16, 0, 2, False), (512, 16, 0, 1, True), (512, 16, 2, 2, False), (512, 16, 3, 1, True),
+                      (256, 8, 0, 2, False), (256, 8, 0, 1, True), (128, 4, 0, 2, False), (128, 4, 0, 1, True))
+PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": pf,
+                     "SOURCE_ROWS": True, "RC": rc, "GROUP": g, "num_warps": w}
+                    for bd, w, rc, g, pf in SOURCE_ROW_CONFIGS]
 # sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins) and the rows
 # (229 KB each) in flight on 132 SMs that they allow: 4 warps 128 (4 programs/SM, 528 rows,
 # 121 MB: sweep 2 mostly from DRAM); 8 warps 121-142 (1-2/SM); 16 warps 80-128 (1/SM, 132 rows,
@@ -130,87 +131,154 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
 
 
 @k.func
-def _prepare_one_row_resident(v, q, o, m, l, eps, t, n, d, OT, NB, SB, BD, RC, GROUP, FINAL, REDUCE_EACH,
-                              PREFETCH):
-    """attnres_prepare_rows for token row t with the row's first RC chunks ([NB, BD] each) held on
-    chip from sweep 1 to sweep 2: they are read from memory once, and only chunks RC.. are read
-    twice (the re-read comes from L2, and the fewer bytes it covers, the more of it L2 still holds).
-    RC * BD >= D: the whole row is on chip and the blocks are read exactly once. The resident loads
-    are issued first and used after the streamed chunks of sweep 1, so their latency hides behind
-    that loop; sweep 2 re-reads the streamed chunks in reverse order, then finishes from registers."""
+def _accumulate_rows(xs, qs, sq, acc, x0, q0, NB, SQ):
+    """One chunk of sweep 1 on row tiles: sq[i] += x_i^2, acc[i * SQ + s] += q_s x_i (elementwise,
+    reduced once per token), x_i = xs[x0 + i], q_s = qs[q0 + s]."""
+    new_sq = ()
+    new_acc = ()
+    for i in k.static_range(NB):
+        x = xs[x0 + i].to(k.f32)
+        new_sq = new_sq + (sq[i] + x * x,)
+        for s in k.static_range(SQ):
+            new_acc = new_acc + (acc[i * SQ + s] + qs[q0 + s] * x,)
+    return new_sq, new_acc
+
+
+@k.func
+def _load_rows(v, q, t, j0, NB, SQ, BD, GROUP):
+    """Chunks j0 .. j0 + GROUP - 1 of every source row and every query (chunks past D: no traffic)."""
+    xs = ()
+    qs = ()
+    for u in k.static_range(GROUP):
+        for i in k.static_range(NB):
+            xs = xs + (v[i, t, k.span((j0 + u) * BD, BD, other=0.0)],)
+        for s in k.static_range(SQ):
+            qs = qs + (q[s, k.span((j0 + u) * BD, BD, other=0.0)],)
+    return xs, qs
+
+
+@k.func
+def _reload_rows(v, t, j_hi, RC, d, NB, BD, GROUP):
+    """Sweep 2's loads: chunks j_hi, j_hi - 1, ... (GROUP of them) of every source row with their
+    first columns; a chunk below RC (kept on chip, or before the row) starts at D: no traffic."""
+    cols = ()
+    xs = ()
+    for u in k.static_range(GROUP):
+        c0 = k.where(j_hi - u >= RC, (j_hi - u) * BD, d)
+        cols = cols + (c0,)
+        for i in k.static_range(NB):
+            xs = xs + (v[i, t, k.span(c0, BD, other=0.0)],)
+    return cols, xs
+
+
+@k.func
+def _stack(ts, x0, count, BD):
+    """Tiles ts[x0] .. ts[x0 + count - 1] ([BD] each; count a power of two, at most 128) as one
+    [count, BD] tile, built by a k.cat tree. Triton keeps the new axis in registers (a join adds a
+    register dimension: no data moves), so a reduction over it stays in the thread and one over BD
+    is a single cross-thread reduction however many rows there are."""
+    cur = ()
+    for r in k.static_range(count):
+        cur = cur + (ts[x0 + r].to(k.f32),)
+    width = count
+    for _ in k.static_range(7):
+        if width > 1:
+            nxt = ()
+            for p in k.static_range(width // 2):
+                nxt = nxt + (k.cat(cur[2 * p], cur[2 * p + 1]),)
+            cur = nxt
+            width = width // 2
+    return k.reshape(cur[0], (count, BD))
+
+
+@k.func
+def _store_rows(o, t, xs, x0, es, c0, OT, NB, SQ, BD):
+    """O[s, t, c0:c0+BD] = sum_i e[s, i] x_i for one chunk: the NB rows stacked (in registers) and
+    reduced over the source axis in the thread, es[s] the [NB] weights of query s."""
+    x = _stack(xs, x0, NB, BD)
+    for s in k.static_range(SQ):
+        o[s, t, k.span(c0, BD)] = k.sum(es[s][:, None] * x, axis=0).to(OT)
+
+
+@k.func
+def _prepare_one_row_sources(v, q, o, m, l, eps, t, n, d, OT, NB, SB, SQ, BD, RC, GROUP, FINAL, PREFETCH):
+    """attnres_prepare_rows for token row t on 1-D tiles: every source row's chunk and every query's
+    chunk is its own [BD] tile, the NB x SQ dot products are NB * SQ elementwise accumulators
+    reduced once per token, and O is a sum of scalar-weighted row tiles. All tiles have one shape,
+    so the compiled loops need no layout conversions (the [SB, NB, BD] broadcasts of the other
+    variants move every chunk through shared memory behind barriers). SQ: the exact query count
+    (no padded query rows); sources past n load nothing and get weight 0. RC leading chunks stay
+    on chip between the sweeps, GROUP streamed chunks are loaded at once (as in the resident
+    variant)."""
     kept = ()
     for c in k.static_range(RC):
-        kept = kept + (v[k.span(0, NB, other=0.0), t, k.span(c * BD, BD, other=0.0)].to(k.f32),)
+        for i in k.static_range(NB):
+            kept = kept + (v[i, t, k.span(c * BD, BD, other=0.0)],)
+    sq = ()
+    acc = ()
+    for i in k.static_range(NB):
+        sq = sq + (k.zeros((BD,), k.f32),)
+        for s in k.static_range(SQ):
+            acc = acc + (k.zeros((BD,), k.f32),)
     chunks = k.cdiv(d, BD)
-    sq = k.zeros((NB, BD), k.f32)
-    if REDUCE_EACH:
-        qv = k.zeros((SB, NB), k.f32)
-    else:
-        qv = k.zeros((SB, NB, BD), k.f32)
     if PREFETCH:
-        x_next = v[k.span(0, NB, other=0.0), t, k.span(RC * BD, BD, other=0.0)]
-        q_next = q[k.span(0, SB, other=0.0), k.span(RC * BD, BD, other=0.0)]
+        xn, qn = _load_rows(v, q, t, RC, NB, SQ, BD, GROUP)
     for j0 in range(RC, chunks, GROUP):
-        # GROUP chunks' loads are issued together, then their arithmetic (bytes in flight without
-        # the registers of a wider chunk); chunks past D are masked off (no traffic)
-        xs = ()
-        qs = ()
-        for u in k.static_range(GROUP):
-            j = j0 + u
-            if PREFETCH:
-                xs = xs + (x_next,)
-                qs = qs + (q_next,)
-                x_next = v[k.span(0, NB, other=0.0), t, k.span((j + 1) * BD, BD, other=0.0)]
-                q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
-            else:
-                xs = xs + (v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)],)
-                qs = qs + (q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)],)
-        for u in k.static_range(GROUP):
-            x = xs[u].to(k.f32)
-            qt = qs[u]
-            sq += x * x
-            if REDUCE_EACH:
-                qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
-            else:
-                qv += qt[:, None, :] * x[None, :, :]
-    for c in k.static_range(RC):
-        x = kept[c]
-        qt = q[k.span(0, SB, other=0.0), k.span(c * BD, BD, other=0.0)]
-        sq += x * x
-        if REDUCE_EACH:
-            qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
+        if PREFETCH:                          # the next group's loads go out before this group's math
+            xs, qs = xn, qn
+            xn, qn = _load_rows(v, q, t, j0 + GROUP, NB, SQ, BD, GROUP)
         else:
-            qv += qt[:, None, :] * x[None, :, :]
-    inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
-    if REDUCE_EACH:
-        z = qv * inv_rms[None, :]                                         # [SB, NB]
-    else:
-        z = k.sum(qv, axis=2) * inv_rms[None, :]
-    z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
-    zmax = k.max(z, axis=1)
-    e = k.exp(z - zmax[:, None])
-    esum = k.sum(e, axis=1)
-    if FINAL:
-        e = e / esum[:, None]
-    else:
-        m[k.span(0, SB), t] = zmax
-        l[k.span(0, SB), t] = esum
-    for jj in range(0, chunks - RC, GROUP):
-        # reverse: the chunks read last are still cached. A chunk below RC (the group overhangs
-        # the resident ones) starts past D instead: no load, no store
-        cols = ()
-        xs = ()
+            xs, qs = _load_rows(v, q, t, j0, NB, SQ, BD, GROUP)
         for u in k.static_range(GROUP):
-            j = chunks - 1 - jj - u
-            c0 = k.where(j >= RC, j * BD, d)
-            cols = cols + (c0,)
-            xs = xs + (v[k.span(0, NB, other=0.0), t, k.span(c0, BD, other=0.0)],)
-        for u in k.static_range(GROUP):
-            x = xs[u].to(k.f32)
-            o[k.span(0, SB), t, k.span(cols[u], BD)] = k.sum(e[:, :, None] * x[None, :, :], axis=1).to(OT)
+            sq, acc = _accumulate_rows(xs, qs, sq, acc, u * NB, u * SQ, NB, SQ)
     for c in k.static_range(RC):
-        x = kept[c]
-        o[k.span(0, SB), t, k.span(c * BD, BD)] = k.sum(e[:, :, None] * x[None, :, :], axis=1).to(OT)
+        qs = ()
+        for s in k.static_range(SQ):
+            qs = qs + (q[s, k.span(c * BD, BD, other=0.0)],)
+        sq, acc = _accumulate_rows(kept, qs, sq, acc, c * NB, 0, NB, SQ)
+    # one cross-thread reduction for all NB * W sums: row i * W + w of the stack is source i's dot
+    # with query w (w < SQ), its sum of squares (w = SQ) or zero
+    if SQ < SB:
+        W = SB
+    else:
+        W = 2 * SB
+    parts = ()
+    for i in k.static_range(NB):
+        for w in k.static_range(W):
+            if w < SQ:
+                parts = parts + (acc[i * SQ + w],)
+            elif w == SQ:
+                parts = parts + (sq[i],)
+            else:
+                parts = parts + (k.zeros((BD,), k.f32),)
+    sums = k.reshape(k.sum(_stack(parts, 0, NB * W, BD), axis=1), (NB, W))      # [NB, W], in registers
+    slot = k.arange(W)
+    inv_rms = k.rsqrt(k.sum(k.where(slot[None, :] == SQ, sums, 0.0), axis=1) / d.to(k.f32) + eps)   # [NB]
+    z = k.where((k.arange(NB) < n)[:, None], sums * inv_rms[:, None], float("-inf"))   # padded sources drop out
+    zmax = k.max(z, axis=0)                                               # [W]: column s < SQ is query s
+    e = k.exp(z - zmax[None, :])
+    esum = k.sum(e, axis=0)
+    if FINAL:
+        e = e / esum[None, :]
+    else:
+        m[k.span(0, W), t] = zmax                                         # columns past S are not stored
+        l[k.span(0, W), t] = esum
+    es = ()
+    for s in k.static_range(SQ):
+        es = es + (k.sum(k.where(slot[None, :] == s, e, 0.0), axis=1),)  # [NB] weights of query s
+    # reverse: the chunks read last are still cached; a chunk below RC starts past D (no traffic)
+    if PREFETCH:
+        cn, xn = _reload_rows(v, t, chunks - 1, RC, d, NB, BD, GROUP)
+    for jj in range(0, chunks - RC, GROUP):
+        if PREFETCH:
+            cols, xs = cn, xn
+            cn, xn = _reload_rows(v, t, chunks - 1 - jj - GROUP, RC, d, NB, BD, GROUP)
+        else:
+            cols, xs = _reload_rows(v, t, chunks - 1 - jj, RC, d, NB, BD, GROUP)
+        for u in k.static_range(GROUP):
+            _store_rows(o, t, xs, u * NB, es, cols[u], OT, NB, SQ, BD)
+    for c in k.static_range(RC):
+        _store_rows(o, t, kept, c * NB, es, c * BD, OT, NB, SQ, BD)
 
 
 @k.kernel(configs=PREPARE_CONFIGS)
@@ -221,17 +289,22 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
-                         RC: k.constexpr = 0, GROUP: k.constexpr = 1, WARPS: k.constexpr = 4):
+                         RC: k.constexpr = 0, GROUP: k.constexpr = 1, SOURCE_ROWS: k.constexpr = False,
+                         SQ: k.constexpr = 0, WARPS: k.constexpr = 4):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
-    # RC > 0: the first RC chunks stay on chip between the sweeps (UNROLL_SRC does not apply).
+    # SOURCE_ROWS: 1-D row tiles (_prepare_one_row_sources); SQ = the exact query count (0: SB).
     for t in k.grid(v.shape[1]):
-        if RC > 0:
-            _prepare_one_row_resident(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], OT, NB, SB, BD, RC, GROUP,
-                                      FINAL, REDUCE_EACH, PREFETCH)
+        if SOURCE_ROWS:
+            if SQ > 0:
+                _prepare_one_row_sources(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], OT, NB, SB, SQ, BD, RC, GROUP,
+                                         FINAL, PREFETCH)
+            else:
+                _prepare_one_row_sources(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], OT, NB, SB, SB, BD, RC, GROUP,
+                                         FINAL, PREFETCH)
         else:
             _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB,
                              BD, FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH)
@@ -323,8 +396,15 @@ def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
         kw["FINAL"] = True
     if sb * nb > 64 or nb > 16:
         kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False,
-                  RC=0, GROUP=1)
-    attnres_prepare_rows[target](v, q, o, m, l, eps, **kw)
+                  SOURCE_ROWS=False, RC=0, GROUP=1)
+    prepare_kernel(target)(v, q, o, m, l, eps, SQ=q.shape[0], **kw)
+
+
+def prepare_kernel(target: str):
+    """attnres_prepare_rows compiled for `target`. On Triton with multiply-add contraction (the
+    target's default keeps products and sums separately rounded, to track the reference op by op):
+    most of this kernel's arithmetic is multiply-adds, and its fp32 checks are tolerance-based."""
+    return attnres_prepare_rows.compile(target, fp_fusion=True) if target == "triton" else attnres_prepare_rows[target]
 
 
 def _check_sources(op: str, name: str, v):
