@@ -29,7 +29,7 @@ import torch
 
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
-from k31dsl.lowering.graph import compile_program
+from k31dsl.lowering.graph import compile_program, program
 from k31dsl.lowering.graph.pipeline import graph_pipeline, run_graph_pipeline
 from k31dsl.model.config import PAGE, K31Config
 from k31dsl.model.layers import dsa as dsa_layer
@@ -288,10 +288,16 @@ class ModelRunner:
         if hit is None:
             static = {n: t.clone() for n, t in step_inputs.items()}
             feed = {**feed, **static}
-            exe(feed)                                          # warm-up: compiles, allocates
             # the executable's own launch groups would capture graphs of their own; inside this
             # capture they run as plain launches
             exe._run_group = lambda group, unit, env: [exe.run_op(nid, env) for nid in unit]
+            # warm-up (compiles every kernel, allocates the executable's buffers): it runs the
+            # step for real, so the KDA/conv states it advances are put back (the cache writes
+            # repeat identically in the replay)
+            saved = {n: t.clone() for n, t in self.states.items() if n.startswith("kda")}
+            exe(feed)
+            for n, t in saved.items():
+                self.states[n].copy_(t)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = exe(feed)
@@ -391,3 +397,24 @@ class ModelRunner:
         for table in step.block_tables:
             if any(not 0 <= pg < self.num_pages for pg in table):
                 raise K31Error(f"ModelRunner: block table page out of range [0, {self.num_pages})")
+
+
+# ---------------------------------------------------------------- `k31dsl explain model/assembler.py`
+
+def _tiny_step(kind: str, q_len: int):
+    from k31dsl.model.config import TINY
+    from k31dsl.model.weights import init_weights
+    runner = ModelRunner(TINY, init_weights(TINY, 0), "numpy", num_pages=1, num_slots=1)
+    return runner.build(ShapeClass(kind, 1, q_len, 1))
+
+
+@program
+def tiny_decode_step():
+    """The tiny preset's decode step, batch 1 (`k31dsl explain model/assembler.py::tiny_decode_step`)."""
+    return _tiny_step("decode", 1)
+
+
+@program
+def tiny_prefill_step():
+    """The tiny preset's prefill step, one chunk of 16 tokens."""
+    return _tiny_step("prefill", 16)
