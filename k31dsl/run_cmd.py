@@ -29,6 +29,9 @@ and report its speed. The command builds the config (a preset or a JSON file), i
 generated ops) and the engine (paged FP8 caches, continuous batching, speculative decoding),
 runs the prompt(s), prints the generated text, then the time to first token (TTFT), prefill and
 decode tokens/s, and with --spec the draft's acceptance rate. A progress bar runs on stderr.
+A short warm-up run first compiles every step program the run needs (one per step kind and
+shape class; seconds on numpy), so the reported times are those of compiled steps
+(--no-warmup: include compiling).
 
 Prompts are text, one token per UTF-8 byte (model/tokenizer.py). The presets have random
 weights, so the generated text is noise: what you see is the machinery and its speed. Control
@@ -94,6 +97,8 @@ def add_parser(sub, fmt) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the warm-up run: TTFT and tokens/s then include compiling the step programs")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text and a table")
     p.set_defaults(func=cmd_run)
 
@@ -188,7 +193,7 @@ def _check_args(a) -> None:
 class _Bar:
     """A rich progress bar on stderr counting generated tokens (only on a terminal)."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int, enabled: bool, what: str = "generating"):
         self.bar = None
         if not enabled:
             return
@@ -198,7 +203,7 @@ class _Bar:
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("tokens"), TimeElapsedColumn(), TimeRemainingColumn(),
                             console=_console(stderr=True), transient=True)
-        self.task = self.bar.add_task("generating", total=total)
+        self.task = self.bar.add_task(what, total=total)
 
     def __enter__(self):
         if self.bar:
@@ -277,8 +282,19 @@ def _generate(a, config, weights, t0: float, progress: bool) -> dict:
 
     from k31dsl.model.engine import Engine
     from k31dsl.model.sampling import SamplingParams
-    engine = Engine(runner, num_pages=num_pages, num_slots=num_slots, max_batch=a.batch, draft=draft, gamma=gamma,
-                    seed=a.seed)
+    def new_engine():
+        return Engine(runner, num_pages=num_pages, num_slots=num_slots, max_batch=a.batch, draft=draft,
+                      gamma=gamma, seed=a.seed)
+    warmup_s = None
+    if a.warmup:
+        # The same prompts once, greedy, a prefill and one decode step (or speculative round): every
+        # step program the run needs is compiled here, so TTFT and tokens/s below exclude compiling.
+        t = time.perf_counter()
+        n = min(a.max_new_tokens, gamma + 2)
+        with _Bar(a.batch * n, progress, "warm-up (compiling)") as bar:
+            new_engine().generate(prompts, n, progress=bar.update)
+        warmup_s = time.perf_counter() - t
+    engine = new_engine()
     ids = [engine.add_request(p, a.max_new_tokens,
                               sampling=SamplingParams(temperature=a.temperature, top_p=a.top_p, seed=a.seed + i))
            for i, p in enumerate(prompts)]
@@ -302,7 +318,7 @@ def _generate(a, config, weights, t0: float, progress: bool) -> dict:
         "prefill_tokens_per_s": stats.prefill_tokens_per_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,
         "acceptance_rate": stats.acceptance_rate,
-        "build_s": build_s, "wall_s": wall_s,
+        "build_s": build_s, "warmup_s": warmup_s, "wall_s": wall_s,
         "stats": stats.as_dict(),
     }
 
@@ -352,6 +368,8 @@ def print_result(r: dict) -> None:
         table.add_row(f"acceptance rate (γ = {r['spec']['gamma']}; draft {d['config']}, {layers}, {d['kind']})",
                       "-" if rate is None else f"{100 * rate:.1f} %")
     table.add_row("building the model", _fmt_s(r.get("build_s")))
+    if r.get("warmup_s") is not None:
+        table.add_row("warm-up (compiling the step programs)", _fmt_s(r["warmup_s"]))
     table.add_row("generating (wall)", _fmt_s(r.get("wall_s")))
     console.print(table)
 

@@ -35,7 +35,7 @@ def _random_prompt(rng, n: int) -> str:
     return "".join(chr(int(c)) for c in rng.integers(33, 127, n))
 
 
-def _check_result(r: dict, prompt: str, n_new: int, target: str):
+def _check_result(r: dict, prompt: str, n_new: int, target: str, warmup: bool = True):
     assert r["config"] == "tiny" and r["target"] == target and r["batch"] == 1
     assert r["prompt_tokens"] == [len(prompt.encode())]
     (o,) = r["outputs"]
@@ -44,14 +44,16 @@ def _check_result(r: dict, prompt: str, n_new: int, target: str):
     assert o["text"] == tokenizer.decode(o["tokens"])
     assert r["ttft_s"] > 0 and r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
     assert r["acceptance_rate"] is None and r["spec"] is None
+    # the warm-up ran on its own engine: the stats count the measured run only
+    assert (r["warmup_s"] > 0) if warmup else r["warmup_s"] is None
     assert r["stats"]["generated_tokens"] == n_new and r["stats"]["prefill_tokens"] == len(prompt)
 
 
 def test_run_numpy_json_matches_the_reference(capsys, rng):
     prompt = _random_prompt(rng, int(rng.integers(3, 9)))
-    got = _json(capsys, "--target", "numpy", "--prompt", prompt, "-n", "3")
+    got = _json(capsys, "--target", "numpy", "--prompt", prompt, "-n", "3", "--no-warmup")    # compiles once
     want = _json(capsys, "--target", "reference", "--prompt", prompt, "-n", "3")
-    _check_result(got, prompt, 3, "numpy")
+    _check_result(got, prompt, 3, "numpy", warmup=False)
     _check_result(want, prompt, 3, "reference")
     # tiny is fp32 with random weights: greedy tokens agree between generated ops and the oracle
     assert got["outputs"][0]["tokens"] == want["outputs"][0]["tokens"]
@@ -63,7 +65,8 @@ def test_run_text_report(capsys, rng):
     assert rc == 0, err
     assert f"prompt (7 bytes): {prompt}" in out
     assert "generated (4 tokens):" in out
-    for measure in ("time to first token (TTFT)", "prefill tokens/s", "decode tokens/s", "building the model"):
+    for measure in ("time to first token (TTFT)", "prefill tokens/s", "decode tokens/s", "building the model",
+                    "warm-up (compiling the step programs)"):
         assert measure in out
     assert "acceptance rate" not in out
     assert "tiny (0.59 M parameters, float32) on reference, batch 1, greedy" in out
@@ -89,8 +92,9 @@ def test_spec_reports_acceptance_and_keeps_greedy_tokens(capsys, rng):
 def test_batch_sampling_and_random_prompts(capsys, rng):
     seed = int(rng.integers(0, 1000))
     args = ("--target", "reference", "--prompt-len", "6", "--batch", "2", "-n", "4", "--temperature", "0.9",
-            "--top-p", "0.95", "--seed", str(seed))
+            "--top-p", "0.95", "--seed", str(seed), "--no-warmup")
     r = _json(capsys, *args)
+    assert r["warmup_s"] is None
     assert r["batch"] == 2 and r["prompt_tokens"] == [6, 6]
     assert len(r["outputs"]) == 2 and all(len(o["tokens"]) == 4 for o in r["outputs"])
     assert all(len(o["prompt"]) == 6 and o["prompt"].isprintable() for o in r["outputs"])
