@@ -262,7 +262,11 @@ def bench_spec(target_runner, drafts: dict, num_pages, num_slots, batch, prompt_
     prompts = [_prompt(prompt_len, 200 + i) for i in range(batch)]
 
     def run(draft, g):
-        eng = Engine(target_runner, num_pages=num_pages, num_slots=num_slots, max_batch=batch, draft=draft, gamma=g)
+        def engine():
+            return Engine(target_runner, num_pages=num_pages, num_slots=num_slots, max_batch=batch, draft=draft,
+                          gamma=g)
+        engine().generate(prompts, g + 2)        # warm-up: compiles (and captures) every step program
+        eng = engine()
         res = eng.generate(prompts, new_tokens)
         return [r.tokens for r in res], eng.stats.as_dict()
 
