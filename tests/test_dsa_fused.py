@@ -113,6 +113,19 @@ def test_bf16_scoring_fused_matches_unfused(target):
         assert torch.equal(sel, usel) and torch.equal(o, uo) and torch.equal(lse, ul)
 
 
+@pytest.mark.parametrize("target, splits", [("numpy", 2), ("numpy", 4), ("triton", 2)])
+def test_split_l_fused_matches_oracle_and_unfused(target, splits):
+    """splits > 1: the key range of each token scored and pre-selected by several programs, the
+    lists merged by the attention kernel: the same winners (position order) and outputs."""
+    g = _gen()
+    ctx, n, topk = ([300, 40, 130], 2, 16) if target == "numpy" else ([150, 10], 1, 16)
+    args = decode_step(g, ctx, n, ks_from=lambda ke: torch.clamp(ke - 200, min=0))
+    o, lse, sel = check_step(args, topk, 0.1, target, F.fused_li_sfa, splits=splits)
+    uo, ul, usel = F.li_sfa_unfused(*args, topk, 0.1, return_indices=True, target=target)
+    if target == "numpy":
+        assert torch.equal(sel, usel) and torch.equal(o, uo) and torch.equal(lse, ul)
+
+
 def test_unfused_matches_oracle():
     g = _gen()
     check_step(decode_step(g, [150, 40], 2), 16, 0.1, "numpy", F.li_sfa_unfused)
@@ -138,6 +151,7 @@ def test_fused_without_indices_and_dispatch():
     (lambda a: F.fused_li_sfa(a[0][:, :8], a[1][:, :8], a[2][:, :8], *a[3:], 16, 0.1), "indexer heads"),
     (lambda a: F.li_sfa(*a, 16, 0.1, impl="fast"), "impl"),
     (lambda a: F.fused_li_sfa(*a, 16, 0.1, mma="int8"), "mma"),
+    (lambda a: F.fused_li_sfa(*a, 16, 0.1, splits=3), "splits"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args = decode_step(torch.Generator().manual_seed(0), [70, 30, 5], 1)
@@ -151,11 +165,13 @@ def test_bad_inputs_raise_k31error(call, needle):
 # K31_HOPPER_FULL=1 adds the bf16-scoring variant (another ~25 s).
 FUSED_REAL = Specialised(F.fused_li_sfa_decode, KP=2048, KC=256)
 FUSED_BF16 = Specialised(F.fused_li_sfa_decode, KP=2048, KC=256, MMA_BF16=True)
+SPLIT_SELECT = Specialised(F.fused_li_select_split, KP=2048, KC=256, NS=4)      # ~10 s
+SPLIT_MERGE = Specialised(F.fused_sfa_merge, KP=2048, NS=4)                     # ~12 s
 
 
 def test_compiles_for_hopper(tmp_path):
     import os
-    names = ["FUSED_REAL"] + (["FUSED_BF16"] if os.environ.get("K31_HOPPER_FULL") else [])
+    names = ["FUSED_REAL", "SPLIT_SELECT", "SPLIT_MERGE"] + (["FUSED_BF16"] if os.environ.get("K31_HOPPER_FULL") else [])
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
 
 
@@ -174,9 +190,9 @@ def stream_select(scores: k.Tensor[k.f32, "R", "L"], out: k.Tensor[k.i32, "R", "
         for c in range(k.cdiv(scores.shape[1], KC)):
             v = scores[r, k.span(c * KC, KC, other=float("-inf"))]
             for _ in range(k.where(n > CAP - KC, 1, 0)):
-                n, thr, _, _, _ = reselect(cand_o, cand_p, r, n, topk, CAP)
+                n, thr, _, _, _, _ = reselect(cand_o, cand_p, r, n, topk, CAP)
             n = append_keys(cand_o, cand_p, r, n, thr, v, c * KC + k.arange(KC))
-        n_sel, _, chosen, col, pos = reselect(cand_o, cand_p, r, n, topk, CAP)
+        n_sel, _, chosen, col, pos, _ = reselect(cand_o, cand_p, r, n, topk, CAP)
         k.store(out, (r, col), pos, mask=chosen)
         k.store(out, (r, k.span(0, KP)), k.full((KP,), -1, k.i32), mask=k.arange(KP) >= n_sel)
 

@@ -113,7 +113,7 @@ def append_keys(cand_o, cand_p, g, n, thr, v, pos):
 def reselect(cand_o, cand_p, g, n, topk, CAP):
     """Reduce program g's candidate buffer (n entries, position order) to its top `topk` in place.
     Returns (entries kept, threshold order key: a later key enters only above it, the kept mask,
-    their columns and positions as tiles over the CAP lanes)."""
+    their columns, positions and order keys as tiles over the CAP lanes)."""
     nn = fence(n, CAP)
     lane = k.arange(CAP)
     o = k.load(cand_o, (g, k.span(0, CAP)), mask=lane < nn, other=INT_MIN)
@@ -123,7 +123,60 @@ def reselect(cand_o, cand_p, g, n, topk, CAP):
     chosen, col, kept, _ = select_tile(o, thr, topk - above, 0, 0)
     k.store(cand_o, (g, col), o, mask=chosen)
     k.store(cand_p, (g, col), p, mask=chosen)
-    return kept, thr, chosen, col, p
+    return kept, thr, chosen, col, p, o
+
+
+@k.func
+def select_keys(q_codes, q_scales, weights, kc, ksc, block_table, cand_o, cand_p, t, g, b, lo, hi, c_lo, c_hi, topk,
+                HI, KP, KC, PB, MMA_BF16):
+    """Token t's exact top-k over the keys of chunks [c_lo, c_hi) (of KC positions; -inf outside
+    [lo, hi)) of sequence b, using scratch row g: keys above the running threshold are appended;
+    a buffer that might not take the next chunk is cut back to its top-k (count search +
+    compaction), which raises the threshold; a final cut. Returns (count, winner mask, their
+    columns, positions, order keys) over the 2*KP buffer lanes; the buffer's first `count` entries are the
+    winners in position order."""
+    CAP = 2 * KP
+    if MMA_BF16:
+        q0, w = indexer_query_bf16(q_codes, q_scales, weights, t, 1, HI)
+        q1, q2, q3, s0, s1, s2, s3 = w, w, w, w, w, w, w            # unused by the bf16 scoring
+    else:
+        q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, HI)
+    n = 0
+    thr = INT_MIN
+    for c in range(c_lo, c_hi):
+        v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KC, PB, MMA_BF16)
+        for _ in range(k.where(n > CAP - KC, 1, 0)):       # room for this chunk first
+            n, thr, _, _, _, _ = reselect(cand_o, cand_p, g, n, topk, CAP)
+        n = append_keys(cand_o, cand_p, g, n, thr, v, c * KC + k.arange(KC))
+    n_sel, _, chosen, col, pos, okey = reselect(cand_o, cand_p, g, n, topk, CAP)
+    return n_sel, chosen, col, pos, okey
+
+
+@k.func
+def attend_chosen(q, codes, scales, rope, block_table, o, lse, cand_p, g, b, t, n_sel, hb_lo, hb_hi, sm_scale, BH,
+                  BK):
+    """Sparse MLA attention of token t (head blocks [hb_lo, hb_hi)) over the logical positions in
+    cand_p[g, :n_sel] (sequence b), mapped to slots through the block table, BK at a time."""
+    n_slots = codes.shape[0]
+    for hb in range(hb_lo, hb_hi):
+        h0 = hb * BH
+        ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
+        m, l, a0, a1, a2, a3 = empty_online_state(BH)
+        for j in range(k.cdiv(n_sel, BK)):
+            lane = j * BK + k.arange(BK)
+            pj = k.load(cand_p, (g, k.span(j * BK, BK)), mask=lane < n_sel, other=-1)
+            page = k.load(block_table, (b, k.where(pj >= 0, pj // 64, 0)), mask=pj >= 0, other=-1)
+            idx = k.where(pj >= 0, page * 64 + pj % 64, -1)
+            valid = (idx >= 0) & (idx < n_slots)
+            m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
+                                                sm_scale, m, l, a0, a1, a2, a3)
+        finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
+
+
+@k.func
+def write_sel(sel, t, chosen, col, pos, n_sel, KP):
+    k.store(sel, (t, col), pos, mask=chosen)
+    k.store(sel, (t, k.span(0, KP)), k.full((KP,), -1, k.i32), mask=k.arange(KP) >= n_sel)
 
 
 @k.kernel(configs=FUSED_CONFIGS)
@@ -145,48 +198,85 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
     # row g of the candidate scratch (cand_o / cand_p: order keys / positions, 2 * KP columns).
     nhb = k.cdiv(q.shape[1], BH)
     nhp = k.cdiv(q.shape[1], BH * HB)
-    CAP = 2 * KP
     for t, hp in k.grid(q.shape[0], nhp):
         g = t * nhp + hp
         b = t // n_per_seq
         lo = k.maximum(ks[t], 0)
         hi = k.minimum(ke[t], block_table.shape[1] * 64)
-        # 1. select: keys above the running threshold are appended to the buffer; a full buffer
-        #    is cut back to its exact top-k (count search + compaction), which raises the threshold
-        if MMA_BF16:
-            q0, w = indexer_query_bf16(q_codes, q_scales, weights, t, 1, HI)
-            q1, q2, q3, s0, s1, s2, s3 = w, w, w, w, w, w, w            # unused by the bf16 scoring
-        else:
-            q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, HI)
-        n = 0
-        thr = INT_MIN
-        for c in range(lo // KC, k.cdiv(hi, KC)):
-            v = chunk_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, block_table, b, c, lo, hi, HI, KC, PB,
-                             MMA_BF16)
-            for _ in range(k.where(n > CAP - KC, 1, 0)):       # room for this chunk first
-                n, thr, _, _, _ = reselect(cand_o, cand_p, g, n, topk, CAP)
-            n = append_keys(cand_o, cand_p, g, n, thr, v, c * KC + k.arange(KC))
-        n_sel, _, chosen, col, pos = reselect(cand_o, cand_p, g, n, topk, CAP)
+        n_sel, chosen, col, pos, _ = select_keys(q_codes, q_scales, weights, kc, ksc, block_table, cand_o, cand_p, t,
+                                                 g, b, lo, hi, lo // KC, k.cdiv(hi, KC), topk, HI, KP, KC, PB,
+                                                 MMA_BF16)
         if WRITE_SEL:
-            k.store(sel, (t, col), pos, mask=chosen)
-            pad = k.arange(KP)
-            k.store(sel, (t, k.span(0, KP)), k.full((KP,), -1, k.i32), mask=pad >= n_sel)
-        n_sel = fence(n_sel, CAP)
-        # 2. attend over the chosen keys (the buffer's first n_sel entries), slots from the block table
-        n_slots = codes.shape[0]
-        for hb in range(hp * HB, k.minimum(hp * HB + HB, nhb)):
-            h0 = hb * BH
-            ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
-            m, l, a0, a1, a2, a3 = empty_online_state(BH)
-            for j in range(k.cdiv(n_sel, BK)):
-                lane = j * BK + k.arange(BK)
-                pj = k.load(cand_p, (g, k.span(j * BK, BK)), mask=lane < n_sel, other=-1)
-                page = k.load(block_table, (b, k.where(pj >= 0, pj // 64, 0)), mask=pj >= 0, other=-1)
-                idx = k.where(pj >= 0, page * 64 + pj % 64, -1)
-                valid = (idx >= 0) & (idx < n_slots)
-                m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
-                                                    sm_scale, m, l, a0, a1, a2, a3)
-            finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
+            write_sel(sel, t, chosen, col, pos, n_sel, KP)
+        n_sel = fence(n_sel, 2 * KP)
+        attend_chosen(q, codes, scales, rope, block_table, o, lse, cand_p, g, b, t, n_sel, hp * HB,
+                      k.minimum(hp * HB + HB, nhb), sm_scale, BH, BK)
+
+
+# Split-L variant (two launches): NS programs per token score and select over a share of its key
+# range each (T * NS programs in the scoring phase instead of T); their winner lists (<= topk each,
+# position order, split after split) meet in a second kernel that selects the final top-k from
+# the NS * KP candidates and attends. Still no logits or indices in global memory, only the
+# NS lists of order keys + positions (8 B per candidate).
+
+@k.kernel(configs=[{"num_warps": 8}])
+def fused_li_select_split(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: k.Tensor[k.e8m0, "T", "HI", "DI // 32"],
+                          weights: k.Tensor[k.f32, "T", "HI"], kc: k.Tensor[k.f8e4m3, "P", "PG", "DI"],
+                          ksc: k.Tensor[k.e8m0, "P", "PG", "DI // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
+                          ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"],
+                          cand_o: k.Tensor[k.i32, "G", "CAP"], cand_p: k.Tensor[k.i32, "G", "CAP"],
+                          list_o: k.Tensor[k.i32, "T", "NL"], list_p: k.Tensor[k.i32, "T", "NL"],
+                          n_per_seq: k.i32, topk: k.i32,
+                          HI: k.constexpr = 64, KP: k.constexpr = 2048, KC: k.constexpr = 256, PB: k.constexpr = 1,
+                          NS: k.constexpr = 4, MMA_BF16: k.constexpr = False):
+    # Program (t, s): chunks [a, z) of token t's range (an equal share of them), scratch row t*NS+s;
+    # its winners go to list_*[t, s*KP : s*KP + KP] (INT_MIN / -1 after the last).
+    for t, s in k.grid(ks.shape[0], NS):
+        g = t * NS + s
+        b = t // n_per_seq
+        lo = k.maximum(ks[t], 0)
+        hi = k.minimum(ke[t], block_table.shape[1] * 64)
+        c0 = lo // KC
+        c1 = k.maximum(k.cdiv(hi, KC), c0)
+        per = k.cdiv(c1 - c0, NS)
+        a = c0 + s * per
+        n_sel, chosen, col, pos, okey = select_keys(q_codes, q_scales, weights, kc, ksc, block_table, cand_o, cand_p,
+                                                    t, g, b, lo, hi, a, k.minimum(a + per, c1), topk, HI, KP, KC, PB,
+                                                    MMA_BF16)
+        k.store(list_o, (t, s * KP + col), okey, mask=chosen)
+        k.store(list_p, (t, s * KP + col), pos, mask=chosen)
+        rest = k.arange(KP) >= n_sel
+        k.store(list_o, (t, k.span(s * KP, KP)), k.full((KP,), INT_MIN, k.i32), mask=rest)
+        k.store(list_p, (t, k.span(s * KP, KP)), k.full((KP,), -1, k.i32), mask=rest)
+
+
+@k.kernel(configs=[{"BH": 64, "BK": 32, "num_warps": 8}])
+def fused_sfa_merge(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
+                    scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+                    block_table: k.Tensor[k.i32, "B", "MP"], list_o: k.Tensor[k.i32, "T", "NL"],
+                    list_p: k.Tensor[k.i32, "T", "NL"], o: k.Tensor[k.bf16, "T", "H", "DV"],
+                    lse: k.Tensor[k.f32, "T", "H"], sel: k.Tensor[k.i32, "T", "KS"],
+                    win_p: k.Tensor[k.i32, "G", "KW"], n_per_seq: k.i32, topk: k.i32, sm_scale: k.f32,
+                    QT: k.constexpr[k.bf16, k.f32] = k.bf16, KP: k.constexpr = 2048, NS: k.constexpr = 4,
+                    BH: k.constexpr = 64, BK: k.constexpr = 32, HB: k.constexpr = 1,
+                    WRITE_SEL: k.constexpr = False):
+    # Program (t, hp): the final top-k of token t from its NS lists (one count search over the
+    # NS*KP lanes, in position order), compacted into scratch row t*nhp+hp, then attention.
+    nhb = k.cdiv(q.shape[1], BH)
+    nhp = k.cdiv(q.shape[1], BH * HB)
+    for t, hp in k.grid(q.shape[0], nhp):
+        g = t * nhp + hp
+        okey = list_o[t, k.span(0, NS * KP, other=INT_MIN)]
+        pos = list_p[t, k.span(0, NS * KP, other=-1)]
+        thr = kth_in_tile(okey, topk)
+        above = k.sum((okey > thr).to(k.i32))
+        chosen, col, n_sel, _ = select_tile(okey, thr, topk - above, 0, 0)
+        k.store(win_p, (g, col), pos, mask=chosen)
+        if WRITE_SEL:
+            write_sel(sel, t, chosen, col, pos, n_sel, KP)
+        n_sel = fence(n_sel, NS * KP)
+        attend_chosen(q, codes, scales, rope, block_table, o, lse, win_p, g, t // n_per_seq, t, n_sel, hp * HB,
+                      k.minimum(hp * HB + HB, nhb), sm_scale, BH, BK)
 
 
 # ---------------------------------------------------------------- public functions
@@ -222,8 +312,8 @@ def _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q,
 
 
 def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
-                 topk: int, sm_scale, *, return_indices: bool = False, mma: str = "fp8", target: str | None = None,
-                 **config):
+                 topk: int, sm_scale, *, return_indices: bool = False, mma: str = "fp8", splits: int = 1,
+                 target: str | None = None, **config):
     """One decode step of DSA attention in one kernel: indexer scores of each query token over its
     key range [ks, ke) (logical positions of its sequence; T = B * n tokens, sequence-major),
     exact top-`topk` (ties to the lower position), sparse MLA attention over those keys.
@@ -233,7 +323,9 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     sparse_mla_attention (mla_q [T, H, 576], mla_cache uint8 [P, 64, 656]); both caches share
     block_table int32 [B, max_pages]. Returns (o [T, H, 512] bf16, lse [T, H] fp32), plus the
     selected logical positions int32 [T, topk] (in position order, -1 padded) when return_indices.
-    mma: the indexer scoring, "fp8" or "bf16" (as lightning_indexer's)."""
+    mma: the indexer scoring, "fp8" or "bf16" (as lightning_indexer's). splits > 1 (1, 2, 4, 8):
+    each token's key range is scored and pre-selected by `splits` programs, whose candidate lists
+    a second kernel merges before attending (two launches, T * splits scoring programs)."""
     import torch
     target = resolve_target(target)
     op = "fused_li_sfa"
@@ -265,15 +357,32 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     if kw["KC"] > kw["KP"] or kw["KC"] & (kw["KC"] - 1) or kw["KC"] % (64 * kw.get("PB", 1)):
         raise K31Error(f"{op}: KC={kw['KC']} must be a power of two <= KP ({kw['KP']}) and a multiple of 64 * PB")
     nhp = -(-nhb // kw.get("HB", 1))
-    cand_o = torch.empty((t * nhp, 2 * kw["KP"]), dtype=torch.int32, device=mla_q.device)    # per-program scratch
-    cand_p = torch.empty_like(cand_o)
+    if splits not in (1, 2, 4, 8) or splits * kw["KP"] > 16384:
+        raise K31Error(f"{op}: splits={splits!r} must be 1, 2, 4 or 8 with splits * KP <= 16384 (KP = {kw['KP']})")
     if return_indices:
         kw["WRITE_SEL"] = True
         sel_arg = sel
     else:
         sel_arg = torch.empty(1, dtype=torch.int32, device=mla_q.device).expand(t, 1)   # never touched
-    fused_li_sfa_decode[target](q_idx_codes.contiguous(), q_idx_scales.contiguous(), idx_weights.contiguous(), kc, ksc,
-                                mla_q.contiguous(), c, s, r, block_table.contiguous(), ks32, ke32, o, lse, sel_arg,
+    dev, qc, qs, iw, bt = mla_q.device, q_idx_codes.contiguous(), q_idx_scales.contiguous(), idx_weights.contiguous(), \
+        block_table.contiguous()
+    if splits > 1:
+        kp = kw["KP"]
+        cand_o = torch.empty((t * splits, 2 * kp), dtype=torch.int32, device=dev)      # per-program scratch
+        cand_p = torch.empty_like(cand_o)
+        list_o = torch.empty((t, splits * kp), dtype=torch.int32, device=dev)
+        list_p = torch.empty_like(list_o)
+        sel_kw = {n: kw[n] for n in ("HI", "KP", "KC", "PB", "MMA_BF16") if n in kw}
+        fused_li_select_split[target](qc, qs, iw, kc, ksc, bt, ks32, ke32, cand_o, cand_p, list_o, list_p, t // b,
+                                      int(topk), NS=splits, **sel_kw)
+        win_p = torch.empty((t * nhp, kp), dtype=torch.int32, device=dev)
+        att_kw = {n: kw[n] for n in ("KP", "BH", "BK", "HB", "WRITE_SEL") if n in kw}
+        fused_sfa_merge[target](mla_q.contiguous(), c, s, r, bt, list_o, list_p, o, lse, sel_arg, win_p, t // b,
+                                int(topk), float(sm_scale), NS=splits, **att_kw)
+        return (o, lse, sel) if return_indices else (o, lse)
+    cand_o = torch.empty((t * nhp, 2 * kw["KP"]), dtype=torch.int32, device=dev)    # per-program scratch
+    cand_p = torch.empty_like(cand_o)
+    fused_li_sfa_decode[target](qc, qs, iw, kc, ksc, mla_q.contiguous(), c, s, r, bt, ks32, ke32, o, lse, sel_arg,
                                 cand_o, cand_p, t // b, int(topk), float(sm_scale), **kw)
     return (o, lse, sel) if return_indices else (o, lse)
 
