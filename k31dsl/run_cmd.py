@@ -36,7 +36,7 @@ shape class; seconds on numpy), so the reported times are those of compiled step
 Prompts are text, one token per UTF-8 byte (model/tokenizer.py). The presets have random
 weights, so the generated text is noise: what you see is the machinery and its speed. Control
 characters in the output are shown as \\xNN. With no arguments it runs the `tiny` preset on the
-numpy target with a built-in prompt (a few seconds on a laptop).
+numpy target with a built-in prompt (about 13 s on 2 cores, half of it compiling).
 
 targets: numpy (CPU, the reference semantics of the generated ops), triton (a GPU; the Triton
 interpreter without one, slow), ascendc (when built), reference (the plain PyTorch model,
