@@ -11,7 +11,9 @@ Shapes: indexer 64 heads x 128 (MXFP8 codes + e8m0 scales, paged key cache 132 B
 at full context L, pages shuffled over the pool. Byte floor of the fused FP8 path:
 B * (L * 132 + 2048 * 656) bytes at the copy ceiling measured in this run. Before timing, the
 fused and unfused selections are compared (rows whose key sets differ) and their outputs
-(max |o_fused - o_unfused| / max |o|). Writes results/dsa.json and .md (not in --smoke)."""
+(max |o_fused - o_unfused| / max |o|). Timed variants: unfused (fp8 / bf16 indexer scoring),
+fused (one program per token), fused split4 (two launches, 4 scoring programs per token), each
+with fp8 and bf16 scoring. Writes results/dsa.json and .md (not in --smoke)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 REF_MS = {(64, 32768): {"eager": 1.60, "compile": 0.880}, (32, 131072): {"eager": 2.35, "compile": 1.33}}
 SM_SCALE = 0.135234
+SPLITS = 4          # the split-L fused variant: 4 scoring programs per token (T * 4 programs)
 
 
 def make_step(b, length, topk, h_idx, h, device, seed=0):
@@ -135,12 +138,17 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
     fus16 = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, mma="bf16", target=target)
     unf16 = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, mma="bf16", target=target, max_len=length)
     row["bf16: rows with different keys"], row["bf16: o rel diff"], _ = compare(fus16, unf16)
+    fus4 = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, splits=SPLITS, target=target)
+    row[f"split{SPLITS}: rows with different keys"], row[f"split{SPLITS}: o rel diff"], _ = compare(fus4, unf)
     save(row)
     if timed:
         fns["fused"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, target=target)
         fns["fused bf16"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, mma="bf16", target=target)
-        measure("fused")
-        measure("fused bf16")
+        fns[f"fused split{SPLITS}"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, splits=SPLITS, target=target)
+        fns[f"fused split{SPLITS} bf16"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, splits=SPLITS, mma="bf16",
+                                                                  target=target)
+        for name in ("fused", "fused bf16", f"fused split{SPLITS}", f"fused split{SPLITS} bf16"):
+            measure(name)
     return row
 
 
@@ -155,7 +163,8 @@ def main(argv=None) -> int:
         row = run_shape(2, 200, 16, 16, 4, "cpu", timed=False, ceiling=None)
         print(row)
         ok = row["rows with different keys"] == 0 and row["o rel diff"] < 2e-2 and \
-            row["bf16: rows with different keys"] == 0 and row["bf16: o rel diff"] < 2e-2
+            row["bf16: rows with different keys"] == 0 and row["bf16: o rel diff"] < 2e-2 and \
+            row[f"split{SPLITS}: rows with different keys"] == 0 and row[f"split{SPLITS}: o rel diff"] < 2e-2
         print("smoke", "ok" if ok else "FAILED")
         return 0 if ok else 1
     import harness
