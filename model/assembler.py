@@ -126,7 +126,7 @@ class ModelRunner:
         # caches and state pools (their shapes are in the program), and the target only where a
         # builder asks it (DSA heads per program on ascendc)
         self._flavour = (config.digest(), self.dtype, num_pages, num_slots,
-                         "ascendc" if self.target == "ascendc" else "any")
+                         "ascendc" if self.target == "ascendc" else "gpu" if self.device.type == "cuda" else "any")
         self._graphs: dict = {}         # ShapeClass -> (CUDAGraph, static inputs, logits)
         self._replay: dict = {}         # (n_seqs, n) -> verify buffers
         self._const: dict = {}          # (name, shape) -> constant inputs (zeros, chunk maps)

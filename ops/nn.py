@@ -37,20 +37,35 @@ LINEAR_CONFIGS = [
     {"BM": 16, "BN": 32, "BK": 256, "num_warps": 4, "num_stages": 3},
     {"BM": 32, "BN": 64, "BK": 128, "num_warps": 4, "num_stages": 4},
     {"BM": 64, "BN": 32, "BK": 128, "num_warps": 4, "num_stages": 4},
+    {"BM": 16, "BN": 32, "BK": 128, "num_warps": 4, "num_stages": 4},
+    {"BM": 32, "BN": 32, "BK": 128, "num_warps": 4, "num_stages": 4},
+    {"BM": 128, "BN": 64, "BK": 64, "num_warps": 4, "num_stages": 3},
 ]
+SM_COUNT = 132              # H200
 
 
-def gpu_linear_tiles(m: int) -> dict:
+def gpu_linear_tiles(m: int, n: int = 2048, kdim: int = 2048) -> dict:
     """Tiles of linear_rows for a graph call on a GPU (graph programs are not autotuned), by the
-    number of rows; each is a LINEAR_CONFIGS entry, so its warps and stages come with it.
-    Decode (m <= 64) streams the weight through narrow N blocks; prefill uses 128 x 128 x 64."""
-    if m <= 16:
-        return {"BM": 16, "BN": 32, "BK": 256}
-    if m <= 32:
-        return {"BM": 32, "BN": 64, "BK": 128}
-    if m <= 64:
-        return {"BM": 64, "BN": 32, "BK": 128}
-    return {"BM": 128, "BN": 128, "BK": 64}
+    problem's rows, features and reduction length; each tile set is a LINEAR_CONFIGS entry, so
+    its warps and stages come with it. SPLIT > 1 means the split-K form (linear_rows_splitk
+    into fp32 partials [SPLIT, M, N], then linear_splitk_reduce).
+
+    Decode (m <= 64) is a weight stream: 32-wide N blocks and enough K splits that >= ~4 programs
+    per SM each keep a few 8 KB weight tiles in flight (one 2048 x 2048 bf16 weight = 64 N blocks
+    x 8 splits = 512 programs of 2 K steps). The split is capped so the fp32 partials stay under
+    half the weight's bytes. Prefill uses 128 x 128 x 64 (8 warps, 3 stages)."""
+    if m > 64:
+        bn = 128 if n > 64 else 64
+        return {"BM": 128, "BN": bn, "BK": 64, "SPLIT": 1}
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    tiles = {"BM": bm, "BN": 32, "BK": 128}
+    programs = -(-n // 32) * -(-m // bm)
+    k_steps = -(-kdim // 128)
+    split = 1
+    while split * 2 <= k_steps // 2 and programs * split < 4 * SM_COUNT \
+            and (split * 2) * m * n * 4 <= n * kdim:            # partials <= half the bf16 weight
+        split *= 2
+    return {**tiles, "SPLIT": split}
 
 
 @k.func
@@ -81,6 +96,38 @@ def linear_rows(x: k.Tensor["XT", "M", "K"], w: k.Tensor["WT", "N", "K"], y: k.T
             b = w[k.span(n0, BN), k.span(kk * BK, BK, other=0.0)]
             acc += dot_mixed(a, b.T, XT, WT)
         y[k.span(m0, BM), k.span(n0, BN)] = activate(acc, ACT).to(YT)
+
+
+@k.kernel(configs=LINEAR_CONFIGS)
+def linear_rows_splitk(x: k.Tensor["XT", "M", "K"], w: k.Tensor["WT", "N", "K"], part: k.Tensor[k.f32, "S", "M", "N"],
+                       XT: k.constexpr[FLOAT_INPUTS] = k.bf16, WT: k.constexpr[FLOAT_INPUTS] = k.bf16,
+                       BM: k.constexpr = 64, BN: k.constexpr = 64, BK: k.constexpr = 64):
+    # Split-K for few rows (decode): program (pn, pm, s) sums K chunk s (a whole number of BK
+    # steps; the last chunks may be short or empty) into part[s]; linear_splitk_reduce adds
+    # the S partials. More programs than N blocks alone give: the weight streams at bandwidth.
+    for pn, pm, s in k.grid(k.cdiv(w.shape[0], BN), k.cdiv(x.shape[0], BM), part.shape[0]):
+        m0 = pm * BM
+        n0 = pn * BN
+        steps = k.cdiv(k.cdiv(x.shape[1], BK), part.shape[0])     # BK steps per chunk
+        acc = k.zeros((BM, BN), k.f32)
+        for kk in range(steps):
+            k0 = (s * steps + kk) * BK
+            a = x[k.span(m0, BM), k.span(k0, BK, other=0.0)]
+            b = w[k.span(n0, BN), k.span(k0, BK, other=0.0)]
+            acc += dot_mixed(a, b.T, XT, WT)
+        part[s, k.span(m0, BM), k.span(n0, BN)] = acc
+
+
+@k.kernel(configs=[{"BM": 16, "BN": 128}, {"BM": 64, "BN": 128}])
+def linear_splitk_reduce(part: k.Tensor[k.f32, "S", "M", "N"], y: k.Tensor["YT", "M", "N"],
+                         YT: k.constexpr[FLOAT_INPUTS] = k.bf16, ACT: k.constexpr[ACTS] = "none",
+                         BM: k.constexpr = 16, BN: k.constexpr = 128):
+    # y = act(sum_s part[s]) in YT.
+    for pn, pm in k.grid(k.cdiv(y.shape[1], BN), k.cdiv(y.shape[0], BM)):
+        acc = k.zeros((BM, BN), k.f32)
+        for s in range(part.shape[0]):
+            acc += part[s, k.span(pm * BM, BM, other=0.0), k.span(pn * BN, BN, other=0.0)]
+        y[k.span(pm * BM, BM), k.span(pn * BN, BN)] = activate(acc, ACT).to(YT)
 
 
 # ---------------------------------------------------------------- swiglu
@@ -264,12 +311,16 @@ def _eps(op: str, eps) -> float:
     return float(eps)
 
 
-def linear(x, w, act: str = "none", out_dtype=None, *, target: str | None = None):
+def linear(x, w, act: str = "none", out_dtype=None, *, split_k: int = 1, target: str | None = None):
     """y = act(x @ w^T) with an fp32 accumulator: x [..., K], w [N, K] (torch Linear layout),
-    act "none" | "sigmoid" | "silu"; returns [..., N] in out_dtype (default x.dtype)."""
+    act "none" | "sigmoid" | "silu"; returns [..., N] in out_dtype (default x.dtype).
+    split_k > 1: the K range in that many chunks summed through fp32 partials (the decode form
+    of the model's step graphs; same result up to fp32 summation order)."""
     import torch
     op = "linear"
     target = resolve_target(target)
+    if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
+        raise K31Error(f"{op}: split_k must be an int >= 1, got {split_k!r}")
     require_tensor(op, "x", x)
     require_tensor(op, "w", w, min_rank=2)
     if w.dim() != 2 or w.shape[1] != x.shape[-1]:
@@ -282,6 +333,12 @@ def linear(x, w, act: str = "none", out_dtype=None, *, target: str | None = None
     if x.shape[-1] == 0:
         return y.zero_() if act == "none" else y.fill_(0.5 if act == "sigmoid" else 0.0)
     kw = {} if act == "none" else {"ACT": act}
+    if split_k > 1:
+        xr = rows(x)
+        part = torch.empty((split_k, xr.shape[0], w.shape[0]), dtype=torch.float32, device=x.device)
+        linear_rows_splitk[target](xr, w.contiguous(), part)
+        linear_splitk_reduce[target](part, y.view(-1, w.shape[0]), **kw)
+        return y
     linear_rows[target](rows(x), w.contiguous(), y.view(-1, w.shape[0]), **kw)
     return y
 
@@ -448,15 +505,17 @@ def _check_linear(target: str, seed: int = 0):
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     bf, f32 = torch.bfloat16, torch.float32
-    cases = [((7, 70), 33, bf, bf, None, "none"), ((2, 3, 100), 65, f32, f32, None, "silu"),
-             ((70, 24), 130, bf, bf, f32, "silu"), ((1, 40), 20, torch.float16, torch.float16, None, "sigmoid"),
-             ((5, 48), 17, f32, bf, bf, "none")]
+    cases = [((7, 70), 33, bf, bf, None, "none", 1), ((2, 3, 100), 65, f32, f32, None, "silu", 1),
+             ((70, 24), 130, bf, bf, f32, "silu", 1), ((1, 40), 20, torch.float16, torch.float16, None, "sigmoid", 1),
+             ((5, 48), 17, f32, bf, bf, "none", 1), ((3, 300), 40, bf, bf, None, "sigmoid", 3),
+             ((2, 200), 20, f32, f32, None, "none", 4)]
     out = []
-    for xs, n, xdt, wdt, ydt, act in for_target(target, cases, (0, 1)):
+    for xs, n, xdt, wdt, ydt, act, split in for_target(target, cases, (0, 1)):
         x, w = _rand(xs, g, xdt), _rand((n, xs[-1]), g, wdt, xs[-1] ** -0.5)
-        y = linear(x.to(dev), w.to(dev), act, ydt, target=target)
+        y = linear(x.to(dev), w.to(dev), act, ydt, split_k=split, target=target)
         want = ref.linear(to_f64(x), to_f64(w), act)
-        out.append(result(f"x={list(xs)} w=[{n}, {xs[-1]}] {_names(xdt, wdt, y.dtype)} act={act}", y, want, y.dtype))
+        out.append(result(f"x={list(xs)} w=[{n}, {xs[-1]}] {_names(xdt, wdt, y.dtype)} act={act} split_k={split}",
+                          y, want, y.dtype))
     return out
 
 
@@ -553,7 +612,7 @@ def _check_head_norm_gate(target: str, seed: int = 0):
     return out
 
 
-register(OpSpec("linear", "nn", linear, [linear_rows],
+register(OpSpec("linear", "nn", linear, [linear_rows, linear_rows_splitk, linear_splitk_reduce],
                 "y = act(x @ w^T), torch Linear layout, act none/sigmoid/silu (fp32 accumulate, k.dot tiles)",
                 _check_linear, tags=["nn", "gemm"]))
 register(OpSpec("swiglu", "nn", swiglu, [swiglu_rows], "silu(x[..., :F]) * x[..., F:]", _check_swiglu, tags=["nn"]))

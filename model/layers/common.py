@@ -17,7 +17,8 @@ from k31dsl.lowering.graph import Program
 from k31dsl.lowering.graph.ir import TensorRef
 from k31dsl.ops.dsa.mla import rope_table_rows
 from k31dsl.ops.common import next_pow2
-from k31dsl.ops.nn import linear_rows as _linear_rows
+from k31dsl.ops.nn import gpu_linear_tiles, linear_rows as _linear_rows, linear_rows_splitk as _linear_rows_splitk, \
+    linear_splitk_reduce as _linear_splitk_reduce
 
 
 class MemoKernel:
@@ -47,7 +48,7 @@ def memo(*kdefs):
     return out[0] if len(out) == 1 else out
 
 
-linear_rows = memo(_linear_rows)
+linear_rows, linear_rows_splitk, linear_splitk_reduce = memo(_linear_rows, _linear_rows_splitk, _linear_splitk_reduce)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class StepGraph:
     def __init__(self, config, shape: ShapeClass, weights: dict, states: dict, act_dtype, target: str):
         self.cfg, self.shape, self.weights, self.runner_states = config, shape, weights, states
         self.target = target
+        # a CUDA GPU runs this program: graph calls get the GPU tiles (they are not autotuned)
+        self.gpu = target == "triton" and any(getattr(t, "is_cuda", False) for t in weights.values())
         self.act = act_dtype                         # DSL dtype of activations (config.dtype)
         self.p = Program(shape.name)
         self._w: dict = {}
@@ -138,12 +141,23 @@ class StepGraph:
         """x @ W^T (+ activation) -> [rows, out] in out_dtype (default the activation dtype)."""
         w = self.weight(wname)
         y = self.tensor(name, (x.shape[0], w.shape[0]), out_dtype)
-        return self.p.call(linear_rows, x, w, y, ACT=act, **linear_tiles(x.shape[0], w.shape[0], x.shape[1]))
+        tiles = linear_tiles(x.shape[0], w.shape[0], x.shape[1], self.gpu)
+        split = tiles.pop("SPLIT")
+        if split == 1:
+            return self.p.call(linear_rows, x, w, y, ACT=act, **tiles)
+        # split-K (decode on a GPU): fp32 partials per K chunk, then their sum (+ activation)
+        part = self.tensor(name + "_splitk", (split, x.shape[0], w.shape[0]), k.f32)
+        part = self.p.call(linear_rows_splitk, x, w, part, **tiles)
+        return self.p.call(linear_splitk_reduce, part, y, ACT=act, BM=16 if x.shape[0] <= 16 else 64, BN=128)
 
 
-def linear_tiles(m: int, n: int, kdim: int) -> dict:
-    """Tiles for a graph call of linear_rows (no autotuner in a graph program): small M (decode)
-    gets BM 16 so the weight streams through many programs; the interpreter pays per program, so
-    tiles never exceed the problem much."""
+def linear_tiles(m: int, n: int, kdim: int, gpu: bool = False) -> dict:
+    """Tiles for a graph call of linear_rows (no autotuner in a graph program), with SPLIT, the
+    number of K chunks (1: one linear_rows call). On a GPU: ops/nn.py gpu_linear_tiles (decode
+    streams the weight through >= ~4 programs per SM, split-K where N blocks alone are too
+    few; prefill 128 x 128 x 64). Elsewhere (the interpreter pays per program) small M gets
+    BM 16 and tiles never exceed the problem much."""
+    if gpu:
+        return gpu_linear_tiles(m, n, kdim)
     bm = 16 if m <= 16 else 64
-    return {"BM": bm, "BN": max(16, min(64, next_pow2(n))), "BK": max(16, min(64, next_pow2(kdim)))}
+    return {"BM": bm, "BN": max(16, min(64, next_pow2(n))), "BK": max(16, min(64, next_pow2(kdim))), "SPLIT": 1}

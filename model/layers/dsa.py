@@ -22,8 +22,8 @@ from __future__ import annotations
 import k31dsl as k
 from k31dsl.model.config import INDEX_DIM, KV_LORA, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
-from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, slots_of_positions_rows, \
-    sparse_mla_attention_fwd
+from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_split, slots_of_positions_rows, \
+    sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_q_chain
@@ -31,9 +31,11 @@ from k31dsl.ops.dsa.topk import topk_segments
 from k31dsl.model.layers.common import memo
 
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
- mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments) = memo(
+ mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
+ sparse_mla_attention_combine) = memo(
     rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
-    mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments)
+    mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
+    sparse_mla_attention_combine)
 
 
 @k.func
@@ -157,8 +159,16 @@ def add_dsa(g, l, x):
     o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
     lse = g.tensor(f"l{l}_mla_lse", (T, H), k.f32)
     bh = min(max(16, next_pow2(H)), max_head_block(g.target))
-    o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
-                    BK=32)
+    split = sfa_split(T, H, topk, bh) if g.gpu else 1        # decode on a GPU: flash-decoding segments
+    if split > 1:
+        part_o = g.tensor(f"l{l}_mla_part_o", (split, T, H, KV_LORA), k.f32)
+        part_lse = g.tensor(f"l{l}_mla_part_lse", (split, T, H), k.f32)
+        part_o, part_lse = p.call(sparse_mla_attention_split, big_q, codes, scales, rope, slots, part_o, part_lse,
+                                  cfg.sm_scale, BH=bh, BK=32)
+        o, lse = p.call(sparse_mla_attention_combine, part_o, part_lse, o, lse, BH=bh)
+    else:
+        o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
+                        BK=32)
     y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
     y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=dot_bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
                BK=128)

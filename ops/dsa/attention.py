@@ -34,8 +34,12 @@ ROPE_COL = (LATENT + 16) // 2      # first rope value in the bf16 view
 WRITE_CONFIGS = [{"BM": 4}, {"BM": 8}, {"BM": 16}, {"BM": 2}]
 # BH heads x BK indices per step. BH=64 keeps the four [64, 128] fp32 accumulators in registers on
 # Hopper (128 heads -> 2 programs per query, the second reading the gathered rows from L2).
+# BH 16 (the small preset's 16 heads) needs 8 warps: 4 warps use 255 registers and spill
+# (36 B at BK 32, 684 B at BK 64); 8 warps: 242 registers, no spill at BK 32 (sm_90a, ptxas -v).
 SFA_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 8}, {"BH": 64, "BK": 64, "num_warps": 8},
-               {"BH": 32, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 16, "num_warps": 4}]
+               {"BH": 32, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 16, "num_warps": 4},
+               {"BH": 16, "BK": 32, "num_warps": 8}, {"BH": 32, "BK": 32, "num_warps": 8}]
+SM_COUNT = 132                     # H200: the split heuristic's target of >= ~4 programs per SM
 
 
 # ---------------------------------------------------------------- device helpers
@@ -154,6 +158,77 @@ def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor
         finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
 
 
+@k.kernel(configs=SFA_CONFIGS)
+def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
+                               scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+                               indices: k.Tensor[k.i32, "T", "K"], part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"],
+                               part_lse: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
+                               QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64,
+                               BK: k.constexpr = 32):
+    # Flash-decoding: program (t, head block, segment s) folds index blocks
+    # [s * per, (s + 1) * per) of query t (per = cdiv(blocks, NS); the last segments may be
+    # short or empty) and writes its normalised output and lse (-inf: no valid index) to
+    # part_o[s] / part_lse[s]; sparse_mla_attention_combine merges the segments.
+    for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_o.shape[0]):
+        h0 = hb * BH
+        ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
+        m, l, a0, a1, a2, a3 = empty_online_state(BH)
+        n_slots = codes.shape[0]
+        per = k.cdiv(k.cdiv(indices.shape[1], BK), part_o.shape[0])
+        for j in range(per):
+            j0 = (sg * per + j) * BK
+            idx = indices[t, k.span(j0, BK, other=-1)]
+            valid = (idx >= 0) & (idx < n_slots)
+            m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
+                                                sm_scale, m, l, a0, a1, a2, a3)
+        ok = l > 0.0
+        inv = 1.0 / k.where(ok, l, 1.0)
+        part_o[sg, t, k.span(h0, BH), k.span(0, 128)] = a0 * inv[:, None]
+        part_o[sg, t, k.span(h0, BH), k.span(128, 128)] = a1 * inv[:, None]
+        part_o[sg, t, k.span(h0, BH), k.span(256, 128)] = a2 * inv[:, None]
+        part_o[sg, t, k.span(h0, BH), k.span(384, 128)] = a3 * inv[:, None]
+        part_lse[sg, t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("-inf"))
+
+
+@k.kernel(configs=[{"BH": 16}, {"BH": 64}])
+def sparse_mla_attention_combine(part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"], part_lse: k.Tensor[k.f32, "NS", "T", "H"],
+                                 o: k.Tensor[k.bf16, "T", "H", "DV"], lse: k.Tensor[k.f32, "T", "H"],
+                                 BH: k.constexpr = 16):
+    # o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse); lse = max + log sum w
+    # (a query without any valid index: o = 0, lse = +inf, as the unsplit kernel).
+    for t, hb in k.grid(o.shape[0], k.cdiv(o.shape[1], BH)):
+        h0 = hb * BH
+        mx = k.full((BH,), float("-inf"), k.f32)
+        for sg in range(part_o.shape[0]):
+            mx = k.maximum(mx, part_lse[sg, t, k.span(h0, BH, other=float("-inf"))])
+        ms = k.where(mx == float("-inf"), 0.0, mx)
+        den = k.zeros((BH,), k.f32)
+        a0 = k.zeros((BH, 128), k.f32)
+        a1 = k.zeros((BH, 128), k.f32)
+        a2 = k.zeros((BH, 128), k.f32)
+        a3 = k.zeros((BH, 128), k.f32)
+        for sg in range(part_o.shape[0]):
+            w = k.exp(part_lse[sg, t, k.span(h0, BH, other=float("-inf"))] - ms)[:, None]
+            den += k.sum(w, axis=1)
+            a0 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(0, 128)]
+            a1 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(128, 128)]
+            a2 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(256, 128)]
+            a3 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(384, 128)]
+        finish(o, lse, t, h0, ms, den, a0, a1, a2, a3, BH)
+
+
+def sfa_split(t: int, h: int, topk: int, bh: int, bk: int = 32, sm_count: int = SM_COUNT) -> int:
+    """Index-list segments per (query, head block) for a GPU: 1 (the unsplit kernel) when the
+    queries x head blocks fill the SMs; else enough segments for ~4 programs per SM, at least
+    one BK block each, with the fp32 partials (segments x T x H x 512 x 4 B) kept <= 16 MB."""
+    programs = t * -(-h // bh)
+    blocks = -(-topk // bk)
+    split = 1
+    while split * 2 <= blocks and programs * split < 4 * sm_count and (split * 2) * t * h * LATENT * 4 <= 16 << 20:
+        split *= 2
+    return split
+
+
 @k.kernel
 def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tensor[k.i32, "B", "MP"],
                             slots: k.Tensor[k.i32, "T", "K"], next_n: k.i32, BK: k.constexpr = 128):
@@ -250,14 +325,16 @@ def _check_scale(op: str, sm_scale):
                             "= 0.135234); there is no default")
 
 
-def sparse_mla_attention(q, cache, indices, sm_scale, *, target: str | None = None, **config):
+def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int = 1, target: str | None = None, **config):
     """Sparse MLA attention (MQA mode) over the paged FP8 latent cache.
 
     q [T, H, 576] bf16/f32 (512 absorbed latent dims, then 64 rope dims; f32 is rounded to bf16,
     the MMA operand precision, like the dequantized cache side); indices [T, topk]
     int32 physical slots (page * 64 + row), -1 or any value outside the cache is ignored;
     sm_scale explicit. Returns (o [T, H, 512] bf16, lse [T, H] fp32, natural log); a query with
-    no valid index gets o = 0 and lse = +inf."""
+    no valid index gets o = 0 and lse = +inf. split > 1: the index list in that many segments
+    (flash-decoding: fp32 partial outputs and lse per segment, then a combine kernel), the form
+    for few queries on a GPU (sfa_split chooses it for the model's decode steps)."""
     import torch
     target = resolve_target(target)
     op = "sparse_mla_attention"
@@ -269,6 +346,8 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, target: str | None = No
     if idx.shape[0] != q.shape[0]:
         raise K31Error(f"{op}: `indices` must have one row per query ({q.shape[0]}), got {list(idx.shape)}")
     _check_scale(op, sm_scale)
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1:
+        raise K31Error(f"{op}: split must be an int >= 1, got {split!r}")
     T, H = q.shape[0], q.shape[1]
     o = torch.zeros((T, H, LATENT), dtype=torch.bfloat16, device=q.device)
     lse = torch.full((T, H), float("inf"), dtype=torch.float32, device=q.device)
@@ -279,6 +358,13 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, target: str | None = No
     cap = max_head_block(target)
     if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs
         kw["BH"] = min(max(16, 1 << (H - 1).bit_length()), cap)
+    if split > 1:
+        part_o = torch.empty((split, T, H, LATENT), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((split, T, H), dtype=torch.float32, device=q.device)
+        kw.setdefault("BH", min(max(16, 1 << (H - 1).bit_length()), cap))
+        sparse_mla_attention_split[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
+        sparse_mla_attention_combine[target](part_o, part_lse, o, lse, BH=kw["BH"])
+        return o, lse
     sparse_mla_attention_fwd[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
     return o, lse
 
@@ -354,7 +440,9 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
     dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for T, H, K, pages, qdt, scale in ((3, 5, 40, 3, torch.bfloat16, 0.135234), (2, 20, 70, 2, torch.float32, 0.05)):
+    for T, H, K, pages, qdt, scale, split in ((3, 5, 40, 3, torch.bfloat16, 0.135234, 1),
+                                              (2, 20, 70, 2, torch.float32, 0.05, 1),
+                                              (2, 5, 100, 2, torch.bfloat16, 0.135234, 3)):
         n = pages * PAGE
         cache = new_mla_cache(pages)
         mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
@@ -362,12 +450,14 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
         q = torch.randn(T, H, LATENT + ROPE, generator=g).to(qdt)
         idx = torch.randint(-3, n + 5, (T, K), generator=g, dtype=torch.int32)   # -1.. and past the end
         idx[-1] = -1                                                             # a lonely query
-        o, lse = sparse_mla_attention(q.to(dev), cache.to(dev), idx.to(dev), scale, target=target)
+        if split > 1:
+            idx[0, : K // 2] = -1                       # query 0: its first segments hold no valid index
+        o, lse = sparse_mla_attention(q.to(dev), cache.to(dev), idx.to(dev), scale, split=split, target=target)
         lat, rope = ref.mla_cache_decode(cache.numpy())
         q_mma = ref.round_to(to_f64(q), ref.BF16)                  # the kernel's MMA operand
         want_o, want_l = ref.sparse_mla_attention(q_mma, lat, rope, idx.numpy(), scale)
         e_o, e_l = sfa_errors(o, lse, want_o, want_l)
-        name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q"
+        name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q" + (f" split={split}" if split > 1 else "")
         out.append(CaseResult(f"{name}: o", e_o, 2e-2, e_o <= 2e-2, "max abs err / max |o| (bf16 output)"))
         out.append(CaseResult(f"{name}: lse", e_l, 1e-3, e_l <= 1e-3, "max abs err (natural log)"))
     return out
@@ -376,6 +466,7 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
 register(OpSpec("mla_cache_write", "dsa", mla_cache_write, [mla_cache_write_rows],
                 "paged MLA latent cache write: 656 B records (512 E4M3 in 128-tiles + 4 fp32 scales + 64 bf16 rope)",
                 _check_write, exact=True, tags=["dsa", "fp8", "cache"]))
-register(OpSpec("sparse_mla_attention", "dsa", sparse_mla_attention, [sparse_mla_attention_fwd],
+register(OpSpec("sparse_mla_attention", "dsa", sparse_mla_attention,
+                [sparse_mla_attention_fwd, sparse_mla_attention_split, sparse_mla_attention_combine],
                 "sparse MLA attention over the paged FP8 latent cache (physical indices, -1 ignored, lse natural log)",
                 _check_sfa, tags=["dsa", "attention"]))

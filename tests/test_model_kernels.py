@@ -1,0 +1,114 @@
+"""The GPU forms of the model step's kernels (benchmarks/NOTES.md "K31 model step"): the tile and
+split choices at the small preset's shapes, the split-K linear and flash-decoding attention wired
+into a step graph (forced on here, where the interpreter runs them) against the reference, and
+sm_90 compilation of the kernels at the tiles the step graphs pass."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from k31dsl.model import assembler
+from k31dsl.model.layers import common, dsa as dsa_layer
+from k31dsl.model.assembler import ModelRunner
+from k31dsl.model.config import TINY
+from k31dsl.model.reference import ReferenceModel
+from k31dsl.model.step import Step
+from k31dsl.model.weights import init_weights
+from k31dsl.ops import nn
+from k31dsl.ops.dsa import attention as A
+from k31dsl.ops.dsa import prolog as P
+
+from hopper import Specialised, assert_compiles_for_hopper
+
+SMS = 132
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 32, 64])
+@pytest.mark.parametrize("n,kdim", [(2048, 2048), (4096, 768), (768, 2048), (576, 2048), (16, 2048), (256, 2048)])
+def test_decode_linear_tiles_fill_the_gpu(m, n, kdim):
+    t = nn.gpu_linear_tiles(m, n, kdim)
+    programs = -(-n // t["BN"]) * -(-m // t["BM"]) * t["SPLIT"]
+    steps = -(-kdim // t["BK"])
+    assert t["BM"] >= min(m, 16) and t["BM"] in (16, 32, 64)
+    assert steps >= 2 * t["SPLIT"] or t["SPLIT"] == 1                      # >= 2 K steps per chunk
+    assert t["SPLIT"] * m * n * 4 <= n * kdim                               # partials <= half the weight
+    if n * kdim >= 2048 * 2048 and m <= 16:
+        assert programs >= 3 * SMS, (t, programs)                          # ~4 per SM (512 of 8 MB)
+    # every tile set the graph passes is a config entry (its warps and stages come with it)
+    assert any(all(c.get(k) == v for k, v in t.items() if k != "SPLIT") for c in nn.LINEAR_CONFIGS)
+
+
+def test_prefill_linear_tiles():
+    t = nn.gpu_linear_tiles(4096, 2048, 2048)
+    assert t == {"BM": 128, "BN": 128, "BK": 64, "SPLIT": 1}
+    cfg = next(c for c in nn.LINEAR_CONFIGS if c["BM"] == 128 and c["BN"] == 128 and c["BK"] == 64)
+    assert cfg["num_warps"] == 8 and cfg["num_stages"] == 3
+
+
+@pytest.mark.parametrize("t,want", [(1, 64), (2, 64), (64, 8), (256, 2), (4096, 1)])
+def test_sfa_split_choice(t, want):
+    s = A.sfa_split(t, 16, 2048, 16)
+    assert s == want
+    assert s == 1 or s * t * 16 * 512 * 4 <= 16 << 20
+
+
+def _forward_greedy(runner, ref, prompt, steps):
+    st = Step("prefill", [prompt], [0], [1], [[2]])
+    got, want = [runner.forward(st)], [ref.forward(st)]
+    tok, ctx = int(got[-1][-1].argmax()), len(prompt)
+    for _ in range(steps):
+        st = Step("decode", [[tok]], [ctx], [1], [[2]])
+        got.append(runner.forward(st))
+        want.append(ref.forward(st))
+        tok, ctx = int(got[-1][-1].argmax()), ctx + 1
+    return got, want
+
+
+def test_gpu_step_forms_match_reference(monkeypatch):
+    """The decode graph with the GPU tile choices, split-K linears (2 chunks) and split attention
+    (2 segments) forced (the tiny preset is too small to choose them) on the Triton interpreter."""
+    monkeypatch.setattr(assembler, "_PASSED", {})           # programs of this flavour stay here
+    monkeypatch.setattr(assembler, "_EXECUTABLES", {})
+    init = common.StepGraph.__init__
+
+    def gpu_init(self, *a, **kw):
+        init(self, *a, **kw)
+        self.gpu = True
+    monkeypatch.setattr(common.StepGraph, "__init__", gpu_init)
+
+    def tiles(m, n, kdim):
+        return {"BM": 16, "BN": 32, "BK": 16, "SPLIT": 2 if m <= 16 else 1}
+    monkeypatch.setattr(common, "gpu_linear_tiles", tiles)
+    monkeypatch.setattr(dsa_layer, "sfa_split", lambda t, h, topk, bh: 2 if t <= 16 else 1)
+    seed = int(torch.randint(0, 2 ** 31, (1,)))
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, TINY.vocab_size, (12,), generator=gen).tolist()
+    weights = init_weights(TINY, seed)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False)
+        got, want = _forward_greedy(runner, ReferenceModel(TINY, weights, num_slots=3), prompt, 2)
+    finally:
+        torch.set_num_threads(n)
+    prog = runner._after_passes(common.ShapeClass("decode", 1, 1, 1))
+    text = str(prog)
+    assert "linear_rows_splitk" in text and "sparse_mla_attention_split" in text
+    errs = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)]
+    assert max(errs) <= 1e-2, f"seed {seed}: {errs}"
+
+
+# ---------------------------------------------------------------- sm_90 at the step graphs' tiles
+
+LINEAR_SPLITK_DECODE = Specialised(nn.linear_rows_splitk, BM=16, BN=32, BK=128)
+LINEAR_SPLITK_B64 = Specialised(nn.linear_rows_splitk, BM=64, BN=32, BK=128)
+LINEAR_REDUCE_SIGMOID = Specialised(nn.linear_splitk_reduce, BM=16, BN=128, ACT="sigmoid")
+SFA_SPLIT_H16 = Specialised(A.sparse_mla_attention_split, BH=16, BK=32)
+SFA_COMBINE_H16 = Specialised(A.sparse_mla_attention_combine, BH=16)
+SFA_FWD_H16 = Specialised(A.sparse_mla_attention_fwd, BH=16, BK=32)
+
+
+def test_step_kernels_compile_for_hopper(tmp_path):
+    names = ["LINEAR_SPLITK_DECODE", "LINEAR_SPLITK_B64", "LINEAR_REDUCE_SIGMOID", "SFA_SPLIT_H16",
+             "SFA_COMBINE_H16", "SFA_FWD_H16"]
+    assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
