@@ -46,8 +46,9 @@ PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "
 # 1-D row variant (SOURCE_ROWS, _prepare_one_row_sources): BD = one element per thread (no
 # replication, no layout conversions), RC chunks kept on chip, GROUP chunks per load burst,
 # PREFETCH of the next burst. sm_90 registers at n = 8, S = 6 in benchmarks/NOTES.md (all spill-free).
-SOURCE_ROW_CONFIGS = ((512, 16, 0, 2, False), (512, 16, 0, 1, True), (512, 16, 2, 2, False), (512, 16, 3, 1, True),
-                      (256, 8, 0, 2, False), (256, 8, 0, 1, True), (128, 4, 0, 2, False), (128, 4, 0, 1, True))
+SOURCE_ROW_CONFIGS = ((512, 16, 0, 2, False), (512, 16, 0, 1, True), (512, 16, 2, 2, False), (512, 16, 4, 1, False),
+                      (512, 16, 1, 1, True), (256, 8, 0, 2, False), (256, 8, 0, 1, True), (256, 8, 1, 2, False),
+                      (128, 4, 0, 2, False), (128, 4, 0, 1, True))
 PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": pf,
                      "SOURCE_ROWS": True, "RC": rc, "GROUP": g, "num_warps": w}
                     for bd, w, rc, g, pf in SOURCE_ROW_CONFIGS]
@@ -192,12 +193,14 @@ def _stack(ts, x0, count, BD):
 
 
 @k.func
-def _store_rows(o, t, xs, x0, es, c0, OT, NB, SQ, BD):
-    """O[s, t, c0:c0+BD] = sum_i e[s, i] x_i for one chunk: the NB rows stacked (in registers) and
-    reduced over the source axis in the thread, es[s] the [NB] weights of query s."""
-    x = _stack(xs, x0, NB, BD)
+def _store_rows(o, t, xs, x0, ws, c0, OT, NB, SQ, BD):
+    """O[s, t, c0:c0+BD] = sum_i e[s, i] x_i for one chunk: scalar weights ws[s * NB + i] times the
+    row tiles xs[x0 + i] (no tile but the rows' own, whatever layout the compiler gives them)."""
     for s in k.static_range(SQ):
-        o[s, t, k.span(c0, BD)] = k.sum(es[s][:, None] * x, axis=0).to(OT)
+        acc = xs[x0].to(k.f32) * ws[s * NB]
+        for i in k.static_range(1, NB):
+            acc = acc + xs[x0 + i].to(k.f32) * ws[s * NB + i]
+        o[s, t, k.span(c0, BD)] = acc.to(OT)
 
 
 @k.func
@@ -263,9 +266,11 @@ def _prepare_one_row_sources(v, q, o, m, l, eps, t, n, d, OT, NB, SB, SQ, BD, RC
     else:
         m[k.span(0, W), t] = zmax                                         # columns past S are not stored
         l[k.span(0, W), t] = esum
-    es = ()
+    # the weights as scalars (e is held whole by every thread: picking an element is in-thread work)
+    ws = ()
     for s in k.static_range(SQ):
-        es = es + (k.sum(k.where(slot[None, :] == s, e, 0.0), axis=1),)  # [NB] weights of query s
+        for i in k.static_range(NB):
+            ws = ws + (k.sum(k.where((slot[None, :] == s) & (k.arange(NB)[:, None] == i), e, 0.0)),)
     # reverse: the chunks read last are still cached; a chunk below RC starts past D (no traffic)
     if PREFETCH:
         cn, xn = _reload_rows(v, t, chunks - 1, RC, d, NB, BD, GROUP)
@@ -276,9 +281,9 @@ def _prepare_one_row_sources(v, q, o, m, l, eps, t, n, d, OT, NB, SB, SQ, BD, RC
         else:
             cols, xs = _reload_rows(v, t, chunks - 1 - jj, RC, d, NB, BD, GROUP)
         for u in k.static_range(GROUP):
-            _store_rows(o, t, xs, u * NB, es, cols[u], OT, NB, SQ, BD)
+            _store_rows(o, t, xs, u * NB, ws, cols[u], OT, NB, SQ, BD)
     for c in k.static_range(RC):
-        _store_rows(o, t, kept, c * NB, es, c * BD, OT, NB, SQ, BD)
+        _store_rows(o, t, kept, c * NB, ws, c * BD, OT, NB, SQ, BD)
 
 
 @k.kernel(configs=PREPARE_CONFIGS)
