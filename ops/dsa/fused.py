@@ -471,10 +471,12 @@ def _check_fused(target: str, seed: int = 0) -> list[CaseResult]:
     dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for ctx, n, topk in (([100, 20], 1, 16), ([70], 2, 16)):
+    # the second case runs the split-L variant (two launches) except on ascendc (one g++ build per kernel)
+    for ctx, n, topk, splits in (([100, 20], 1, 16, 1), ([70], 2, 16, 1 if target == "ascendc" else 2)):
         args = random_decode_step(g, ctx, n)
         qc, qs, w, icache, q, mcache, bt, ks, ke = args
-        o, lse, sel = fused_li_sfa(*(a.to(dev) for a in args), topk, 0.135234, return_indices=True, target=target)
+        o, lse, sel = fused_li_sfa(*(a.to(dev) for a in args), topk, 0.135234, return_indices=True, splits=splits,
+                                   target=target)
         sa = (bytes_of(qc), bytes_of(qs), to_f64(w), icache.numpy(), bt.numpy(), ks.numpy(), ke.numpy(),
               bt.shape[1] * A.PAGE)
         scores, mag = iref.indexer_scores(*sa), iref.indexer_scores_magnitude(*sa)
@@ -484,7 +486,7 @@ def _check_fused(target: str, seed: int = 0) -> list[CaseResult]:
             G, W = set(row.tolist()) - {-1}, set(want[r].tolist()) - {-1}
             kth = min((scores[r, i] for i in W), default=0.0)
             bad += len(G) != len(W) or any(abs(scores[r, i] - kth) > 1e-5 * (mag[r, i] + 1) for i in G ^ W)
-        name = f"contexts {ctx}, next_n={n}, topk={topk}"
+        name = f"contexts {ctx}, next_n={n}, topk={topk}, splits={splits}"
         out.append(CaseResult(f"{name}: selected keys", bad, 0, bad == 0, "rows whose key set differs from top-k"))
         lat, rope = ref.mla_cache_decode(mcache.numpy())
         slots = ref.slots_of_positions(sel.cpu().numpy(), bt.numpy(), np.arange(q.shape[0]) // n)
@@ -495,6 +497,6 @@ def _check_fused(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-register(OpSpec("fused_li_sfa", "dsa", fused_li_sfa, [fused_li_sfa_decode],
+register(OpSpec("fused_li_sfa", "dsa", fused_li_sfa, [fused_li_sfa_decode, fused_li_select_split, fused_sfa_merge],
                 "DSA decode step in one kernel: MXFP8 indexer scores, exact top-k, sparse MLA attention",
                 _check_fused, tags=["dsa", "attention", "fused"]))
