@@ -99,10 +99,13 @@ def test_greedy_tokens_same_on_numpy_and_triton(runs, model):
     assert runs["numpy"][0] == runs["triton"][0], f"seed {model['seed']}"
 
 
-@pytest.mark.parametrize("dropped", ["superkernel", "streams", "memory_plan"])
-def test_each_pass_off_leaves_tokens_unchanged(runs, model, dropped):
-    passes = [p for p in ALL_PASSES if p != dropped]
-    runner = ModelRunner(TINY, model["weights"], "numpy", **SIZES, passes=passes)
+PASS_VARIANTS = {f"{name} off": [p for p in ALL_PASSES if p != name] for name in ("superkernel", "streams", "memory_plan")}
+PASS_VARIANTS["nz_layout on"] = ALL_PASSES[:2] + ["nz_layout"] + ALL_PASSES[2:]     # the ascendc pipeline
+
+
+@pytest.mark.parametrize("variant", list(PASS_VARIANTS))
+def test_each_pass_on_or_off_leaves_tokens_unchanged(runs, model, variant):
+    runner = ModelRunner(TINY, model["weights"], "numpy", **SIZES, passes=PASS_VARIANTS[variant])
     tokens, got, _ = greedy_run(runner, model["prompt"], 3)
     assert tokens == runs["numpy"][0][:4], f"seed {model['seed']}"
     for a, b in zip(got, runs["numpy"][1]):
@@ -110,7 +113,9 @@ def test_each_pass_off_leaves_tokens_unchanged(runs, model, dropped):
     decode = runner.executable(runner._shape_of(Step("decode", [[1]], [PROMPT_LEN], [1], [[2]]), [0]))
     fused = [r for r in decode.p.report if "superkernel: fused attnres_slot_update_rows" in r]
     # the superkernel pass fuses each AttnRes update with the next RMSNorm: 2 per layer + final
-    assert len(fused) == (0 if dropped == "superkernel" else 2 * TINY.n_layers + 1)
+    assert len(fused) == (0 if variant == "superkernel off" else 2 * TINY.n_layers + 1)
+    if variant == "nz_layout on":
+        assert any("FRACTAL_NZ" in r for r in decode.p.report)
 
 
 def test_verify_then_commit_equals_plain_decode(model):
