@@ -13,8 +13,12 @@ q an input-independent pseudo-query into which the key-RMSNorm gain is folded (q
 Layout: one program per token row t. The prepare kernel sweeps the row's n
 sources twice in BD-column chunks: the first sweep accumulates every source's sum of squares and
 the S x n dot products; the second runs over the chunks in reverse order, so that it starts on
-the chunks the first sweep read last (still in L2 on a GPU), and writes O. Configs choose the
-chunk width, the warps, how the sums are reduced, and whether the next chunk is prefetched.
+the chunks the first sweep read last (still in L2 on a GPU), and writes O. One read of the blocks
+(an online softmax over the sources) would need O for all S queries on chip (172 KB per token at
+S = 6, D = 7168) or a grid-wide exchange, neither of which the DSL has (benchmarks/NOTES.md,
+AttnRes v3); instead the second sweep is kept in L2 by construction and the first RC chunks of the
+row stay in registers. Configs choose the tile family (3-D chunks or 1-D source rows), the chunk
+width, the warps, the reductions, the chunks kept and loaded per burst, and prefetching.
 The update and RMSNorm kernels hold a whole row as one BD = next_pow2(D) tile, so the RMSNorm
 program reads exactly the h row that the same update program wrote: the condition for the
 superkernel pass to fuse them (h stays in registers).
@@ -28,36 +32,29 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, require_tensor, resolve_target
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
-# Prepare: BD columns per chunk, warps, and the two sweep variants (see the kernel). The first
-# config is the one used without autotuning (CPU). The [SB, NB, BD] accumulator costs
-# SB * NB * BD / (32 * num_warps) registers per thread: 64 for S = 6 -> 8, n = 8, BD = 128, 4 warps.
-# The second sweep re-reads the row (n * D * 4 bytes, 229 KB at n = 8, D = 7168) from L2 only if
-# the rows in flight fit in L2 (50 MB on an H200): few, wide programs (16 warps, one per SM) keep
-# ~30 MB in flight but have fewer bytes in flight per SM; narrow ones hide latency better and
-# re-read more from DRAM. The autotuner decides.
+# Prepare configs (the first is the one used without autotuning, on the CPU). Two families:
+# - 3-D tiles (_prepare_one_row): [NB, BD] source chunks against [SB, BD] query chunks through
+#   [SB, NB, BD] broadcasts. Its compiled loops move both tiles through shared memory (8 barriers
+#   per chunk); kept: the configs GPU runs 1 and 4 picked (BD 128, 4 warps, with and without
+#   PREFETCH) and one of each other sweep variant. 13 -> 4 configs: the dropped ones lost in runs
+#   1 and 4, and each config costs ~20 s of compilation in the GPU autotuner.
+# - 1-D row tiles (SOURCE_ROWS, _prepare_one_row_sources): BD = one element per thread, no layout
+#   conversions or barriers in the chunk loops; RC chunks kept on chip between the sweeps, GROUP
+#   chunks per load burst, PREFETCH of the next burst. One 16-warp program per SM keeps the rows in
+#   flight (132 x 229 KB) inside the 50 MB L2 for the second sweep; 8 warps: two per SM; 4 warps:
+#   five per SM (second sweep mostly from DRAM). sm_90 registers (98-128, spill-free at n = 8,
+#   S = 6) and the reasoning: benchmarks/NOTES.md, AttnRes "v3".
 PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "SOURCE_ROWS": False,
                     "RC": 0, "GROUP": 1, "num_warps": w}
                    for bd, w, re, un, pf in (
-                       (128, 4, False, False, False), (256, 8, False, True, False), (512, 16, False, True, False),
-                       (512, 16, True, True, False), (512, 8, True, True, False), (256, 16, False, True, False),
-                       (128, 4, False, False, True), (256, 8, False, False, True), (128, 4, True, False, True),
-                       (256, 16, False, False, True), (512, 16, False, True, True), (512, 16, False, False, True),
-                       (512, 16, True, False, True))]
-# 1-D row variant (SOURCE_ROWS, _prepare_one_row_sources): BD = one element per thread (no
-# replication, no layout conversions), RC chunks kept on chip, GROUP chunks per load burst,
-# PREFETCH of the next burst. sm_90 registers at n = 8, S = 6 in benchmarks/NOTES.md (all spill-free).
+                       (128, 4, False, False, False), (128, 4, False, False, True), (128, 4, True, False, True),
+                       (512, 16, True, True, False))]
 SOURCE_ROW_CONFIGS = ((512, 16, 0, 2, False), (512, 16, 0, 1, True), (512, 16, 2, 2, False), (512, 16, 4, 1, False),
                       (512, 16, 1, 1, True), (256, 8, 0, 2, False), (256, 8, 0, 1, True), (256, 8, 1, 2, False),
-                      (128, 4, 0, 2, False), (128, 4, 0, 1, True))
+                      (128, 4, 0, 2, False), (128, 4, 0, 1, True))      # BD, warps, RC, GROUP, PREFETCH
 PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": pf,
                      "SOURCE_ROWS": True, "RC": rc, "GROUP": g, "num_warps": w}
                     for bd, w, rc, g, pf in SOURCE_ROW_CONFIGS]
-# sm_90 registers per thread at n = 8, S = 6 (cuobjdump of the Triton 3.9 cubins) and the rows
-# (229 KB each) in flight on 132 SMs that they allow: 4 warps 128 (4 programs/SM, 528 rows,
-# 121 MB: sweep 2 mostly from DRAM); 8 warps 121-142 (1-2/SM); 16 warps 80-128 (1/SM, 132 rows,
-# 30 MB: fits the 50 MB L2), with PREFETCH at BD 512 two 16 KB chunks in flight per SM.
-# Tried and left out: several rows per program sharing each query chunk (204 registers at 2 rows,
-# spills at 4; not chosen in GPU run 1), BD 1024 (spills).
 # WARPS is a constexpr the kernels do not read: it carries the warp count through graph-program
 # calls (`p.call` passes constexprs, not launch options) into the fused kernel. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
