@@ -165,13 +165,6 @@ def topk_order(vals: k.Tensor[k.f32, "R", "N"], pos_in: k.Tensor[k.i32, "R", "M"
         k.store(pos_out, (r, k.where(pi >= 0, rank, lane)), pi, mask=lane < pos_in.shape[1])
 
 
-def _plan(rows: int, length: int, kp: int, programs: int = 512) -> int:
-    """Stage-1 segment length in units of KP: GROUP (a 4x reduction per program), fewer when the
-    rows are short (one launch then does it all)."""
-    del rows, programs
-    return GROUP
-
-
 def _bl(seg: int) -> int:
     return min(MAX_BL, max(16, next_pow2(seg)))
 
@@ -195,8 +188,7 @@ def topk(scores, k_: int, *, sorted: bool = True, chunks: int | None = None, tar
     if length == 0:
         return out.fill_(-1)
     kp = max(16, next_pow2(k_))
-    ch = chunks if chunks is not None else _plan(rows, length, kp)
-    seg = ch * kp
+    seg = (chunks if chunks is not None else GROUP) * kp        # stage 1: a GROUP:1 reduction per program
     x = scores.contiguous()
     kern = topk_segments[target]
 
