@@ -138,6 +138,21 @@ def test_topk_large_row_two_stages_numpy():
         assert (got == ref.topk(x.double().numpy(), kk)).all(), (kk, ch, seed)
 
 
+@pytest.mark.parametrize("target", TARGETS[:2])
+def test_topk_multi_level_sorted_and_set(target):
+    """Segments of one KP (chunks=1) force a 4:1 level (13 -> 4 lists) between stage 1 and the final
+    selection; sorted=False gives the same set in position order."""
+    g, seed = _gen()
+    x = torch.randint(-8, 8, (2, 200), generator=g).float()
+    x[1, 40:] = float("-inf")
+    x[1, 3] = float("nan")
+    want = ref.topk(x.double().numpy(), 10)
+    got = topk(x, 10, chunks=1, target=target).numpy()
+    assert (got == want).all(), seed
+    got_set = topk(x, 10, chunks=1, sorted=False, target=target).numpy()
+    assert (got_set == np.sort(want, axis=1)).all(), seed
+
+
 def test_topk_api():
     assert topk(torch.randn(3, 0), 5, target="numpy").tolist() == [[-1] * 5] * 3
     assert topk(torch.randn(0, 10), 5, target="numpy").shape == (0, 5)
