@@ -119,15 +119,16 @@ def linear_rows_splitk(x: k.Tensor["XT", "M", "K"], w: k.Tensor["WT", "N", "K"],
 
 
 @k.kernel(configs=[{"BM": 16, "BN": 128}, {"BM": 64, "BN": 128}])
-def linear_splitk_reduce(part: k.Tensor[k.f32, "S", "M", "N"], y: k.Tensor["YT", "M", "N"],
+def linear_splitk_reduce(part: k.Tensor[k.f32, "S", "M", "N"], y: k.Tensor["YT", "M", "N"], scale: k.f32,
                          YT: k.constexpr[FLOAT_INPUTS] = k.bf16, ACT: k.constexpr[ACTS] = "none",
                          BM: k.constexpr = 16, BN: k.constexpr = 128):
-    # y = act(sum_s part[s]) in YT.
+    # y = act(sum_s part[s] * scale) in YT (scale 1: a plain linear; the indexer's head
+    # weights pass HI^-1/2).
     for pn, pm in k.grid(k.cdiv(y.shape[1], BN), k.cdiv(y.shape[0], BM)):
         acc = k.zeros((BM, BN), k.f32)
         for s in range(part.shape[0]):
             acc += part[s, k.span(pm * BM, BM, other=0.0), k.span(pn * BN, BN, other=0.0)]
-        y[k.span(pm * BM, BM), k.span(pn * BN, BN)] = activate(acc, ACT).to(YT)
+        y[k.span(pm * BM, BM), k.span(pn * BN, BN)] = activate(acc * scale, ACT).to(YT)
 
 
 # ---------------------------------------------------------------- swiglu
@@ -337,7 +338,7 @@ def linear(x, w, act: str = "none", out_dtype=None, *, split_k: int = 1, target:
         xr = rows(x)
         part = torch.empty((split_k, xr.shape[0], w.shape[0]), dtype=torch.float32, device=x.device)
         linear_rows_splitk[target](xr, w.contiguous(), part)
-        linear_splitk_reduce[target](part, y.view(-1, w.shape[0]), **kw)
+        linear_splitk_reduce[target](part, y.view(-1, w.shape[0]), 1.0, **kw)
         return y
     linear_rows[target](rows(x), w.contiguous(), y.view(-1, w.shape[0]), **kw)
     return y

@@ -93,9 +93,37 @@ def test_gpu_step_forms_match_reference(monkeypatch):
         torch.set_num_threads(n)
     prog = runner._after_passes(common.ShapeClass("decode", 1, 1, 1))
     text = str(prog)
-    assert "linear_rows_splitk" in text and "sparse_mla_attention_split" in text
+    assert "linear_rows_splitk" in text and "sparse_mla_attention_split" in text and "indexer_k_chain_parts" in text
     errs = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)]
     assert max(errs) <= 1e-2, f"seed {seed}: {errs}"
+
+
+@pytest.mark.parametrize("target", ["numpy", "triton"])
+def test_decode_indexer_key_and_weight_chains_split_k(target):
+    """The decode form of the indexer's k chain (split-K projection into fp32 partials, then
+    indexer_k_chain_parts) and head weights (split-K + linear_splitk_reduce with the HI^-1/2
+    scale) against the fp64 prolog oracle, as ops/dsa/indexer_checks.py checks the fused chains."""
+    import numpy as np
+    from k31dsl.ops.dsa import indexer_checks as C
+    from k31dsl.ops.testing import bytes_of, load_oracle, max_rel_err, to_f64
+    ref = load_oracle("dsa_indexer")
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    t, dm, ql, h = 7, 160, 64, 16
+    x, qr, wq, wk, lw, lb, wp, cos, sin, cache, slots = C.prolog_inputs(t, dm, ql, h, g)
+    split = 3
+    kpart = torch.empty((split, t, 128), dtype=torch.float32)
+    nn.linear_rows_splitk[target](x, wk, kpart, BM=16, BN=32, BK=32)
+    P.indexer_k_chain_parts[target](kpart, lw, lb, cos, sin, P.hadamard_matrix(), slots, cache.view(-1), 1e-6)
+    wpart = torch.empty((split, t, h), dtype=torch.float32)
+    w = torch.empty((t, h), dtype=torch.float32)
+    nn.linear_rows_splitk[target](x, wp, wpart, BM=16, BN=32, BK=32)
+    nn.linear_splitk_reduce[target](wpart, w, h ** -0.5)
+    _, kk, ww = ref.prolog_values(*[to_f64(a) for a in (x, qr, wq, wk, lw, lb, wp, cos, sin)])
+    keep = [i for i in range(t) if slots[i] >= 0]
+    kc = np.stack([ref.cache_token(cache.numpy(), slots[i])[0] for i in keep])
+    ksb = np.stack([ref.cache_token(cache.numpy(), slots[i])[1] for i in keep])
+    assert ref.mx_roundtrip_ratio(ref.mx_values(kc, ksb), kk[keep], ksb) <= 1.0
+    assert max_rel_err(to_f64(w), ww, floor=1e-3 * float(np.abs(ww).max())) <= 1e-4
 
 
 # ---------------------------------------------------------------- sm_90 at the step graphs' tiles
@@ -106,9 +134,11 @@ LINEAR_REDUCE_SIGMOID = Specialised(nn.linear_splitk_reduce, BM=16, BN=128, ACT=
 SFA_SPLIT_H16 = Specialised(A.sparse_mla_attention_split, BH=16, BK=32)
 SFA_COMBINE_H16 = Specialised(A.sparse_mla_attention_combine, BH=16)
 SFA_FWD_H16 = Specialised(A.sparse_mla_attention_fwd, BH=16, BK=32)
+Q_CHAIN_PREFILL = Specialised(P.indexer_q_chain, BM=64)
+K_CHAIN_PARTS = Specialised(P.indexer_k_chain_parts, BM=16)
 
 
 def test_step_kernels_compile_for_hopper(tmp_path):
     names = ["LINEAR_SPLITK_DECODE", "LINEAR_SPLITK_B64", "LINEAR_REDUCE_SIGMOID", "SFA_SPLIT_H16",
-             "SFA_COMBINE_H16", "SFA_FWD_H16"]
+             "SFA_COMBINE_H16", "SFA_FWD_H16", "Q_CHAIN_PREFILL", "K_CHAIN_PARTS"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))

@@ -148,7 +148,7 @@ class StepGraph:
         # split-K (decode on a GPU): fp32 partials per K chunk, then their sum (+ activation)
         part = self.tensor(name + "_splitk", (split, x.shape[0], w.shape[0]), k.f32)
         part = self.p.call(linear_rows_splitk, x, w, part, **tiles)
-        return self.p.call(linear_splitk_reduce, part, y, ACT=act, BM=16 if x.shape[0] <= 16 else 64, BN=128)
+        return self.p.call(linear_splitk_reduce, part, y, 1.0, ACT=act, BM=16 if x.shape[0] <= 16 else 64, BN=128)
 
 
 def linear_tiles(m: int, n: int, kdim: int, gpu: bool = False) -> dict:

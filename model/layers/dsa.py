@@ -26,16 +26,16 @@ from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_s
     sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
-from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_q_chain
+from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_k_chain_parts, indexer_q_chain
 from k31dsl.ops.dsa.topk import topk_segments
-from k31dsl.model.layers.common import memo
+from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce, linear_tiles, memo
 
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
  mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
- sparse_mla_attention_combine) = memo(
+ sparse_mla_attention_combine, indexer_k_chain_parts) = memo(
     rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
     mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
-    sparse_mla_attention_combine)
+    sparse_mla_attention_combine, indexer_k_chain_parts)
 
 
 @k.func
@@ -134,14 +134,31 @@ def add_dsa(g, l, x):
     # indexer: queries, keys into the cache, head weights
     had = g.weight("hadamard")
     ibm = min(64, max(16, next_pow2(T)))
+    decode_gpu = g.gpu and T <= 64
     qc = g.tensor(f"l{l}_idx_q_codes", (T, HI, INDEX_DIM), k.f8e4m3)
     qs = g.tensor(f"l{l}_idx_q_scales", (T, HI, INDEX_DIM // 32), k.e8m0)
-    qc, qs = p.call(indexer_q_chain, qa, g.weight(a + "idx_wq_b"), g.cos, g.sin, had, qc, qs, BM=ibm)
+    qc, qs = p.call(indexer_q_chain, qa, g.weight(a + "idx_wq_b"), g.cos, g.sin, had, qc, qs,
+                    BM=(16 if decode_gpu else 64) if g.gpu else ibm)      # GPU: (T / BM) x heads programs
     icache = g.state(f"dsa{l}_index_cache", g.runner_states[f"dsa{l}_index_cache"])
-    icache = p.call(indexer_k_chain, x, g.weight(a + "idx_wk"), g.weight(f"l{l}_idx_k_norm_w"),
-                    g.weight(f"l{l}_idx_k_norm_b"), g.cos, g.sin, had, g.slot_mapping, icache, 1e-6, BM=ibm)
+    kn_w, kn_b = g.weight(f"l{l}_idx_k_norm_w"), g.weight(f"l{l}_idx_k_norm_b")
     iw = g.tensor(f"l{l}_idx_weights", (T, HI), k.f32)
-    iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
+    if decode_gpu:
+        # one program per 16..64 tokens would stream the [128, dim] key and [HI, dim] weight
+        # projections alone: split-K projections into fp32 partials, then the chain's rest
+        dm = x.shape[1]
+        kt = linear_tiles(T, INDEX_DIM, dm, True)
+        kpart = g.tensor(f"l{l}_idx_k_splitk", (kt.pop("SPLIT"), T, INDEX_DIM), k.f32)
+        kpart = p.call(linear_rows_splitk, x, g.weight(a + "idx_wk"), kpart, **kt)
+        icache = p.call(indexer_k_chain_parts, kpart, kn_w, kn_b, g.cos, g.sin, had, g.slot_mapping, icache, 1e-6,
+                        BM=16)
+        wt = linear_tiles(T, HI, dm, True)
+        wpart = g.tensor(f"l{l}_idx_w_splitk", (wt.pop("SPLIT"), T, HI), k.f32)
+        wpart = p.call(linear_rows_splitk, x, g.weight(a + "idx_weights_proj"), wpart, **wt)
+        iw = p.call(linear_splitk_reduce, wpart, iw, HI ** -0.5, BM=16 if T <= 16 else 64, BN=128)
+    else:
+        icache = p.call(indexer_k_chain, x, g.weight(a + "idx_wk"), kn_w, kn_b, g.cos, g.sin, had, g.slot_mapping,
+                        icache, 1e-6, BM=32 if g.gpu else ibm)
+        iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
     # select: scores over the sequence's pages, exact top-k, physical slots
     L = g.shape.max_pages * 64
     n = g.shape.q_len

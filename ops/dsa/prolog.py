@@ -54,22 +54,56 @@ def project3(a, w, r0, row0, BM, BK, AT, WT):
 
 
 @k.func
+def sign_dot(x, had, row0, n):
+    """x [BM, n] fp32 @ sign(had[row0:row0+n, :]) [n, 128] on bf16 tensor cores, as exact as an
+    fp32 dot: x = hi + mid + lo exactly (three bf16 parts, 8 significant bits each), the +-1
+    signs are exact in bf16, the MMA accumulates in fp32. (fp32 "ieee" dots run on FMA units
+    with the operands in registers: 255 registers and spills at 16 rows per program.)"""
+    sgn = k.where(had[k.span(row0, n), k.span(0, 128)] > 0.0, 1.0, -1.0).to(k.bf16)
+    hi = x.to(k.bf16)
+    r = x - hi.to(k.f32)
+    mid = r.to(k.bf16)
+    lo = (r - mid.to(k.f32)).to(k.bf16)
+    return k.dot(hi, sgn) + k.dot(mid, sgn) + k.dot(lo, sgn)
+
+
+@k.func
 def rope_hadamard_mx(p1, p2, p3, cos, sin, had, r0, BM):
-    """NeoX RoPE on (p1, p2), then [p1 p2 p3] @ had (orthonormal), then MXFP8:
-    (codes f8e4m3 [BM, 4, 32], scales e8m0 [BM, 4])."""
+    """NeoX RoPE on (p1, p2), then [p1 p2 p3] @ had (the orthonormal Sylvester matrix: entries
+    +-128^-1/2, so its signs times 128^-1/2), then MXFP8: (codes f8e4m3 [BM, 4, 32], scales
+    e8m0 [BM, 4])."""
     c = cos[k.span(r0, BM), k.span(0, 32, other=1.0)]
     s = sin[k.span(r0, BM), k.span(0, 32, other=0.0)]
     x1 = p1 * c - p2 * s
     x2 = p2 * c + p1 * s
-    y = k.dot(x1, had[k.span(0, 32), k.span(0, 128)])
-    y += k.dot(x2, had[k.span(32, 32), k.span(0, 128)])
-    y += k.dot(p3, had[k.span(64, 64), k.span(0, 128)])
-    return mxfp8_groups(k.reshape(y, (BM, 4, 32)))
+    y = sign_dot(x1, had, 0, 32) + sign_dot(x2, had, 32, 32) + sign_dot(p3, had, 64, 64)
+    return mxfp8_groups(k.reshape(y * 0.08838834764831845, (BM, 4, 32)))
+
+
+@k.func
+def norm_rope_store_keys(p1, p2, p3, ln_w, ln_b, cos, sin, had, slots, cache, eps, r0, BM):
+    """The k chain after its projection [p1 p2 p3] (rows r0..r0+BM): LayerNorm, RoPE, Hadamard,
+    MXFP8, stored into the paged cache at the rows' slots."""
+    mean = (k.sum(p1, axis=1) + k.sum(p2, axis=1) + k.sum(p3, axis=1)) / 128.0
+    d1 = p1 - mean[:, None]
+    d2 = p2 - mean[:, None]
+    d3 = p3 - mean[:, None]
+    var = (k.sum(d1 * d1, axis=1) + k.sum(d2 * d2, axis=1) + k.sum(d3 * d3, axis=1)) / 128.0
+    r = k.rsqrt(var + eps)[:, None]
+    n1 = d1 * r * ln_w[k.span(0, 32)][None, :] + ln_b[k.span(0, 32)][None, :]
+    n2 = d2 * r * ln_w[k.span(32, 32)][None, :] + ln_b[k.span(32, 32)][None, :]
+    n3 = d3 * r * ln_w[k.span(64, 64)][None, :] + ln_b[k.span(64, 64)][None, :]
+    codes, scales = rope_hadamard_mx(n1, n2, n3, cos, sin, had, r0, BM)
+    sl = slots[k.span(r0, BM, other=-1)]
+    store_keys(cache, sl, k.reshape(codes, (BM, 128)), scales, BM)
 
 
 # ---------------------------------------------------------------- the three chains
 
-PROJ_CONFIGS = [{"BM": 16, "BK": 64, "num_warps": 4}]
+# BM 64 (prefill) takes 8 warps: 184 registers, no spill on sm_90a (4 warps: 255 + 36 B spill);
+# BM 16 (decode): 4 warps, 136 registers.
+PROJ_CONFIGS = [{"BM": 16, "BK": 64, "num_warps": 4}, {"BM": 64, "BK": 64, "num_warps": 8},
+                {"BM": 32, "BK": 64, "num_warps": 4}]
 
 
 @k.kernel(configs=PROJ_CONFIGS)
@@ -93,18 +127,27 @@ def indexer_k_chain(x: k.Tensor["AT", "T", "DM"], wk: k.Tensor["WT", "128", "DM"
                     BM: k.constexpr = 16, BK: k.constexpr = 64):
     for pm in k.grid(k.cdiv(x.shape[0], BM)):
         p1, p2, p3 = project3(x, wk, pm * BM, 0, BM, BK, AT, WT)
-        mean = (k.sum(p1, axis=1) + k.sum(p2, axis=1) + k.sum(p3, axis=1)) / 128.0
-        d1 = p1 - mean[:, None]
-        d2 = p2 - mean[:, None]
-        d3 = p3 - mean[:, None]
-        var = (k.sum(d1 * d1, axis=1) + k.sum(d2 * d2, axis=1) + k.sum(d3 * d3, axis=1)) / 128.0
-        r = k.rsqrt(var + eps)[:, None]
-        n1 = d1 * r * ln_w[k.span(0, 32)][None, :] + ln_b[k.span(0, 32)][None, :]
-        n2 = d2 * r * ln_w[k.span(32, 32)][None, :] + ln_b[k.span(32, 32)][None, :]
-        n3 = d3 * r * ln_w[k.span(64, 64)][None, :] + ln_b[k.span(64, 64)][None, :]
-        codes, scales = rope_hadamard_mx(n1, n2, n3, cos, sin, had, pm * BM, BM)
-        sl = slots[k.span(pm * BM, BM, other=-1)]
-        store_keys(cache, sl, k.reshape(codes, (BM, 128)), scales, BM)
+        norm_rope_store_keys(p1, p2, p3, ln_w, ln_b, cos, sin, had, slots, cache, eps, pm * BM, BM)
+
+
+@k.kernel(configs=PROJ_CONFIGS)
+def indexer_k_chain_parts(part: k.Tensor[k.f32, "S", "T", "128"], ln_w: k.Tensor[k.f32, "128"],
+                          ln_b: k.Tensor[k.f32, "128"], cos: k.Tensor[k.f32, "T", "R"], sin: k.Tensor[k.f32, "T", "R"],
+                          had: k.Tensor[k.f32, "128", "128"], slots: k.Tensor[k.i32, "T"], cache: k.Tensor[k.u8, "NB"],
+                          eps: k.f32, BM: k.constexpr = 16, BK: k.constexpr = 64):   # BK: unused (shared configs)
+    # The k chain after a split-K projection (ops/nn.py linear_rows_splitk of x @ wk^T into
+    # fp32 partials): sum the partials, then LayerNorm, RoPE, Hadamard, MXFP8 into the cache.
+    # Decode on a GPU: the 128 x dim weight streams through many programs instead of one.
+    for pm in k.grid(k.cdiv(part.shape[1], BM)):
+        r0 = pm * BM
+        p1 = k.zeros((BM, 32), k.f32)
+        p2 = k.zeros((BM, 32), k.f32)
+        p3 = k.zeros((BM, 64), k.f32)
+        for sg in range(part.shape[0]):
+            p1 += part[sg, k.span(r0, BM, other=0.0), k.span(0, 32)]
+            p2 += part[sg, k.span(r0, BM, other=0.0), k.span(32, 32)]
+            p3 += part[sg, k.span(r0, BM, other=0.0), k.span(64, 64)]
+        norm_rope_store_keys(p1, p2, p3, ln_w, ln_b, cos, sin, had, slots, cache, eps, r0, BM)
 
 
 @k.kernel(configs=PROJ_CONFIGS)
