@@ -219,7 +219,8 @@ def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: 
 # the NS * KP candidates and attends. Still no logits or indices in global memory, only the
 # NS lists of order keys + positions (8 B per candidate).
 
-@k.kernel(configs=[{"num_warps": 8}])
+# 8 warps: 255 registers (sm_90 ptxas); 16 warps: 128 — both one CTA per SM; the GPU autotunes.
+@k.kernel(configs=[{"num_warps": 8}, {"num_warps": 16}])
 def fused_li_select_split(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: k.Tensor[k.e8m0, "T", "HI", "DI // 32"],
                           weights: k.Tensor[k.f32, "T", "HI"], kc: k.Tensor[k.f8e4m3, "P", "PG", "DI"],
                           ksc: k.Tensor[k.e8m0, "P", "PG", "DI // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
