@@ -288,7 +288,7 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          o: k.Tensor["OT", "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],
                          l: k.Tensor[k.f32, "S", "T"], eps: k.f32,
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, OT: k.constexpr[FLOAT_INPUTS] = k.f32,
-                         NB: k.constexpr = 8, SB: k.constexpr = 8, BD: k.constexpr = 128,
+                         NB: k.constexpr = 4, SB: k.constexpr = 4, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
                          RC: k.constexpr = 0, GROUP: k.constexpr = 1, SOURCE_ROWS: k.constexpr = False,
@@ -298,7 +298,9 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
-    # SOURCE_ROWS: 1-D row tiles (_prepare_one_row_sources); SQ = the exact query count (0: SB).
+    # SOURCE_ROWS: 1-D row tiles (_prepare_one_row_sources), RC/GROUP apply to it; SQ = the exact
+    # query count (0: SB). NB/SB (sources/queries, powers of two) are always passed by the callers;
+    # the defaults (4) keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
     for t in k.grid(v.shape[1]):
         if SOURCE_ROWS:
             if SQ > 0:
