@@ -33,6 +33,10 @@ class ProgramExecutor:
                 self.argplan[nid] = [(True, program.tensor_node(v).storage) if isinstance(v, str) else (False, v)
                                      for v in (n.args[prm.name] for prm in n.kernel.params)]
         self.static_ops = [n for n in self.schedule if self.is_static(n)]
+        # reshapes whose result the memory plan placed in its source's buffer: nothing to copy
+        alias = (program.meta.get("memory_plan") or {}).get("alias", {})
+        self.elided = {n for n in self.schedule if program.node(n).kind == "host" and program.node(n).op == "reshape"
+                       and program.tensor_node(program.node(n).outputs[0]).storage in alias}
         self._launchers: dict = {}
         self._static: dict = {}                    # storage -> tensor, with the weights' identity
         self._static_key = None
@@ -150,7 +154,7 @@ class ProgramExecutor:
     def run_op(self, nid: str, env: dict) -> None:
         n = self.p.node(nid)
         if n.kind == "host":
-            if nid in self.static_ops:
+            if nid in self.static_ops or nid in self.elided:
                 return
             ins = [env[self.p.tensor_node(i).storage] for i in n.inputs]
             outs = [env[self.p.tensor_node(o).storage] for o in n.outputs]

@@ -47,12 +47,35 @@ def peak_live(p, candidates: list[str], use: dict, topo: list[str]) -> int:
     return max((sum(b for lo, hi, b in spans if lo <= i <= hi) for i in range(len(topo))), default=0)
 
 
+def reshape_aliases(p, candidates: list[str], storages: dict) -> dict[str, str]:
+    """{b: a} for each `reshape` host op from temp a to temp b that may be a view instead of a
+    copy: neither is written after it (it reads a's final version and is b's only writer), so
+    b in a's buffer (same bytes, same offset) holds exactly the reshaped elements. Chains map to
+    their first source. The executors skip these ops."""
+    cand = set(candidates)
+    alias: dict[str, str] = {}
+    for n in p.order:
+        node = p.node(n)
+        if node.kind != "host" or node.op != "reshape":
+            continue
+        src, dst = p.tensor_node(node.inputs[0]), p.tensor_node(node.outputs[0])
+        a, b = src.storage, dst.storage
+        if a in cand and b in cand and a != b and p.final(a) == src.id and p.final(b) == dst.id \
+                and dst.version == 1 and storages[a].nbytes == storages[b].nbytes:
+            alias[b] = alias.get(a, a)
+    return alias
+
+
 def memory_plan(program):
     p = program.copy()
     storages = p.storages()
     use = uses(p)
     candidates = [s for s, t in storages.items()
                   if t.kind == "temp" and s not in p.outputs and s in use]
+    alias = reshape_aliases(p, candidates, storages)
+    for b, a in alias.items():                 # b lives in a's buffer: a's uses extend over b's
+        use[a] = use[a] | use[b]
+    candidates = [s for s in candidates if s not in alias]
     dag = op_dag(p)
     anc = {n: nx.ancestors(dag, n) for n in dag}
     topo = p.ops()
@@ -76,11 +99,14 @@ def memory_plan(program):
             holders[b] = []
         holders[b].append(s)
         assign[s] = b
-    before = sum(storages[s].nbytes for s in candidates)
+    for b, a in alias.items():
+        assign[b] = assign[a]
+    before = sum(storages[s].nbytes for s in candidates) + sum(storages[b].nbytes for b in alias)
     after = sum(buffers.values())
-    p.meta["memory_plan"] = {"assign": assign, "buffers": buffers, "bytes_before": before,
+    p.meta["memory_plan"] = {"assign": assign, "alias": alias, "buffers": buffers, "bytes_before": before,
                              "bytes_after": after, "peak_live": peak_live(p, candidates, use, topo)}
     if candidates:
         p.report.append(f"memory_plan: {len(candidates)} intermediates in {len(buffers)} buffers; "
-                        f"{before} bytes -> {after} bytes (peak live {p.meta['memory_plan']['peak_live']})")
+                        f"{before} bytes -> {after} bytes (peak live {p.meta['memory_plan']['peak_live']})"
+                        + (f"; {len(alias)} reshape results share their source's buffer (no copy)" if alias else ""))
     return p
