@@ -42,7 +42,7 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 #   conversions or barriers in the chunk loops; RC chunks kept on chip between the sweeps, GROUP
 #   chunks per load burst, PREFETCH of the next burst. One 16-warp program per SM keeps the rows in
 #   flight (132 x 229 KB) inside the 50 MB L2 for the second sweep; 8 warps: two per SM; 4 warps:
-#   five per SM (second sweep mostly from DRAM). sm_90 registers (98-128, spill-free at n = 8,
+#   four or five per SM (second sweep mostly from DRAM). sm_90 registers (96-128, spill-free at n = 8,
 #   S = 6) and the reasoning: benchmarks/NOTES.md, AttnRes "v3".
 PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "SOURCE_ROWS": False,
                     "RC": 0, "GROUP": 1, "num_warps": w}
@@ -236,6 +236,8 @@ def _prepare_one_row_sources(v, q, o, m, l, eps, t, n, d, OT, NB, SB, SQ, BD, RC
         for s in k.static_range(SQ):
             qs = qs + (q[s, k.span(c * BD, BD, other=0.0)],)
         sq, acc = _accumulate_rows(kept, qs, sq, acc, c * NB, 0, NB, SQ)
+    if PREFETCH:                              # sweep 2's first burst goes out before the reduction
+        cn, xn = _reload_rows(v, t, chunks - 1, RC, d, NB, BD, GROUP)
     # one cross-thread reduction for all NB * W sums: row i * W + w of the stack is source i's dot
     # with query w (w < SQ), its sum of squares (w = SQ) or zero
     if SQ < SB:
@@ -269,8 +271,6 @@ def _prepare_one_row_sources(v, q, o, m, l, eps, t, n, d, OT, NB, SB, SQ, BD, RC
         for i in k.static_range(NB):
             ws = ws + (k.sum(k.where((slot[None, :] == s) & (k.arange(NB)[:, None] == i), e, 0.0)),)
     # reverse: the chunks read last are still cached; a chunk below RC starts past D (no traffic)
-    if PREFETCH:
-        cn, xn = _reload_rows(v, t, chunks - 1, RC, d, NB, BD, GROUP)
     for jj in range(0, chunks - RC, GROUP):
         if PREFETCH:
             cols, xs = cn, xn
