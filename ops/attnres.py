@@ -207,9 +207,10 @@ def _prepare_one_row_sources(v, q, o, m, l, eps, t, n, d, OT, NB, SB, SQ, BD, RC
     reduced once per token, and O is a sum of scalar-weighted row tiles. All tiles have one shape,
     so the compiled loops need no layout conversions (the [SB, NB, BD] broadcasts of the other
     variants move every chunk through shared memory behind barriers). SQ: the exact query count
-    (no padded query rows); sources past n load nothing and get weight 0. RC leading chunks stay
-    on chip between the sweeps, GROUP streamed chunks are loaded at once (as in the resident
-    variant)."""
+    (no padded query rows); sources past n load nothing and get weight 0. The first RC chunks of
+    the row are loaded first and stay in registers between the sweeps (read once; RC * BD >= D:
+    the whole row, the blocks read exactly once); the other chunks are read in bursts of GROUP,
+    by sweep 1 and again, in reverse order (the most recently read first: L2), by sweep 2."""
     kept = ()
     for c in k.static_range(RC):
         for i in k.static_range(NB):
