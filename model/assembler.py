@@ -141,7 +141,7 @@ class ModelRunner:
         for name, t in weights.items():
             if not any(name.endswith(f) for f in FOLDED):
                 out[weight_key(name)] = t.to(device=self.device, dtype=self.dtype).contiguous()
-        derived = {**block_queries(cfg, weights), **kda_layer.prepared_weights(cfg, weights, self.dtype),
+        derived = {**block_queries(cfg, weights), **kda_layer.prepared_weights(cfg, weights),
                    **dsa_layer.prepared_weights(cfg, weights)}
         out.update({n: t.to(device=self.device, dtype=torch.float32).contiguous() for n, t in derived.items()})
         return out

@@ -1,9 +1,11 @@
 """The KDA sublayer (docs/model.md, kind K) in a step graph: projections, the short convolutions
 with their conv state, the KDA recurrence over the fp32 state pool, output norm + gate, o_proj.
 
-  prefill  one sequence's chunk: chunk_kda's two kernels (gate and L2 norm in-kernel) with the
-           slot's state copied in as h0 and the final state copied back (`copy_state_rows`:
-           kda_chunk_state indexes its states by sequence, the pool by slot)
+  prefill  one sequence's chunk padded to its bucket: chunk_kda's two kernels (gate and L2 norm
+           in-kernel) with the slot's state copied in as h0 and the final state copied back
+           (`copy_state_rows`: kda_chunk_state indexes its states by sequence, the pool by slot);
+           the padding rows are a second varlen sequence; the conv states move by the real
+           tokens only (short_conv_commit_rows with the real length)
   decode   kda_decode_step over the pool in place, conv states updated in place
   verify   kda_decode_step with T = gamma + 1, update_state off and the replay data (k, u, g)
            written to runner-owned buffers; the conv states are only read, and the pre-conv
@@ -60,7 +62,7 @@ def gate_args(cfg):
     return GATE_SOFTPLUS, 0.0
 
 
-def prepared_weights(cfg, weights: dict, dtype) -> dict:
+def prepared_weights(cfg, weights: dict) -> dict:
     """Derived KDA weights: A_log fp32 [HV], dt_bias fp32 [HV, K] (the kernels' layouts)."""
     import torch
     out = {}
