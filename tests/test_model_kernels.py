@@ -126,6 +126,66 @@ def test_decode_indexer_key_and_weight_chains_split_k(target):
     assert max_rel_err(to_f64(w), ww, floor=1e-3 * float(np.abs(ww).max())) <= 1e-4
 
 
+def _score_inputs(g, t, n, h, pages, mp):
+    """Random query codes/scales/weights, a random flat indexer cache (finite E4M3 codes, scales
+    2^-3..2^3), a block table with an unmapped page, causal-like key ranges."""
+    from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES
+    b = t // n
+    codes = torch.randint(0, 126, (t, h, 128), generator=g, dtype=torch.uint8) | \
+        (torch.randint(0, 2, (t, h, 128), generator=g, dtype=torch.uint8) << 7)
+    q_scales = torch.randint(124, 131, (t, h, 4), generator=g, dtype=torch.uint8)
+    weights = torch.randn(t, h, generator=g)
+    cache = torch.randint(0, 126, (pages, PAGE_BYTES), generator=g, dtype=torch.uint8) | \
+        (torch.randint(0, 2, (pages, PAGE_BYTES), generator=g, dtype=torch.uint8) << 7)
+    cache[:, CODE_BYTES:] = torch.randint(124, 131, (pages, PAGE_BYTES - CODE_BYTES), generator=g, dtype=torch.uint8)
+    bt = torch.stack([torch.randperm(pages, generator=g)[:mp] for _ in range(b)]).to(torch.int32)
+    bt[0, 1] = -1
+    ke = torch.randint(1, mp * 64 + 1, (t,), generator=g, dtype=torch.int32)
+    ks = torch.minimum(torch.randint(0, 40, (t,), generator=g, dtype=torch.int32), ke - 1)
+    ke[0], ks[0] = 30, 0                                    # pages past the first: not scored
+    return codes, q_scales, weights, cache, bt, ks, ke
+
+
+def _scores_oracle(codes, q_scales, weights, cache, bt, ks, ke, n):
+    from k31dsl.ops.dsa.indexer import CODE_BYTES
+    f8 = lambda c: c.view(torch.float8_e4m3fn).double()          # noqa: E731
+    e8 = lambda s: torch.exp2(s.double() - 127)                   # noqa: E731
+    q = (f8(codes).view(*codes.shape[:2], 4, 32) * e8(q_scales)[..., None]).view(*codes.shape)
+    t, mp = codes.shape[0], bt.shape[1]
+    out = torch.full((t, mp * 64), float("-inf"), dtype=torch.float64)
+    for i in range(t):
+        for j in range(mp):
+            page = int(bt[i // n, j])
+            if page >= 0:
+                kc = f8(cache[page, :CODE_BYTES].view(64, 128).contiguous()).view(64, 4, 32)
+                kk = (kc * e8(cache[page, CODE_BYTES:].view(64, 4))[..., None]).view(64, 128)
+                sc = (torch.relu(q[i] @ kk.T) * weights[i].double()[:, None]).sum(0)
+            else:
+                sc = torch.zeros(64, dtype=torch.float64)
+            pos = torch.arange(j * 64, j * 64 + 64)
+            ok = (pos >= ks[i]) & (pos < ke[i])
+            out[i, j * 64:(j + 1) * 64] = torch.where(ok, sc, out[i, j * 64:(j + 1) * 64])
+    return out
+
+
+@pytest.mark.parametrize("target", ["numpy", "triton"])
+@pytest.mark.parametrize("nq,bf16", [(1, False), (2, True), (4, False)])
+def test_indexer_scores_flat_forms(target, nq, bf16):
+    """The step graph's indexer scoring (model/layers/dsa.py) with several tokens per program
+    and the bf16-MMA form against fp64 scores (8 tokens of 2 sequences, 3 pages of 64)."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    t, n, h, mp = 8, 4, 16, 3
+    codes, qs, w, cache, bt, ks, ke = _score_inputs(g, t, n, h, 6, mp)
+    scores = torch.empty((t, mp * 64), dtype=torch.float32)
+    dsa_layer.indexer_scores_flat._kdef[target](codes.view(torch.float8_e4m3fn), qs.view(torch.float8_e8m0fnu), w,
+                                                cache.view(-1), bt, ks, ke, scores, n, H=h, NQ=nq, MMA_BF16=bf16)
+    want = _scores_oracle(codes, qs, w, cache, bt, ks, ke, n)
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(scores), fin)
+    err = float((scores.double()[fin] - want[fin]).abs().max() / want[fin].abs().max())
+    assert err <= 1e-5, err
+
+
 # ---------------------------------------------------------------- sm_90 at the step graphs' tiles
 
 LINEAR_SPLITK_DECODE = Specialised(nn.linear_rows_splitk, BM=16, BN=32, BK=128)
@@ -136,9 +196,12 @@ SFA_COMBINE_H16 = Specialised(A.sparse_mla_attention_combine, BH=16)
 SFA_FWD_H16 = Specialised(A.sparse_mla_attention_fwd, BH=16, BK=32)
 Q_CHAIN_PREFILL = Specialised(P.indexer_q_chain, BM=64)
 K_CHAIN_PARTS = Specialised(P.indexer_k_chain_parts, BM=16)
+SCORES_PREFILL = Specialised(dsa_layer.indexer_scores_flat._kdef, H=32, NQ=4, MMA_BF16=True)
+SCORES_DECODE = Specialised(dsa_layer.indexer_scores_flat._kdef, H=32, NQ=1, MMA_BF16=True)
 
 
 def test_step_kernels_compile_for_hopper(tmp_path):
     names = ["LINEAR_SPLITK_DECODE", "LINEAR_SPLITK_B64", "LINEAR_REDUCE_SIGMOID", "SFA_SPLIT_H16",
-             "SFA_COMBINE_H16", "SFA_FWD_H16", "Q_CHAIN_PREFILL", "K_CHAIN_PARTS"]
+             "SFA_COMBINE_H16", "SFA_FWD_H16", "Q_CHAIN_PREFILL", "K_CHAIN_PARTS",
+             "SCORES_PREFILL", "SCORES_DECODE"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))

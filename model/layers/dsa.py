@@ -24,7 +24,7 @@ from k31dsl.model.config import INDEX_DIM, KV_LORA, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_split, slots_of_positions_rows, \
     sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
-from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query
+from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query, indexer_query_bf16
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_k_chain_parts, indexer_q_chain
 from k31dsl.ops.dsa.topk import topk_segments
@@ -50,26 +50,60 @@ def flat_group_logits(qg, sg, cache, base, rows, g):
     return k.dot(qg, kg.T) * sg[:, None] * sk[None, :]
 
 
-@k.kernel
+@k.func
+def flat_page_keys_bf16(cache, base, rows):
+    """The 64 keys of the page at byte `base` (< 0: none, zeros) dequantized to bf16 [64, 128]:
+    E4M3 code times its power-of-two group scale is exact in bf16."""
+    cidx = k.reshape(base + rows[:, None] * 128 + k.arange(0, 128)[None, :], (8192,))
+    codes = k.load(cache, (cidx,), mask=cidx >= 0, other=0).bitcast(k.f8e4m3).to(k.f32)
+    sidx = k.reshape(base + CODE_BYTES + rows[:, None] * 4 + k.arange(0, 4)[None, :], (256,))
+    sk = k.load(cache, (sidx,), mask=sidx >= CODE_BYTES, other=127).bitcast(k.e8m0).to(k.f32)
+    return k.reshape(k.reshape(codes, (64, 4, 32)) * k.reshape(sk, (64, 4))[:, :, None], (64, 128)).to(k.bf16)
+
+
+SCORE_CONFIGS = [{"NQ": 1, "num_warps": 4}, {"NQ": 2, "num_warps": 4}, {"NQ": 4, "num_warps": 8}]
+
+
+@k.kernel(configs=SCORE_CONFIGS)
 def indexer_scores_flat(q_codes: k.Tensor[k.f8e4m3, "T", "H", "128"], q_scales: k.Tensor[k.e8m0, "T", "H", "4"],
                         weights: k.Tensor[k.f32, "T", "H"], cache: k.Tensor[k.u8, "NB"],
                         block_table: k.Tensor[k.i32, "B", "MP"], ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"],
-                        scores: k.Tensor[k.f32, "T", "L"], n_per_seq: k.i32, H: k.constexpr = 64):
-    # Program (t, j): query token t (sequence t // n_per_seq) against logical page j of its
-    # sequence: I[t, s] = sum_h w[t,h] relu(sum_g sq sk (q8 . k8)); -inf outside [ks, ke).
-    for t, j in k.grid(q_codes.shape[0], k.cdiv(scores.shape[1], 64)):
-        page = block_table[t // n_per_seq, j]
-        base = k.where(page >= 0, page * PAGE_BYTES, -PAGE_BYTES)
-        rows = k.arange(0, 64)
-        q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t, 1, H)
-        acc = flat_group_logits(q0, s0, cache, base, rows, 0)
-        acc += flat_group_logits(q1, s1, cache, base, rows, 1)
-        acc += flat_group_logits(q2, s2, cache, base, rows, 2)
-        acc += flat_group_logits(q3, s3, cache, base, rows, 3)
-        sc = k.sum(k.relu(acc) * w[:, None], axis=0)
-        pos = j * 64 + rows
-        ok = (pos >= ks[t]) & (pos < ke[t])
-        scores[t, k.span(j * 64, 64)] = k.where(ok, sc, float("-inf"))
+                        scores: k.Tensor[k.f32, "T", "L"], n_per_seq: k.i32, H: k.constexpr = 64,
+                        NQ: k.constexpr = 1, MMA_BF16: k.constexpr = False):
+    # Program (tb, j): query tokens tb*NQ .. +NQ (one sequence: NQ divides n_per_seq) against
+    # logical page j of their sequence: I[t, s] = sum_h w[t,h] relu(sum_g sq sk (q8 . k8)); -inf
+    # outside [ks, ke). A page outside every token's range is not scored (a loop of 0 or 1
+    # trips: no runtime branches in the DSL): half of a prefill's (token, page) pairs. MMA_BF16:
+    # one bf16 dot over the 128 dims of the dequantized codes (exact) instead of 4 fp8 dots.
+    for tb, j in k.grid(k.cdiv(q_codes.shape[0], NQ), k.cdiv(scores.shape[1], 64)):
+        t0 = tb * NQ
+        tmask = t0 + k.arange(0, NQ) < q_codes.shape[0]
+        lo_t = k.load(ks, (k.span(t0, NQ),), mask=tmask, other=0)
+        hi_t = k.load(ke, (k.span(t0, NQ),), mask=tmask, other=0)
+        lo = k.min(k.where(tmask, lo_t, 2147483647))
+        hi = k.max(k.where(tmask, hi_t, 0))
+        live = ((j * 64 < hi) & (j * 64 + 64 > lo)).to(k.i32)
+        pos = j * 64 + k.arange(0, 64)
+        for _ in range(1 - live):
+            k.store(scores, (k.span(t0, NQ), k.span(j * 64, 64)), k.full((NQ, 64), float("-inf"), k.f32),
+                    mask=tmask[:, None])
+        for _ in range(live):
+            page = block_table[t0 // n_per_seq, j]
+            base = k.where(page >= 0, page * PAGE_BYTES, -PAGE_BYTES)
+            rows = k.arange(0, 64)
+            if MMA_BF16:
+                qd, w = indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H)
+                acc = k.dot(qd, flat_page_keys_bf16(cache, base, rows).T)
+            else:
+                q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
+                acc = flat_group_logits(q0, s0, cache, base, rows, 0)
+                acc += flat_group_logits(q1, s1, cache, base, rows, 1)
+                acc += flat_group_logits(q2, s2, cache, base, rows, 2)
+                acc += flat_group_logits(q3, s3, cache, base, rows, 3)
+            sc = k.sum(k.reshape(k.relu(acc) * w[:, None], (NQ, H, 64)), axis=1)
+            ok = (pos[None, :] >= lo_t[:, None]) & (pos[None, :] < hi_t[:, None])
+            k.store(scores, (k.span(t0, NQ), k.span(j * 64, 64)), k.where(ok, sc, float("-inf")),
+                    mask=tmask[:, None])
 
 
 indexer_scores_flat = memo(indexer_scores_flat)
@@ -163,7 +197,10 @@ def add_dsa(g, l, x):
     L = g.shape.max_pages * 64
     n = g.shape.q_len
     scores = g.tensor(f"l{l}_idx_scores", (T, L), k.f32)
-    scores = p.call(indexer_scores_flat, qc, qs, iw, icache, g.block_table, g.ks, g.ke, scores, n, H=HI)
+    # GPU: bf16 MMA over all 128 dims; prefill several tokens per program (NQ divides q_len)
+    nq = min(4, n & -n) if g.gpu else 1
+    scores = p.call(indexer_scores_flat, qc, qs, iw, icache, g.block_table, g.ks, g.ke, scores, n, H=HI, NQ=nq,
+                    MMA_BF16=g.gpu)
     topk = cfg.index_topk
     kp = max(16, next_pow2(topk))
     pos = g.tensor(f"l{l}_topk_pos", (T, topk), k.i32)
