@@ -124,7 +124,8 @@ class ModelRunner:
             else bool(graph_mode)
         # what the step programs depend on besides the shape class: the config, the sizes of the
         # caches and state pools (their shapes are in the program), and the target only where a
-        # builder asks it (DSA heads per program on ascendc)
+        # builder asks it (DSA heads per program on ascendc; the GPU tiles and split forms when
+        # the weights are on CUDA, model/layers/common.py StepGraph.gpu)
         self._flavour = (config.digest(), self.dtype, num_pages, num_slots,
                          "ascendc" if self.target == "ascendc" else "gpu" if self.device.type == "cuda" else "any")
         self._graphs: dict = {}         # ShapeClass -> (CUDAGraph, static inputs, logits)
