@@ -15,8 +15,9 @@ class and cached. Shape classes:
            nothing is written, key range empty, the spare state row), pages as above
   verify   the same buckets x (gamma + 1) tokens; KDA/conv states stay untouched until `commit`,
            which runs a small commit program (replay of the accepted prefix)
-On CUDA (target triton with a GPU) each decode program is captured as one torch.cuda.CUDAGraph
-after a warm-up run and replayed (graph mode): the step's inputs are copied into static buffers.
+On CUDA (target triton with a GPU) each decode and verify program is captured as one
+torch.cuda.CUDAGraph after a warm-up run and replayed (graph mode): the step's inputs are copied
+into static buffers.
 
 State the runner owns: per DSA layer the paged MLA latent cache and the paged indexer cache
 (physical slot = page * 64 + pos % 64 from the Step's block tables); per KDA layer the fp32 state
@@ -277,12 +278,12 @@ class ModelRunner:
                 feed[name] = self.weights[name]
             elif t.kind == "input":
                 feed[name] = step_inputs[name] if name in step_inputs else extra[name]
-        if self.graph_mode and shape.kind == "decode":
+        if self.graph_mode and shape.kind in ("decode", "verify"):
             return self._run_captured(shape, exe, feed, step_inputs)
         return exe(feed)
 
     def _run_captured(self, shape, exe, feed: dict, step_inputs: dict) -> dict:
-        """Graph mode: capture the whole decode program once per shape class (after a warm-up run
+        """Graph mode: capture the whole decode (or verify) program once per shape class (after a warm-up run
         that compiles every kernel and allocates the executable's buffers), then copy the step's
         inputs into the captured static buffers and replay."""
         hit = self._graphs.get(shape)
