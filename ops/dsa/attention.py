@@ -132,6 +132,19 @@ def mla_cache_write_rows(kv: k.Tensor["XT", "N", "DL"], kr: k.Tensor["RT", "N", 
 
 
 @k.func
+def live_blocks(indices, t, n_slots, BK):
+    """Blocks of BK indices of query t up to the last valid one: top-k lists come compacted
+    (-1 padding at the end), so e.g. a 1024-token context under top-k 2048 walks half of them.
+    (Any -1 / out-of-range entries before the last valid one are still masked block by block.)"""
+    last = 0
+    for j in range(k.cdiv(indices.shape[1], 1024)):
+        idx = indices[t, k.span(j * 1024, 1024, other=-1)]
+        ok = (idx >= 0) & (idx < n_slots)
+        last = k.maximum(last, k.max(k.where(ok, j * 1024 + k.arange(0, 1024) + 1, 0)))
+    return k.cdiv(last, BK)
+
+
+@k.func
 def empty_online_state(BH):
     """(running max, running sum, the four 128-column output accumulators) before any key."""
     return (k.full((BH,), float("-inf"), k.f32), k.zeros((BH,), k.f32), k.zeros((BH, 128), k.f32),
@@ -150,7 +163,7 @@ def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
         m, l, a0, a1, a2, a3 = empty_online_state(BH)
         n_slots = codes.shape[0]
-        for j in range(k.cdiv(indices.shape[1], BK)):
+        for j in range(live_blocks(indices, t, n_slots, BK)):
             idx = indices[t, k.span(j * BK, BK, other=-1)]
             valid = (idx >= 0) & (idx < n_slots)
             m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
@@ -166,16 +179,18 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
                                QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64,
                                BK: k.constexpr = 32):
     # Flash-decoding: program (t, head block, segment s) folds index blocks
-    # [s * per, (s + 1) * per) of query t (per = cdiv(blocks, NS); the last segments may be
-    # short or empty) and writes its normalised output and lse (-inf: no valid index) to
-    # part_o[s] / part_lse[s]; sparse_mla_attention_combine merges the segments.
+    # [s * per, (s + 1) * per) of query t (per = cdiv(live blocks, NS): the blocks up to the
+    # last valid index are shared out; the last segments may be short or empty) and writes its
+    # normalised output and lse (-inf: no valid index) to part_o[s] / part_lse[s];
+    # sparse_mla_attention_combine merges the segments.
     for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_o.shape[0]):
         h0 = hb * BH
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
         m, l, a0, a1, a2, a3 = empty_online_state(BH)
         n_slots = codes.shape[0]
-        per = k.cdiv(k.cdiv(indices.shape[1], BK), part_o.shape[0])
-        for j in range(per):
+        live = live_blocks(indices, t, n_slots, BK)
+        per = k.cdiv(live, part_o.shape[0])
+        for j in range(k.maximum(k.minimum(per, live - sg * per), 0)):
             j0 = (sg * per + j) * BK
             idx = indices[t, k.span(j0, BK, other=-1)]
             valid = (idx >= 0) & (idx < n_slots)
@@ -442,13 +457,14 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
     out = []
     for T, H, K, pages, qdt, scale, split in ((3, 5, 40, 3, torch.bfloat16, 0.135234, 1),
                                               (2, 20, 70, 2, torch.float32, 0.05, 1),
-                                              (2, 5, 100, 2, torch.bfloat16, 0.135234, 3)):
+                                              (3, 5, 100, 2, torch.bfloat16, 0.135234, 3)):
         n = pages * PAGE
         cache = new_mla_cache(pages)
         mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
                         torch.arange(n, dtype=torch.int32), target="numpy")
         q = torch.randn(T, H, LATENT + ROPE, generator=g).to(qdt)
         idx = torch.randint(-3, n + 5, (T, K), generator=g, dtype=torch.int32)   # -1.. and past the end
+        idx[1, K // 3:] = -1                          # a compacted top-k list: -1 padding at the end
         idx[-1] = -1                                                             # a lonely query
         if split > 1:
             idx[0, : K // 2] = -1                       # query 0: its first segments hold no valid index
