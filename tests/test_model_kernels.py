@@ -17,6 +17,7 @@ from k31dsl.model.weights import init_weights
 from k31dsl.ops import nn
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa import prolog as P
+from k31dsl.ops.testing import device_for
 
 from hopper import Specialised, assert_compiles_for_hopper
 
@@ -87,14 +88,15 @@ def test_gpu_step_forms_match_reference(monkeypatch):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False)
+        runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False,
+                             device=device_for("triton"))
         got, want = _forward_greedy(runner, ReferenceModel(TINY, weights, num_slots=3), prompt, 1)
     finally:
         torch.set_num_threads(n)
     prog = runner._after_passes(common.ShapeClass("decode", 1, 1, 1))
     text = str(prog)
     assert "linear_rows_splitk" in text and "sparse_mla_attention_split" in text and "indexer_k_chain_parts" in text
-    errs = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)]
+    errs = [float((a.cpu() - b.cpu()).abs().max() / b.abs().max()) for a, b in zip(got, want)]
     assert max(errs) <= 1e-2, f"seed {seed}: {errs}"
 
 
@@ -109,15 +111,19 @@ def test_decode_indexer_key_and_weight_chains_split_k(target):
     ref = load_oracle("dsa_indexer")
     g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
     t, dm, ql, h = 7, 160, 64, 16
-    x, qr, wq, wk, lw, lb, wp, cos, sin, cache, slots = C.prolog_inputs(t, dm, ql, h, g)
+    x, qr, wq, wk, lw, lb, wp, cos, sin, cache, slots = C.prolog_inputs(t, dm, ql, h, g)   # CPU: for the oracle
+    dev = device_for(target)
+    xd, wkd, lwd, lbd, wpd, cosd, sind, cached, slotsd = (
+        a.to(dev) for a in (x, wk, lw, lb, wp, cos, sin, cache, slots))
     split = 3
-    kpart = torch.empty((split, t, 128), dtype=torch.float32)
-    nn.linear_rows_splitk[target](x, wk, kpart, BM=16, BN=32, BK=32)
-    P.indexer_k_chain_parts[target](kpart, lw, lb, cos, sin, P.hadamard_matrix(), slots, cache.view(-1), 1e-6)
-    wpart = torch.empty((split, t, h), dtype=torch.float32)
-    w = torch.empty((t, h), dtype=torch.float32)
-    nn.linear_rows_splitk[target](x, wp, wpart, BM=16, BN=32, BK=32)
+    kpart = torch.empty((split, t, 128), dtype=torch.float32, device=dev)
+    nn.linear_rows_splitk[target](xd, wkd, kpart, BM=16, BN=32, BK=32)
+    P.indexer_k_chain_parts[target](kpart, lwd, lbd, cosd, sind, P.hadamard_matrix(dev), slotsd, cached.view(-1), 1e-6)
+    wpart = torch.empty((split, t, h), dtype=torch.float32, device=dev)
+    w = torch.empty((t, h), dtype=torch.float32, device=dev)
+    nn.linear_rows_splitk[target](xd, wpd, wpart, BM=16, BN=32, BK=32)
     nn.linear_splitk_reduce[target](wpart, w, h ** -0.5)
+    cache = cached.cpu()                                           # the indexer keys the chain wrote
     _, kk, ww = ref.prolog_values(*[to_f64(a) for a in (x, qr, wq, wk, lw, lb, wp, cos, sin)])
     keep = [i for i in range(t) if slots[i] >= 0]
     kc = np.stack([ref.cache_token(cache.numpy(), slots[i])[0] for i in keep])
@@ -176,9 +182,12 @@ def test_indexer_scores_flat_forms(target, nq, bf16):
     g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
     t, n, h, mp = 8, 4, 16, 3
     codes, qs, w, cache, bt, ks, ke = _score_inputs(g, t, n, h, 6, mp)
-    scores = torch.empty((t, mp * 64), dtype=torch.float32)
-    dsa_layer.indexer_scores_flat._kdef[target](codes.view(torch.float8_e4m3fn), qs.view(torch.float8_e8m0fnu), w,
-                                                cache.view(-1), bt, ks, ke, scores, n, H=h, NQ=nq, MMA_BF16=bf16)
+    dev = device_for(target)
+    scores = torch.empty((t, mp * 64), dtype=torch.float32, device=dev)
+    cd, qd, wd, kd, btd, ksd, ked = (a.to(dev) for a in (codes, qs, w, cache, bt, ks, ke))
+    dsa_layer.indexer_scores_flat._kdef[target](cd.view(torch.float8_e4m3fn), qd.view(torch.float8_e8m0fnu), wd,
+                                                kd.view(-1), btd, ksd, ked, scores, n, H=h, NQ=nq, MMA_BF16=bf16)
+    scores = scores.cpu()
     want = _scores_oracle(codes, qs, w, cache, bt, ks, ke, n)
     fin = torch.isfinite(want)
     assert torch.equal(torch.isfinite(scores), fin)

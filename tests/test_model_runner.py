@@ -23,6 +23,7 @@ from k31dsl.model.config import TINY
 from k31dsl.model.reference import ReferenceModel
 from k31dsl.model.step import Step
 from k31dsl.model.weights import init_weights
+from k31dsl.ops.testing import device_for
 
 TOL = 1e-2
 PROMPT_LEN, DECODE_STEPS = 16, 8     # 16: one prefill bucket for every test here (padding is tested by the chunked and batch tests)
@@ -59,15 +60,16 @@ def model(request):
 
 def greedy_run(runner, prompt, steps, slot=1, page=2, reference=None):
     """Prefill `prompt` then `steps` greedy decode steps; returns (tokens, runner logits per step,
-    reference logits per step) — the reference is fed the runner's tokens (teacher forcing)."""
+    reference logits per step), logits on the CPU — the reference is fed the runner's tokens
+    (teacher forcing)."""
     st = Step("prefill", [prompt], [0], [slot], [[page]])
-    got, want = [runner.forward(st)], [reference.forward(st)] if reference else []
+    got, want = [runner.forward(st).cpu()], [reference.forward(st).cpu()] if reference else []
     tokens, ctx = [int(got[-1][-1].argmax())], len(prompt)
     for _ in range(steps):
         st = Step("decode", [[tokens[-1]]], [ctx], [slot], [[page]])
-        got.append(runner.forward(st))
+        got.append(runner.forward(st).cpu())
         if reference:
-            want.append(reference.forward(st))
+            want.append(reference.forward(st).cpu())
         tokens.append(int(got[-1][-1].argmax()))
         ctx += 1
     return tokens, got, want
@@ -78,7 +80,7 @@ def runs(model):
     """One greedy run per target (prefill + DECODE_STEPS decodes), with the reference alongside."""
     out = {}
     for target in ("numpy", "triton"):
-        runner = ModelRunner(TINY, model["weights"], target, **SIZES)
+        runner = ModelRunner(TINY, model["weights"], target, **SIZES, device=device_for(target))
         ref = ReferenceModel(TINY, model["weights"], num_slots=3)
         out[target] = greedy_run(runner, model["prompt"], DECODE_STEPS, reference=ref)
     return out

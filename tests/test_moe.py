@@ -12,7 +12,7 @@ import k31dsl as k
 from k31dsl import K31Error
 from k31dsl.lowering.graph import Program, compile_program
 from k31dsl.ops import moe as mo
-from k31dsl.ops.testing import load_oracle, to_f64
+from k31dsl.ops.testing import device_for, load_oracle, to_f64
 
 from hopper import Specialised, assert_compiles_for_hopper
 
@@ -25,17 +25,19 @@ def _gen(rng):
 
 
 def _route(x, router, top_k, target, plan):
-    """Run the router and align kernels alone -> (ids, wgt, pair_row, row_tok, blk_exp, chunk_cnt)."""
-    m = x.shape[0]
-    ids = torch.empty((m, top_k), dtype=torch.int32)
-    wgt = torch.empty((m, top_k), dtype=torch.float32)
-    pair_row = torch.empty((m, top_k), dtype=torch.int32)
-    row_tok = torch.full((plan.rows,), 12345, dtype=torch.int32)      # every row must be written
-    blk_exp = torch.full((plan.nb,), 12345, dtype=torch.int32)
-    chunk_cnt = torch.full((plan.g, plan.ep), 12345, dtype=torch.int32)
+    """Run the router and align kernels alone (on the target's device) -> (ids, wgt, pair_row,
+    row_tok, blk_exp, chunk_cnt) as NumPy."""
+    m, dev = x.shape[0], device_for(target)
+    x, router = x.to(dev), router.to(dev)
+    ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
+    wgt = torch.empty((m, top_k), dtype=torch.float32, device=dev)
+    pair_row = torch.empty((m, top_k), dtype=torch.int32, device=dev)
+    row_tok = torch.full((plan.rows,), 12345, dtype=torch.int32, device=dev)      # every row must be written
+    blk_exp = torch.full((plan.nb,), 12345, dtype=torch.int32, device=dev)
+    chunk_cnt = torch.full((plan.g, plan.ep), 12345, dtype=torch.int32, device=dev)
     mo.moe_router[target](x, router, ids, wgt, chunk_cnt, **plan.router_cx())
     mo.moe_align[target](ids, chunk_cnt, pair_row, row_tok, blk_exp, plan.e, **plan.align_cx())
-    return [t.numpy() for t in (ids, wgt, pair_row, row_tok, blk_exp, chunk_cnt)]
+    return [t.cpu().numpy() for t in (ids, wgt, pair_row, row_tok, blk_exp, chunk_cnt)]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -103,10 +105,10 @@ def test_add_moe_in_a_program_equals_moe(target, rng):
     """Two MoE layers built with add_moe, run through the target's default graph passes: the
     same values as two `moe` calls (the same kernels and tiles), and near the fp64 oracle."""
     m, d, f, fs, e, top_k = 13, 40, 24, 20, 5, 2
-    g = _gen(rng)
+    g, dev = _gen(rng), device_for(target)
     layers = []
     for _ in range(2):
-        args = mo.moe_inputs(m, d, f, fs, e, top_k, "f32", "random", g)
+        args = [a.to(dev) for a in mo.moe_inputs(m, d, f, fs, e, top_k, "f32", "random", g)]
         layers.append(dict(zip(mo.MOE_WEIGHTS, args[1:])))
     x = args[0]
     exe = compile_program(_program(m, d, layers, top_k, 2, k.f32, target), target)

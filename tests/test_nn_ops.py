@@ -14,7 +14,7 @@ from k31dsl import K31Error
 from k31dsl.ops import nn
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa import mla
-from k31dsl.ops.testing import load_oracle, to_f64
+from k31dsl.ops.testing import device_for, load_oracle, to_f64
 
 from hopper import Specialised, assert_compiles_for_hopper
 
@@ -28,6 +28,11 @@ def _gen(rng):
 
 def _rel(got, want):
     return float(np.abs(to_f64(got) - want).max() / np.abs(want).max())
+
+
+def _on(dev, *ts):
+    """The tensors on `dev` (made on the CPU first, so the seeded draws do not depend on it)."""
+    return [t.to(dev) for t in ts]
 
 
 # ---------------------------------------------------------------- oracles vs torch
@@ -75,10 +80,10 @@ def test_oracles_match_torch(rng):
 @pytest.mark.parametrize("target", TARGETS)
 def test_linear_small_tiles_every_act(target, rng):
     """Many ragged tiles in each direction (M, N, K not multiples of 16), every activation."""
-    g = _gen(rng)
-    x, w = torch.randn(37, 50, generator=g), torch.randn(40, 50, generator=g) * 0.2
+    g, dev = _gen(rng), device_for(target)
+    x, w = _on(dev, torch.randn(37, 50, generator=g), torch.randn(40, 50, generator=g) * 0.2)
     for act in nn.ACTS:
-        y = torch.full((37, 40), float("nan"))
+        y = torch.full((37, 40), float("nan"), device=dev)
         nn.linear_rows[target](x, w, y, ACT=act, BM=16, BN=16, BK=16)
         assert _rel(y, ref.linear(to_f64(x), to_f64(w), act)) < 1e-5, act
 
@@ -99,11 +104,10 @@ def test_linear_edge_shapes():
 def test_short_conv_chunks_equal_whole(target, rng):
     """A sequence fed as chunks of 4, 1, 1, 5 tokens (state carried in the pool) gives the outputs
     and final state of one call over all 11; the other slot is left alone."""
-    g = _gen(rng)
+    g, dev = _gen(rng), device_for(target)
     c = 24
-    x, w = torch.randn(1, 11, c, generator=g), torch.randn(c, 4, generator=g)
-    pool = torch.randn(3, 3, c, generator=g)
-    slots = torch.tensor([2], dtype=torch.int32)
+    x, w = _on(dev, torch.randn(1, 11, c, generator=g), torch.randn(c, 4, generator=g))
+    pool, slots = _on(dev, torch.randn(3, 3, c, generator=g), torch.tensor([2], dtype=torch.int32))
     whole_pool = pool.clone()
     whole = nn.short_conv(x, w, whole_pool, slots, target=target)
     parts, t0 = [], 0
@@ -124,6 +128,7 @@ def test_short_conv_every_tile_height(target, rng):
     pool = torch.randn(3, 3, 20, generator=g)
     slots = torch.tensor([2, -1], dtype=torch.int32)
     want_y, want_s = ref.short_conv(to_f64(x), to_f64(w), to_f64(pool), slots.numpy())
+    x, w, pool, slots = _on(device_for(target), x, w, pool, slots)
     for bt in (2, 4):
         st, y = pool.clone(), torch.full_like(x, float("nan"))
         nn.short_conv_rows[target](x, w, st, slots, y, BT=bt, BC=16)
@@ -135,12 +140,12 @@ def test_verify_then_commit_equals_accepted_tokens_only(target, rng):
     """Speculative rollback: a verify over 4 draft tokens (update=False) and a commit of the
     first a accepted ones leaves the state that running only those a tokens would leave, and the
     verify's first a outputs are theirs."""
-    g = _gen(rng)
+    g, dev = _gen(rng), device_for(target)
     n, t, c = 4, 4, 20
-    x, w = torch.randn(n, t, c, generator=g, dtype=torch.float32), torch.randn(c, 4, generator=g)
-    pool = torch.randn(5, 3, c, generator=g)
-    slots = torch.tensor([3, 0, 4, 1], dtype=torch.int32)
-    accepted = torch.tensor([0, 1, 3, 4], dtype=torch.int32)
+    x, w = _on(dev, torch.randn(n, t, c, generator=g, dtype=torch.float32), torch.randn(c, 4, generator=g))
+    pool = torch.randn(5, 3, c, generator=g).to(dev)
+    slots = torch.tensor([3, 0, 4, 1], dtype=torch.int32, device=dev)
+    accepted = torch.tensor([0, 1, 3, 4], dtype=torch.int32, device=dev)
     before = pool.clone()
     y = nn.short_conv(x, w, pool, slots, update=False, target=target)
     assert torch.equal(pool, before)                                    # a verify never writes state
@@ -162,23 +167,24 @@ def test_mla_chain_equals_multi_head_attention(target, rng):
     """kv row -> FP8 paged cache -> absorbed query -> sparse attention over every earlier position
     -> value up-projection equals MHA written out in fp64 with explicit keys k_h = [c W_uk[h],
     k_pe] and values c W_uv[h]^T over the dequantized cache latents (docs/model.md, DSA)."""
-    g = _gen(rng)
+    g, dev = _gen(rng), device_for(target)
     t, h, dn, dv = 6, 2, 32, 24
     scale = (dn + 64) ** -0.5
     pos = torch.arange(t, dtype=torch.int32) + 3
-    cos, sin = mla.rope_table(pos, 10000.0, target=target)
+    cos, sin = mla.rope_table(pos.to(dev), 10000.0, target=target)
     kv = torch.randn(t, 576, generator=g)
     q = torch.randn(t, h, dn + 64, generator=g)
     w_uk, w_uv = torch.randn(h, dn, 512, generator=g) * dn ** -0.5, torch.randn(h, dv, 512, generator=g) * 0.05
-    lat, kr = mla.mla_kv(kv, 1 + 0.1 * torch.randn(512, generator=g), cos, sin, target=target)
-    cache = A.new_mla_cache(1)
-    A.mla_cache_write(cache, lat, kr, torch.arange(t, dtype=torch.int32), target=target)
-    big_q = mla.mla_absorb_q(q, w_uk, cos, sin, out_dtype=torch.bfloat16, target=target)
+    kv_norm = 1 + 0.1 * torch.randn(512, generator=g)
+    lat, kr = mla.mla_kv(*_on(dev, kv, kv_norm), cos, sin, target=target)
+    cache = A.new_mla_cache(1, device=dev)
+    A.mla_cache_write(cache, lat, kr, torch.arange(t, dtype=torch.int32, device=dev), target=target)
+    big_q = mla.mla_absorb_q(*_on(dev, q, w_uk), cos, sin, out_dtype=torch.bfloat16, target=target)
     idx = torch.where(torch.arange(8)[None, :] <= torch.arange(t)[:, None], torch.arange(8)[None, :], -1).int()
-    o, _ = A.sparse_mla_attention(big_q, cache, idx, scale, target=target)
-    y = mla.mla_out(o, w_uv.to(torch.bfloat16), out_dtype=torch.float32, target=target)
+    o, _ = A.sparse_mla_attention(big_q, cache, idx.to(dev), scale, target=target)
+    y = mla.mla_out(o, w_uv.to(dev, torch.bfloat16), out_dtype=torch.float32, target=target)
 
-    c_s, kpe = load_oracle("dsa_attention").mla_cache_decode(cache.numpy())
+    c_s, kpe = load_oracle("dsa_attention").mla_cache_decode(cache.cpu().numpy())
     c_s, kpe = c_s[:t], kpe[:t]
     cd, sd = ref.rope_table(pos.numpy(), 10000.0)
     q64, wuk, wuv = to_f64(q), to_f64(w_uk), to_f64(w_uv.to(torch.bfloat16))
