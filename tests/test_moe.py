@@ -103,7 +103,9 @@ def _program(m, d, weights, top_k, layers: int, dtype, target):
 @pytest.mark.parametrize("target", TARGETS + ["ascendc"])
 def test_add_moe_in_a_program_equals_moe(target, rng):
     """Two MoE layers built with add_moe, run through the target's default graph passes: the
-    same values as two `moe` calls (the same kernels and tiles), and near the fp64 oracle."""
+    same values as two `moe` calls (the same kernels and tiles), and near the fp64 oracle. On a
+    GPU `moe` autotunes its tiles (the program keeps the plan's), so there the two agree to fp32
+    summation order only."""
     m, d, f, fs, e, top_k = 13, 40, 24, 20, 5, 2
     g, dev = _gen(rng), device_for(target)
     layers = []
@@ -119,7 +121,10 @@ def test_add_moe_in_a_program_equals_moe(target, rng):
     for w in layers:
         want = mo.moe(want, *(w[n] for n in mo.MOE_WEIGHTS), top_k, target=target)
         oracle = ref.moe(oracle, *(to_f64(w[n]) for n in mo.MOE_WEIGHTS), top_k)
-    assert torch.equal(got, want)
+    if dev == "cpu":
+        assert torch.equal(got, want)
+    else:
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
     assert np.abs(to_f64(got) - oracle).max() <= 1e-4 * np.abs(oracle).max()
     assert sum(1 for nid in exe.p.calls()) == 12
 
