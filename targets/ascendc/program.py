@@ -35,7 +35,7 @@ class AscendcProgram(ProgramExecutor):
         self._groups: dict = {}
 
     def build_options(self) -> dict:
-        return {k: v for k, v in self.options.items() if k == "cores"}
+        return {k: v for k, v in self.options.items() if k in ("cores", "opt")}
 
     def host_files(self) -> dict[str, str]:
         return host_files(self.p)
@@ -52,7 +52,8 @@ class AscendcProgram(ProgramExecutor):
         import ctypes
         gid = self.p.node(unit[0]).attrs["group"]
         if gid not in self._groups:
-            self._groups[gid] = _build_group(self.p, unit, int(self.options.get("cores", _default_cores())))
+            self._groups[gid] = _build_group(self.p, unit, int(self.options.get("cores", _default_cores())),
+                                             self.options.get("opt"))
         fn = self._groups[gid]
         ptrs = [a.data_ptr() for nid in unit for a in self.args(nid, env) if hasattr(a, "data_ptr")]
         arr = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
@@ -255,11 +256,13 @@ def _default_cores() -> int:
     return DEFAULT_CORES
 
 
-def _build_group(p, unit: list[str], cores: int):
+def _build_group(p, unit: list[str], cores: int, opt: str | None = None):
     """The group's SyncAll entry built for the emulator with the program's static shapes and
     scalars baked into the tilings: a callable taking the tensors' data pointers (members' tensor
-    parameters in order) that returns the launch status."""
+    parameters in order) that returns the launch status. Optimisation level as single kernels
+    (runtime.build): `opt`, else K31_ASCENDC_OPT, else build.BASE_FLAGS' -O2."""
     import ctypes
+    import os
 
     from k31dsl.lowering.pipeline import run_pipeline
     from k31dsl.targets.ascendc import build as emu_build
@@ -290,7 +293,9 @@ def _build_group(p, unit: list[str], cores: int):
     lines.append(f"  return k31emu::Launch(static_cast<uint32_t>(blocks), [&]() {{ {entry}({', '.join(args)}); }});")
     lines.append("}")
     files[f"{entry}_emu.cpp"] = "#include <algorithm>\n#include <vector>\n" + "\n".join(lines) + "\n"
-    lib = emu_build.build(translation_unit(files, entry), name=entry, extra_flags=("-fwrapv", "-ffp-contract=off"))
+    opt = opt or os.environ.get("K31_ASCENDC_OPT", "")
+    lib = emu_build.build(translation_unit(files, entry), name=entry,
+                          extra_flags=(*((opt,) if opt else ()), "-fwrapv", "-ffp-contract=off"))
     fn = getattr(lib, f"k31_launch_{entry}")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
