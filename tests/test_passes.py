@@ -576,3 +576,25 @@ def test_stream_limit_from_the_environment(monkeypatch):
     monkeypatch.setenv("K31_MAX_STREAMS", "1")
     s = streams(indexer_prolog_shaped())
     assert s.meta["streams"]["count"] == 1 and s.meta["streams"]["events"] == []
+
+
+def test_ascendc_group_of_two_specialisations_of_one_kernel():
+    """A launch group running linear_rows twice at different constexprs (activation, tiles; the
+    model's KDA gate chain f_a -> f_b): each member runs its own specialisation (the emitted code is
+    named after the kernel, so the second is renamed), not the last one's code for both."""
+    from k31dsl.ops.nn import linear_rows
+    M, D, R, N = 3, 40, 24, 56
+    ins = dict(x=rand(M, D), w1=rand(R, D), w2=rand(N, R))
+    p = Program("chain")
+    x = p.input("x", (M, D), k.f32)
+    w1, w2 = p.weight("w1", (R, D), k.f32), p.weight("w2", (N, R), k.f32)
+    h, y = p.tensor("h", (M, R), k.f32), p.tensor("y", (M, N), k.f32)
+    f32 = dict(XT=k.f32, WT=k.f32, YT=k.f32, BM=16)
+    h = p.call(linear_rows, x, w1, h, ACT="sigmoid", BN=32, BK=64, **f32)
+    y = p.call(linear_rows, h, w2, y, ACT="none", BN=64, BK=32, **f32)
+    p.output(y)
+    ex = compile_program(p, "ascendc")
+    on = ex({n: v.clone() for n, v in ins.items()})
+    assert ex.launches == 1 and "K31Kernel_linear_rows_v1" in ex._groups["g0"].source
+    want = torch.sigmoid(ins["x"].double() @ ins["w1"].double().T) @ ins["w2"].double().T
+    torch.testing.assert_close(on["y"].double(), want, rtol=1e-4, atol=1e-5)

@@ -93,10 +93,10 @@ def _buffer_index(p) -> tuple[dict[str, int], list[str]]:
     return index, lines
 
 
-def _tiling(p, nid: str, var: str, bufs: dict) -> list[str]:
+def _tiling(p, nid: str, var: str, bufs: dict, kernel=None) -> list[str]:
     """Host lines filling K31Tiling_<kernel> for one call with the program's static shapes."""
     n = p.node(nid)
-    k = n.kernel
+    k = kernel or n.kernel
     lines = [f"  K31Tiling_{k.name} {var}{{}};"]
     for prm in k.params:
         v = n.args[prm.name]
@@ -235,14 +235,33 @@ def _entry_decl(p, entry: str, unit: list[str]) -> str:
             ", ".join(_entry_params(p, unit) + ["GM_ADDR workspace"] + tilings) + ");")
 
 
-def _group_entry(p, entry: str, unit: list[str]) -> str:
-    """One kernel entry running the group's sub-kernels with a grid barrier between them."""
+def _group_kernels(p, unit: list[str]) -> dict:
+    """nid -> the kernel the group's entry runs. Two members may be specialisations of one kernel
+    (linear_rows at two tile sizes): the emitted class, tiling and files are named after the
+    kernel, so every specialisation after a name's first gets a suffix (`linear_rows_v1`), or the
+    last one's code would run for all of them."""
+    import dataclasses
+    out, seen = {}, {}
+    for nid in unit:
+        k = p.node(nid).kernel
+        specs = seen.setdefault(k.name, [])
+        i = next((j for j, other in enumerate(specs) if other is k), None)
+        if i is None:
+            i = len(specs)
+            specs.append(k)
+        out[nid] = k if i == 0 else dataclasses.replace(k, name=f"{k.name}_v{i}")
+    return out
+
+
+def _group_entry(p, entry: str, unit: list[str], kernels: dict | None = None) -> str:
+    """One kernel entry running the group's sub-kernels with a grid barrier between them
+    (`kernels`: nid -> kernel to run, default the node's)."""
     lines = [f"// launch group {p.node(unit[0]).attrs['group']}: {' then '.join(unit)}; every block reaches each",
              "// SyncAll(), so a sub-kernel starts only when the previous one has finished everywhere.",
              f'extern "C" __global__ __aicore__ void {entry}(' +
              ", ".join(_entry_params(p, unit) + ["GM_ADDR workspace"] + [f"GM_ADDR tiling{i}" for i in range(len(unit))]) + ") {"]
     for i, nid in enumerate(unit):
-        k = p.node(nid).kernel
+        k = (kernels or {}).get(nid) or p.node(nid).kernel
         args = [f"k{i}_{q.name}" for q in k.params if q.is_tensor] + ["workspace", f"tiling{i}"]
         if i:
             lines.append("  AscendC::SyncAll();")
@@ -271,15 +290,16 @@ def _build_group(p, unit: list[str], cores: int, opt: str | None = None):
     gid = _ident(p.node(unit[0]).attrs["group"])
     entry = f"k31_group_{_ident(p.name)}_{gid}"
     files: dict[str, str] = {}
+    kernels = _group_kernels(p, unit)
     for nid in unit:
-        files.update(emit_all(run_pipeline(p.node(nid).kernel, "ascendc")))
+        files.update(emit_all(run_pipeline(kernels[nid], "ascendc")))
     lines = ['#include "kernel_operator.h"']
-    lines += [f'#include "{k}_kernel.cpp"' for k in dict.fromkeys(p.node(n).kernel.name for n in unit)]
-    lines.append(_group_entry(p, entry, unit))
+    lines += [f'#include "{k}_kernel.cpp"' for k in dict.fromkeys(kernels[n].name for n in unit)]
+    lines.append(_group_entry(p, entry, unit, kernels))
     lines.append(f'extern "C" int k31_launch_{entry}(void** ptrs) {{')
     lines.append(f"  const int64_t cores = {cores};")
     for i, nid in enumerate(unit):
-        lines += _tiling(p, nid, f"td{i}", {})
+        lines += _tiling(p, nid, f"td{i}", {}, kernels[nid])
     tds = [f"td{i}" for i in range(len(unit))]
     lines.append("  int64_t blocks = 0, work = 0;")
     for t in tds:
