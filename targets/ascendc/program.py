@@ -253,19 +253,23 @@ def _group_kernels(p, unit: list[str]) -> dict:
     return out
 
 
-def _group_entry(p, entry: str, unit: list[str], kernels: dict | None = None) -> str:
+def _group_entry(p, entry: str, unit: list[str], kernels: dict | None = None, ids: bool = True) -> str:
     """One kernel entry running the group's sub-kernels with a grid barrier between them
-    (`kernels`: nid -> kernel to run, default the node's)."""
-    lines = [f"// launch group {p.node(unit[0]).attrs['group']}: {' then '.join(unit)}; every block reaches each",
+    (`kernels`: nid -> kernel to run, default the node's; `ids`: name the group and nodes in comments)."""
+    kernels = kernels or {nid: p.node(nid).kernel for nid in unit}
+    what = f"{p.node(unit[0]).attrs['group']}: {' then '.join(unit)}" if ids else \
+        ": " + " then ".join(kernels[nid].name for nid in unit)
+    lines = [f"// launch group {what}; every block reaches each",
              "// SyncAll(), so a sub-kernel starts only when the previous one has finished everywhere.",
              f'extern "C" __global__ __aicore__ void {entry}(' +
              ", ".join(_entry_params(p, unit) + ["GM_ADDR workspace"] + [f"GM_ADDR tiling{i}" for i in range(len(unit))]) + ") {"]
     for i, nid in enumerate(unit):
-        k = (kernels or {}).get(nid) or p.node(nid).kernel
+        k = kernels[nid]
         args = [f"k{i}_{q.name}" for q in k.params if q.is_tensor] + ["workspace", f"tiling{i}"]
         if i:
             lines.append("  AscendC::SyncAll();")
-        lines.append(f"  {{ K31Kernel_{k.name} op{i}; op{i}.Init({', '.join(args)}); op{i}.Process(); }}   // {nid}")
+        lines.append(f"  {{ K31Kernel_{k.name} op{i}; op{i}.Init({', '.join(args)}); op{i}.Process(); }}" +
+                     (f"   // {nid}" if ids else ""))
     lines.append("}")
     return "\n".join(lines)
 
@@ -279,23 +283,25 @@ def _build_group(p, unit: list[str], cores: int, opt: str | None = None):
     """The group's SyncAll entry built for the emulator with the program's static shapes and
     scalars baked into the tilings: a callable taking the tensors' data pointers (members' tensor
     parameters in order) that returns the launch status. Optimisation level as single kernels
-    (runtime.build): `opt`, else K31_ASCENDC_OPT, else build.BASE_FLAGS' -O2."""
+    (runtime.build): `opt`, else K31_ASCENDC_OPT, else build.BASE_FLAGS' -O2. The entry is named
+    by the source's content, which names no program, group or node: groups that are the same
+    code (one per KDA layer of a model step) are one g++ build."""
     import ctypes
+    import hashlib
     import os
 
     from k31dsl.lowering.pipeline import run_pipeline
     from k31dsl.targets.ascendc import build as emu_build
     from k31dsl.targets.ascendc.emit import emit_all
     from k31dsl.targets.ascendc.runtime import translation_unit
-    gid = _ident(p.node(unit[0]).attrs["group"])
-    entry = f"k31_group_{_ident(p.name)}_{gid}"
+    entry = "k31_group_ENTRY"          # the content hash replaces it below
     files: dict[str, str] = {}
     kernels = _group_kernels(p, unit)
     for nid in unit:
         files.update(emit_all(run_pipeline(kernels[nid], "ascendc")))
     lines = ['#include "kernel_operator.h"']
     lines += [f'#include "{k}_kernel.cpp"' for k in dict.fromkeys(kernels[n].name for n in unit)]
-    lines.append(_group_entry(p, entry, unit, kernels))
+    lines.append(_group_entry(p, entry, unit, kernels, ids=False))
     lines.append(f'extern "C" int k31_launch_{entry}(void** ptrs) {{')
     lines.append(f"  const int64_t cores = {cores};")
     for i, nid in enumerate(unit):
@@ -314,14 +320,16 @@ def _build_group(p, unit: list[str], cores: int, opt: str | None = None):
     lines.append("}")
     files[f"{entry}_emu.cpp"] = "#include <algorithm>\n#include <vector>\n" + "\n".join(lines) + "\n"
     opt = opt or os.environ.get("K31_ASCENDC_OPT", "")
-    lib = emu_build.build(translation_unit(files, entry), name=entry,
+    src = translation_unit(files, entry)
+    named = "k31_group_" + hashlib.sha256(src.encode()).hexdigest()[:16]
+    lib = emu_build.build(src.replace(entry, named), name=named,
                           extra_flags=(*((opt,) if opt else ()), "-fwrapv", "-ffp-contract=off"))
-    fn = getattr(lib, f"k31_launch_{entry}")
+    fn = getattr(lib, f"k31_launch_{named}")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
 
     def launch(ptrs) -> int:
         return fn(ptrs)
     launch.last_error = lambda: emu_build.last_error(lib)
-    launch.source = files[f"{entry}_emu.cpp"]
+    launch.source = files[f"{entry}_emu.cpp"].replace(entry, named)
     return launch
