@@ -50,15 +50,20 @@ def gpu_linear_tiles(m: int, n: int = 2048, kdim: int = 2048) -> dict:
     its warps and stages come with it. SPLIT > 1 means the split-K form (linear_rows_splitk
     into fp32 partials [SPLIT, M, N], then linear_splitk_reduce).
 
-    Decode (m <= 64) is a weight stream: 32-wide N blocks and enough K splits that >= ~4 programs
+    Decode (m <= 16) is a weight stream: 32-wide N blocks and enough K splits that >= ~4 programs
     per SM each keep a few 8 KB weight tiles in flight (one 2048 x 2048 bf16 weight = 64 N blocks
     x 8 splits = 512 programs of 2 K steps). The split is capped so the fp32 partials stay under
     half the weight's bytes. Prefill uses 128 x 128 x 64 (8 warps, 3 stages)."""
     if m > 64:
         bn = 128 if n > 64 else 64
         return {"BM": 128, "BN": bn, "BK": 64, "SPLIT": 1}
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    tiles = {"BM": bm, "BN": 32, "BK": 128}
+    tiles = {"BM": 16, "BN": 32, "BK": 128}
+    if m > 16:
+        # H200 run of 13:00 UTC, M = 64: the split form cost 6.3 µs + 18.7 µs in the reduce per
+        # 2048 x 2048 weight (1.96 ms of a 5.5 ms step). Without a split, 16-row blocks give
+        # m/16 x n/32 programs (256 here) and the weight's re-reads hit L2.
+        return {**tiles, "SPLIT": 1}
+    bm = 16
     programs = -(-n // 32) * -(-m // bm)
     k_steps = -(-kdim // 128)
     split = 1
