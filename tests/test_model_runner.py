@@ -13,8 +13,9 @@ relative for that FP8 element, 2^-8 for a bf16 one), on single elements. Both st
 these tests, so every key is chosen. Greedy tokens are compared where the reference's top two
 logits are further apart than the tolerance allows to swap. The ascendc target (the same kernels
 through the AscendC emitter on the k31emu CPU emulator, its pipeline adding nz_layout) is held to
-the same tolerance; measured: 1.7e-3 at most. Its run builds each kernel specialisation with g++
-once (~55 builds at -O0, cached by content hash): ~110 s on a cold cache, ~10 s warm.
+the same tolerance; measured: 1.7e-3 at most. Its run builds each kernel specialisation and each
+distinct launch group with g++ once (58 builds at -O0, cached by content hash): ~100 s on a cold
+cache on one core, ~9 s warm.
 """
 from __future__ import annotations
 
