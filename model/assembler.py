@@ -87,7 +87,7 @@ def build_step_program(g: StepGraph):
         m = f"layers.{l}.moe."
         delta = add_moe(p, x, {n: g.weight(m + n) for n in ("router", "gate_up", "down", "shared_gate_up",
                                                              "shared_down")},
-                        cfg.n_experts_per_tok, name=f"l{l}_moe")
+                        cfg.n_experts_per_tok, name=f"l{l}_moe", target=g.target)
     x = stream.next_input(delta, "final")
     logits = g.linear(x, "lm_head", "logits", out_dtype=D.f32)
     p.output(logits)

@@ -167,7 +167,9 @@ def add_dsa(g, l, x):
     codes, scales, rope = p.call(mla_cache_write_rows, lat, kr, g.slot_mapping, codes, scales, rope, 1e-4, BM=bt)
     # indexer: queries, keys into the cache, head weights
     had = g.weight("hadamard")
-    ibm = min(64, max(16, next_pow2(T)))
+    # rows per program of the prolog chains; ascendc: the rope + k chain superkernel at 64 rows needs
+    # 207 KB of the 192 KB Unified Buffer, 32 fit
+    ibm = min(32 if g.target == "ascendc" else 64, max(16, next_pow2(T)))
     decode_gpu = g.gpu and T <= 64
     qc = g.tensor(f"l{l}_idx_q_codes", (T, HI, INDEX_DIM), k.f8e4m3)
     qs = g.tensor(f"l{l}_idx_q_scales", (T, HI, INDEX_DIM // 32), k.e8m0)
