@@ -11,6 +11,14 @@ import numpy as np  # noqa: E402 - after the environment above
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One intra-op thread per test process: CI runs two xdist workers on two cores, and torch's
+    own pool on top of them oversubscribes the cores (tiny model steps ran 8x slower)."""
+    import torch
+    torch.set_num_threads(1)
+
+
 @pytest.fixture
 def rng(request):
     """A fresh random generator per test; its seed is printed and kept with the test's report."""

@@ -375,15 +375,6 @@ def test_speculative_sampling_is_seeded_and_batch_independent(rng):
 MODEL_PAGES, MODEL_SLOTS = 8, 6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """torch's thread pool oversubscribes the CI cores at these tiny shapes (8x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def model_runner(kind, config, weights):
     if kind == "reference":
         from k31dsl.model.reference import ReferenceModel

@@ -85,14 +85,9 @@ def test_gpu_step_forms_match_reference(monkeypatch):
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, TINY.vocab_size, (12,), generator=gen).tolist()
     weights = init_weights(TINY, seed)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False,
-                             device=device_for("triton"))
-        got, want = _forward_greedy(runner, ReferenceModel(TINY, weights, num_slots=3), prompt, 1)
-    finally:
-        torch.set_num_threads(n)
+    runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False,
+                         device=device_for("triton"))
+    got, want = _forward_greedy(runner, ReferenceModel(TINY, weights, num_slots=3), prompt, 1)
     prog = runner._after_passes(common.ShapeClass("decode", 1, 1, 1))
     text = str(prog)
     assert "linear_rows_splitk" in text and "sparse_mla_attention_split" in text and "indexer_k_chain_parts" in text
@@ -107,7 +102,7 @@ def test_decode_indexer_key_and_weight_chains_split_k(target):
     scale) against the fp64 prolog oracle, as ops/dsa/indexer_checks.py checks the fused chains."""
     import numpy as np
     from k31dsl.ops.dsa import indexer_checks as C
-    from k31dsl.ops.testing import bytes_of, load_oracle, max_rel_err, to_f64
+    from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
     ref = load_oracle("dsa_indexer")
     g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
     t, dm, ql, h = 7, 160, 64, 16

@@ -39,15 +39,6 @@ CFG = TINY.replace(index_topk=16)
 CFG_SOFTPLUS = TINY.replace(index_topk=16, kda_gate="softplus", layer_pattern="KD")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: torch's intra-op threads only contend on the shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _seed(rng) -> int:
     return int(rng.integers(0, 2**31))
 

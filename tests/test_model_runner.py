@@ -47,15 +47,6 @@ def clear_margin(ref_row) -> bool:
     return float(top[0] - top[1]) > 2 * TOL * float(ref_row.abs().max())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """torch's thread pool oversubscribes the CI cores at these tiny shapes."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model(request):
     seed = int(torch.randint(0, 2 ** 31, (1,)))
