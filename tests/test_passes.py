@@ -598,3 +598,19 @@ def test_ascendc_group_of_two_specialisations_of_one_kernel():
     assert ex.launches == 1 and "K31Kernel_linear_rows_v1" in ex._groups["g0"].source
     want = torch.sigmoid(ins["x"].double() @ ins["w1"].double().T) @ ins["w2"].double().T
     torch.testing.assert_close(on["y"].double(), want, rtol=1e-4, atol=1e-5)
+    # the CANN host code names the two specialisations apart too (files, tilings, group entry)
+    from k31dsl.targets.ascendc.program import host_files
+    files = host_files(ex.p)
+    host, entry = files["chain_host.cpp"], files["chain_groups.cpp"]
+    assert '#include "linear_rows_tiling.h"' in host and '#include "linear_rows_v1_tiling.h"' in host
+    assert "K31Tiling_linear_rows_v1 td1" in host and "// linear_rows_v1: linear_rows at other constexprs" in host
+    assert entry.index("K31Kernel_linear_rows op0") < entry.index("K31Kernel_linear_rows_v1 op1")
+    # a program calling one specialisation twice keeps one name
+    q = Program("twice")
+    x = q.input("x", (M, D), k.f32)
+    w = q.weight("w", (D, D), k.f32)
+    a, b = q.tensor("a", (M, D), k.f32), q.tensor("b", (M, D), k.f32)
+    a = q.call(linear_rows, x, w, a, ACT="none", BN=64, BK=64, **f32)
+    b = q.call(linear_rows, a, w, b, ACT="none", BN=64, BK=64, **f32)
+    q.output(b)
+    assert "_v1" not in "".join(host_files(compile_program(q, "ascendc").p).values())
