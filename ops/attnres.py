@@ -40,6 +40,19 @@ MAX_ROW = 1 << 16               # whole-row tiles: D up to 65536
 ACC_BUDGET = 8192               # SB * NB * BD elements of the prepare accumulator when BD is forced
 
 
+@k.func
+def merge_partial(p, qv, num, m_old, l_old, d, eps):
+    """Phase 2's online-softmax merge for one row: the partial sum p's logit (its RMS-normalised dot
+    with the query qv) joins the prepared statistics (numerator num, max m_old, exp-sum l_old)
+    -> h in fp32. Shared by attnres_update_rows and the model's slot-indexed update."""
+    score = k.sum(p * qv) * k.rsqrt(k.sum(p * p) / d + eps)
+    m_new = k.maximum(m_old, score)
+    a = k.exp(m_old - m_new)
+    b = k.exp(score - m_new)
+    inv = 1.0 / (l_old * a + b)
+    return (num * a + p * b) * inv
+
+
 @k.kernel(configs=ROW_CONFIGS)
 def attnres_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor["DT", "T", "D"],
                         q: k.Tensor[k.f32, "D"], o: k.Tensor[k.f32, "T", "D"], m: k.Tensor[k.f32, "T"],
@@ -53,12 +66,8 @@ def attnres_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor["DT"
         m_old = m[t]
         l_old = l[t]
         partial[t, k.span(0, BD)] = p
-        score = k.sum(p * q[k.span(0, BD, other=0.0)]) * k.rsqrt(k.sum(p * p) / partial.shape[1].to(k.f32) + eps)
-        m_new = k.maximum(m_old, score)
-        a = k.exp(m_old - m_new)
-        b = k.exp(score - m_new)
-        inv = 1.0 / (l_old * a + b)
-        h[t, k.span(0, BD)] = ((num * a + p * b) * inv).to(HT)
+        hv = merge_partial(p, q[k.span(0, BD, other=0.0)], num, m_old, l_old, partial.shape[1].to(k.f32), eps)
+        h[t, k.span(0, BD)] = hv.to(HT)
 
 
 @k.kernel(configs=ROW_CONFIGS)

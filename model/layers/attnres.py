@@ -4,7 +4,7 @@ Per AttnRes block b the committed sources are src_b [b + 1, T, D] fp32 (the embe
 finished block's sum). At the block's start ONE `attnres_prepare_rows` call scores every pseudo-
 query of the block — both sublayers of each of its layers, and the final aggregation after the
 last block — against src_b, reading the sources once: O [S, T, D], M, L [S, T]. Each sublayer
-then runs `attnres_slot_update_rows` (below: ops/attnres.py's update, but indexing O/M/L/queries
+then runs `attnres_slot_update_rows` (below: ops/attnres.py's merge_partial, but indexing O/M/L/queries
 at slot s, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
 `rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
 row h stays in registers). The block's first sublayer has no partial sum yet: its h is O[s] / L[s]
@@ -15,7 +15,7 @@ Key-norm gains are folded into the queries at load time (`block_queries`).
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.ops.attnres import ROW_CONFIGS, attnres_prepare_rows, rmsnorm_row, row_block, row_warps
+from k31dsl.ops.attnres import ROW_CONFIGS, attnres_prepare_rows, merge_partial, rmsnorm_row, row_block, row_warps
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2
 from k31dsl.model.layers.common import memo
 
@@ -39,12 +39,9 @@ def attnres_slot_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor
         else:
             p = partial[t, k.span(0, BD, other=0.0)] + delta[t, k.span(0, BD, other=0.0)].to(k.f32)
             partial[t, k.span(0, BD)] = p
-            qs = q[s, k.span(0, BD, other=0.0)]
-            score = k.sum(p * qs) * k.rsqrt(k.sum(p * p) / partial.shape[1].to(k.f32) + eps)
-            m_new = k.maximum(m_old, score)
-            a = k.exp(m_old - m_new)
-            b = k.exp(score - m_new)
-            h[t, k.span(0, BD)] = ((num * a + p * b) / (l_old * a + b)).to(HT)
+            hv = merge_partial(p, q[s, k.span(0, BD, other=0.0)], num, m_old, l_old,
+                               partial.shape[1].to(k.f32), eps)
+            h[t, k.span(0, BD)] = hv.to(HT)
 
 
 @k.kernel
