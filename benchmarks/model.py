@@ -31,6 +31,7 @@ if "--smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported
 sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
+from k31dsl.model.config import pages_for  # noqa: E402
 
 HBM_TBS = 4.28           # H200 copy ceiling measured in earlier runs (NOTES.md); re-measured here
 BF16_TFLOPS = 790.0      # H200 bf16 dense GEMM on random data (NOTES.md)
@@ -183,16 +184,11 @@ def _prompt(n: int, seed: int, vocab: int = 256) -> list[int]:
     return [int(x) for x in np.random.default_rng(seed).integers(32, 127, n) % vocab]
 
 
-def _pages(n_tokens: int) -> int:
-    from k31dsl.model.config import PAGE
-    return -(-n_tokens // PAGE)
-
-
 def bench_prefill(runners, lengths, device, rows, results, repeats: int = 3):
     from k31dsl.model.step import Step
     out = {}
     for t in lengths:
-        step = Step("prefill", [_prompt(t, 1)], [0], [0], [list(range(_pages(t)))])
+        step = Step("prefill", [_prompt(t, 1)], [0], [0], [list(range(pages_for(t)))])
         for name, r in runners.items():
             def fn(r=r):
                 r.reset_slot(0)
@@ -218,7 +214,7 @@ def bench_decode(runners, batches, context, steps, device, rows, results, warmup
     out = {}
     for b in batches:
         prompts = [_prompt(context, 100 + i) for i in range(b)]
-        per = _pages(context + steps + 3)
+        per = pages_for(context + steps + 3)
         tables = [list(range(i * per, (i + 1) * per)) for i in range(b)]
         for name, r in runners.items():
             try:
@@ -333,9 +329,9 @@ def main(argv=None) -> int:
     lengths = [int(t) for t in args.prefill.split(",") if t]
     batches = [int(b) for b in args.batches.split(",") if b]
     num_slots = max(batches + [args.spec_batch])
-    num_pages = max([_pages(t) for t in lengths]
-                    + [b * _pages(args.decode_context + args.decode_steps + 3) for b in batches]
-                    + [args.spec_batch * _pages(args.decode_context + args.spec_tokens + args.gamma + 1)])
+    num_pages = max([pages_for(t) for t in lengths]
+                    + [b * pages_for(args.decode_context + args.decode_steps + 3) for b in batches]
+                    + [args.spec_batch * pages_for(args.decode_context + args.spec_tokens + args.gamma + 1)])
     runners = Runners(cfg, weights, args.impls.split(","), num_pages, num_slots, device)
     rows: list[dict] = []
     skip = set(args.skip.split(","))

@@ -18,7 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model import _pages, _prompt  # noqa: E402  (same prompts and page counts as the benchmark)
+from model import _prompt  # noqa: E402
+from k31dsl.model.config import pages_for  # noqa: E402  (same prompts and page counts as the benchmark)
 
 
 def kernel_table(prof, steps: int) -> tuple[float, list[dict]]:
@@ -82,12 +83,12 @@ def main(argv=None) -> int:
     cfg = K31Config.load(args.config)
     weights = {n: w.cuda() for n, w in cast_weights(init_weights(cfg, 0), cfg.dtype).items()}
     batches = [int(b) for b in args.batches.split(",") if b]
-    per = _pages(args.context + 4 * args.steps + 8)
-    num_pages = max([b * per for b in batches] + [_pages(args.prefill)])
+    per = pages_for(args.context + 4 * args.steps + 8)
+    num_pages = max([b * per for b in batches] + [pages_for(args.prefill)])
     runner = ModelRunner(cfg, weights, "triton", num_pages=num_pages, num_slots=max(batches))
     out = {}
     if args.prefill:
-        step = Step("prefill", [_prompt(args.prefill, 1)], [0], [0], [list(range(_pages(args.prefill)))])
+        step = Step("prefill", [_prompt(args.prefill, 1)], [0], [0], [list(range(pages_for(args.prefill)))])
 
         def pre():
             runner.reset_slot(0)

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model import _pages, _prompt  # noqa: E402
+from model import _prompt  # noqa: E402
+from k31dsl.model.config import pages_for  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
         cfg = cfg.replace(n_layers=args.layers)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     w = {n: t.to(dev) for n, t in cast_weights(init_weights(cfg, 0), cfg.dtype).items()}
-    per = _pages(args.context + args.rounds * (args.gamma + 1) + 8)
+    per = pages_for(args.context + args.rounds * (args.gamma + 1) + 8)
     gm = None if args.graph_mode == "auto" else args.graph_mode == "on"
     r = ModelRunner(cfg, w, "triton", num_pages=2 * per, num_slots=2, graph_mode=gm)
     tables = [list(range(per)), list(range(per, 2 * per))]

@@ -253,7 +253,7 @@ def generate(a, progress: bool = False) -> dict:
 
 def _generate(a, config, weights, t0: float, progress: bool) -> dict:
     from k31dsl.model import tokenizer
-    from k31dsl.model.config import PAGE
+    from k31dsl.model.config import PAGE, pages_for
     if a.save_weights:
         _need_safetensors("--save-weights")
         from k31dsl.model.weights import save_weights
@@ -261,7 +261,7 @@ def _generate(a, config, weights, t0: float, progress: bool) -> dict:
     prompts = make_prompts(a.prompt, a.prompt_len, a.batch, a.seed)
     gamma = a.spec
     # Every sequence's whole life fits at once: prompt + new tokens + a verify step's overshoot.
-    pages_per_seq = -(-(max(map(len, prompts)) + a.max_new_tokens + gamma + 1) // PAGE)
+    pages_per_seq = pages_for(max(map(len, prompts)) + a.max_new_tokens + gamma + 1)
     num_pages, num_slots = a.batch * pages_per_seq, a.batch
     runner = make_runner(config, weights, a.target, num_pages, num_slots, pages_per_seq * PAGE)
     draft_info = None

@@ -8,23 +8,17 @@ taken when a sequence starts and given back when it finishes or is preempted.
 from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
-from k31dsl.model.config import PAGE
+from k31dsl.model.config import pages_for
 
 
-def pages_for(n_tokens: int) -> int:
-    """Pages that hold `n_tokens` tokens."""
-    return -(-n_tokens // PAGE)
+class _IdPool:
+    """A free list of ids 0 .. count-1; the lowest ids go out first (easier to read in a debugger)."""
 
-
-class PageAllocator:
-    """A free list of `num_pages` cache pages (ids 0 .. num_pages-1)."""
-
-    def __init__(self, num_pages: int):
-        if not isinstance(num_pages, int) or num_pages < 1:
-            raise K31Error(f"PageAllocator: num_pages must be an int >= 1, got {num_pages!r}")
-        self.num_pages = num_pages
-        # Popped from the end: the lowest ids go out first (easier to read in a debugger).
-        self._free = list(range(num_pages - 1, -1, -1))
+    def __init__(self, count: int, count_name: str, item: str):
+        if not isinstance(count, int) or count < 1:
+            raise K31Error(f"{type(self).__name__}: {count_name} must be an int >= 1, got {count!r}")
+        self._item = item
+        self._free = list(range(count - 1, -1, -1))       # popped from the end
         self._used: set[int] = set()
 
     @property
@@ -35,6 +29,25 @@ class PageAllocator:
     def num_used(self) -> int:
         return len(self._used)
 
+    def _take(self) -> int:
+        i = self._free.pop()
+        self._used.add(i)
+        return i
+
+    def _give(self, i: int) -> None:
+        if i not in self._used:
+            raise K31Error(f"{type(self).__name__}: {self._item} {i} freed twice or never allocated")
+        self._used.remove(i)
+        self._free.append(i)
+
+
+class PageAllocator(_IdPool):
+    """A free list of `num_pages` cache pages (ids 0 .. num_pages-1)."""
+
+    def __init__(self, num_pages: int):
+        super().__init__(num_pages, "num_pages", "page")
+        self.num_pages = num_pages
+
     def grow(self, table: list[int], n_tokens: int) -> bool:
         """Append pages to `table` until it holds `n_tokens` tokens. All or nothing: False (and
         `table` unchanged) when the free list is too short."""
@@ -43,46 +56,26 @@ class PageAllocator:
             return True
         if need > len(self._free):
             return False
-        for _ in range(need):
-            page = self._free.pop()
-            self._used.add(page)
-            table.append(page)
+        table.extend(self._take() for _ in range(need))
         return True
 
     def free(self, table: list[int]) -> None:
         """Give back every page of `table` and empty it."""
         for page in table:
-            if page not in self._used:
-                raise K31Error(f"PageAllocator: page {page} freed twice or never allocated")
-            self._used.remove(page)
-            self._free.append(page)
+            self._give(page)
         table.clear()
 
 
-class SlotAllocator:
+class SlotAllocator(_IdPool):
     """State-pool rows (KDA state + conv state), ids 0 .. num_slots-1."""
 
     def __init__(self, num_slots: int):
-        if not isinstance(num_slots, int) or num_slots < 1:
-            raise K31Error(f"SlotAllocator: num_slots must be an int >= 1, got {num_slots!r}")
+        super().__init__(num_slots, "num_slots", "slot")
         self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
-        self._used: set[int] = set()
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
 
     def allocate(self) -> int | None:
         """A free slot, or None when all are taken."""
-        if not self._free:
-            return None
-        slot = self._free.pop()
-        self._used.add(slot)
-        return slot
+        return self._take() if self._free else None
 
     def free(self, slot: int) -> None:
-        if slot not in self._used:
-            raise K31Error(f"SlotAllocator: slot {slot} freed twice or never allocated")
-        self._used.remove(slot)
-        self._free.append(slot)
+        self._give(slot)

@@ -32,7 +32,7 @@ from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
 from k31dsl.lowering.graph import compile_program, program
 from k31dsl.lowering.graph.pipeline import graph_pipeline, run_graph_pipeline
-from k31dsl.model.config import PAGE, K31Config
+from k31dsl.model.config import PAGE, K31Config, pages_for
 from k31dsl.model.layers import dsa as dsa_layer
 from k31dsl.model.layers import kda as kda_layer
 from k31dsl.model.layers.attnres import AttnResStream, block_queries
@@ -211,7 +211,7 @@ class ModelRunner:
         return self._replay[(n_seqs, n)]
 
     def _shape_of(self, step: Step, seqs: list[int]) -> ShapeClass:
-        pages = max(-(-(step.context_lens[i] + step.query_lens[i]) // PAGE) for i in seqs)
+        pages = max(pages_for(step.context_lens[i] + step.query_lens[i]) for i in seqs)
         mp = next_pow2(pages)
         if step.kind == "prefill":
             return ShapeClass("prefill", 1, prefill_bucket(step.query_lens[seqs[0]]), mp)

@@ -23,6 +23,11 @@ PAGE = 64              # tokens per cache page
 CONV = 4               # KDA short-conv kernel (state keeps CONV - 1 inputs)
 
 
+def pages_for(n_tokens: int) -> int:
+    """Cache pages that hold `n_tokens` tokens."""
+    return -(-n_tokens // PAGE)
+
+
 @dataclass(frozen=True)
 class K31Config:
     name: str = "custom"

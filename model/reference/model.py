@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from k31dsl.dsl.errors import K31Error
-from k31dsl.model.config import CONV, INDEX_DIM, KV_LORA, PAGE, ROPE_DIM, K31Config
+from k31dsl.model.config import CONV, INDEX_DIM, KV_LORA, ROPE_DIM, K31Config, pages_for
 from k31dsl.model.reference.dsa import dsa_layer
 from k31dsl.model.reference.functions import attnres, lin, maybe_compiled, moe, rmsnorm, rope_tables
 from k31dsl.model.reference.kda import kda_layer
@@ -189,5 +189,5 @@ def forward(config: K31Config, weights: dict, tokens, quantize: bool = True) -> 
     if not tokens:
         raise K31Error("forward: the sequence needs at least one token")
     model = ReferenceModel(config, weights, num_slots=1, max_len=len(tokens), quantize=quantize)
-    pages = list(range(-(-len(tokens) // PAGE)))
+    pages = list(range(pages_for(len(tokens))))
     return model.forward(Step("prefill", [tokens], [0], [0], [pages]))
