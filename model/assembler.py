@@ -37,6 +37,7 @@ from k31dsl.model.layers import dsa as dsa_layer
 from k31dsl.model.layers import kda as kda_layer
 from k31dsl.model.layers.attnres import AttnResStream, block_queries
 from k31dsl.model.layers.common import ShapeClass, StepGraph, weight_key
+from k31dsl.model.layers.kda_cp import add_kda_cp, cp_buffers as kda_cp_buffers
 from k31dsl.model.step import Step
 from k31dsl.ops.common import next_pow2, resolve_target
 from k31dsl.ops.moe import add_moe
@@ -81,6 +82,8 @@ def build_step_program(g: StepGraph):
             delta = dsa_layer.add_dsa(g, l, x)
         elif g.shape.kind == "prefill":
             delta = kda_layer.add_kda_prefill(g, l, x)
+        elif g.shape.kind == "cp_prefill":
+            delta = add_kda_cp(g, l, x)
         else:
             delta = kda_layer.add_kda_decode(g, l, x, verify=g.shape.kind == "verify")
         x = stream.next_input(delta, f"l{l}_mlp")
@@ -131,6 +134,7 @@ class ModelRunner:
                          "ascendc" if self.target == "ascendc" else "gpu" if self.device.type == "cuda" else "any")
         self._graphs: dict = {}         # ShapeClass -> (CUDAGraph, static inputs, logits)
         self._replay: dict = {}         # (n_seqs, n) -> verify buffers
+        self._cp: dict = {}             # cp_prefill ShapeClass -> its buffers (model/distributed.py)
         self._const: dict = {}          # (name, shape) -> constant inputs (zeros, chunk maps)
         self._pending: tuple | None = None
 
@@ -153,6 +157,8 @@ class ModelRunner:
         states = dict(self.states)
         if shape.kind in ("verify", "commit"):
             states.update(self._replay_buffers(shape.n_seqs, shape.q_len))
+        if shape.kind == "cp_prefill":
+            states.update(self.cp_buffers(shape))
         return StepGraph(self.config, shape, self.weights, states, self.act, self.target)
 
     def build(self, shape: ShapeClass):
@@ -199,11 +205,24 @@ class ModelRunner:
         return "\n".join(parts)
 
     # ------------------------------------------------------------------ step inputs
-    def _const_tensor(self, name: str, shape, dtype, fill=0):
+    def _const_tensor(self, name: str, shape, dtype, fill=0, unread: bool = False):
+        """A constant input; `unread` (a parameter no kernel of the program reads): one element
+        broadcast to the shape, so e.g. a [T, L] placeholder costs no memory."""
         key = (name, tuple(shape), dtype)
         if key not in self._const:
-            self._const[key] = torch.full(tuple(shape), fill, dtype=dtype, device=self.device)
+            if unread:
+                self._const[key] = torch.full((1,) * len(shape), fill, dtype=dtype, device=self.device).expand(shape)
+            else:
+                self._const[key] = torch.full(tuple(shape), fill, dtype=dtype, device=self.device)
         return self._const[key]
+
+    def cp_buffers(self, shape: ShapeClass) -> dict:
+        """A context-parallel step's own buffers (model/layers/kda_cp.py, dsa.cp_buffers): KDA
+        constants and merged states, the staging and gathered DSA caches. Kept per shape class."""
+        if shape not in self._cp:
+            self._cp[shape] = {**kda_cp_buffers(self.config, shape.ranks, shape.q_len, self.dtype, self.device),
+                                 **dsa_layer.cp_buffers(self.config, shape.ranks, shape.q_len, self.device)}
+        return self._cp[shape]
 
     def _replay_buffers(self, n_seqs: int, n: int) -> dict:
         if (n_seqs, n) not in self._replay:
@@ -255,8 +274,8 @@ class ModelRunner:
         T, cfg = shape.n_tokens, self.config
         out = {"row_zero": self._const_tensor("row_zero", (1,), torch.int32),
                "no_replay": self._const_tensor("no_replay", (1, 1, 1, 1), torch.float32),
-               "topk_no_idx": self._const_tensor("topk_no_idx", (T, shape.max_pages * PAGE), torch.int32),
-               "topk_no_val": self._const_tensor("topk_no_val", (T, cfg.index_topk), torch.float32)}
+               "topk_no_idx": self._const_tensor("topk_no_idx", (T, shape.max_pages * PAGE), torch.int32, unread=True),
+               "topk_no_val": self._const_tensor("topk_no_val", (T, cfg.index_topk), torch.float32, unread=True)}
         return out
 
     def _prefill_inputs(self, t_real: int, t_pad: int, slot: int) -> dict:
@@ -273,6 +292,8 @@ class ModelRunner:
         extra = {**self.states, **self._constants(shape)}
         if shape.kind in ("verify", "commit"):
             extra.update(self._replay_buffers(shape.n_seqs, shape.q_len))
+        if shape.kind == "cp_prefill":
+            extra.update(self.cp_buffers(shape))
         for name, t in exe.p.storages().items():
             if t.kind == "weight" and name in self.weights:
                 feed[name] = self.weights[name]

@@ -1,6 +1,10 @@
 """Host ops of the graph IR: whole-tensor operations the runtime performs with torch rather than
-a generated kernel. Collectives run on one process for now: each input is one rank's shard.
-Each op is `fn(inputs, outputs, **params)` over torch tensors and writes its outputs in place."""
+a generated kernel. Each op is `fn(inputs, outputs, **params)` over torch tensors and writes its
+outputs in place.
+
+Collectives come in two kinds: `all_gather` / `all_reduce` emulate P ranks in one process (each
+input is one rank's shard); `dist_all_gather` is the real one, over the communicator the caller
+installed (lowering/graph/comm.py), one input per process."""
 from __future__ import annotations
 
 
@@ -17,6 +21,25 @@ def all_reduce(inputs, outputs):
     outputs[0].copy_(acc.to(outputs[0].dtype))
 
 
+def dist_all_gather(inputs, outputs, name: str = ""):
+    """outputs[0] <- every rank's inputs[0] in rank order, along the first axis (outputs[0] has
+    world x inputs[0].shape[0] rows). Further inputs/outputs are other views of the same two
+    storages (e.g. the typed views of one cache): they are listed so the graph orders every
+    writer of the shard before the gather and every reader of the result after it."""
+    from k31dsl.lowering.graph.comm import current
+    src, dst = inputs[0], outputs[0]
+    comm = current()
+    if comm is None:
+        if dst.numel() != src.numel():
+            from k31dsl.dsl.errors import K31Error
+            raise K31Error(f"dist_all_gather {name}: no communicator installed, so this process is the only "
+                           f"rank, but the output holds {dst.numel() // max(1, src.numel())} shards",
+                           hint="run the program inside `with lowering.graph.comm.communicator(comm):`")
+        dst.copy_(src)
+        return
+    comm.all_gather(dst, src, name)
+
+
 def to_nz(inputs, outputs, **params):
     """ND [K, N] weight -> flat FRACTAL_NZ data (see lowering/passes/nz_layout.py)."""
     from k31dsl.lowering.passes.nz_layout import nd_to_nz
@@ -29,4 +52,4 @@ def reshape(inputs, outputs):
     outputs[0].copy_(inputs[0].reshape(outputs[0].shape))
 
 
-HOST_OPS = {"all_gather": all_gather, "all_reduce": all_reduce, "to_nz": to_nz, "reshape": reshape}
+HOST_OPS = {"all_gather": all_gather, "dist_all_gather": dist_all_gather, "all_reduce": all_reduce, "to_nz": to_nz, "reshape": reshape}

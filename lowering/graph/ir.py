@@ -259,6 +259,15 @@ class Program:
         """Concatenate the per-rank `shards` along `axis` into `out` (one process for now)."""
         return self.host("all_gather", list(shards), [out], axis=axis)
 
+    def dist_all_gather(self, shard, out, *, name: str = "", also=()):
+        """This rank's `shard` gathered from every rank into `out` (rank-major along axis 0) over
+        the installed communicator (lowering/graph/comm.py). `also`: (shard view, out view) pairs
+        of the same two storages (typed views of one buffer) the gather orders with it. Returns
+        the new version of `out` (and of each `also` view)."""
+        ins = [shard] + [a for a, _ in also]
+        outs = [out] + [b for _, b in also]
+        return self.host("dist_all_gather", ins, outs, name=name)
+
     def all_reduce(self, shards, out: TensorRef):
         """Sum the per-rank `shards` into `out` (one process for now)."""
         return self.host("all_reduce", list(shards), [out])

@@ -54,11 +54,14 @@ linear_rows, linear_rows_splitk, linear_splitk_reduce = memo(_linear_rows, _line
 @dataclass(frozen=True)
 class ShapeClass:
     """What a compiled step program is specialised for: the step kind, sequences (a decode batch
-    bucket), query tokens per sequence, and cache pages per sequence (a power of two)."""
+    bucket), query tokens per sequence, and cache pages per sequence (a power of two), and for a
+    context-parallel prefill (kind "cp_prefill": q_len = the rank's tokens, max_pages = the whole
+    sequence's pages) the number of ranks."""
     kind: str
     n_seqs: int
     q_len: int
     max_pages: int
+    ranks: int = 1
 
     @property
     def n_tokens(self) -> int:
@@ -66,7 +69,8 @@ class ShapeClass:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}_b{self.n_seqs}_t{self.q_len}_p{self.max_pages}"
+        cp = f"_r{self.ranks}" if self.ranks > 1 else ""
+        return f"{self.kind}_b{self.n_seqs}_t{self.q_len}_p{self.max_pages}{cp}"
 
 
 def weight_key(name: str) -> str:

@@ -124,6 +124,16 @@ def prepared_weights(cfg, weights: dict) -> dict:
     return out
 
 
+def cp_buffers(cfg, ranks: int, local_tokens: int, device) -> dict:
+    """Per DSA layer for a context-parallel step: this rank's staging caches (its tokens, local
+    slots) and the gathered caches (every rank's staging pages in rank order: the sequence's
+    caches, read through the step's block table), each like `new_caches`."""
+    stage, full = new_caches(cfg, local_tokens // 64, device), new_caches(cfg, ranks * local_tokens // 64, device)
+    out = {n.replace(f"dsa{l}_", f"dsa{l}_stage_").replace("_index_cache", "_index"): t
+           for l in cfg.dsa_layers for n, t in stage.items() if n.startswith(f"dsa{l}_")}
+    return {**out, **full}
+
+
 def new_caches(cfg, num_pages: int, device) -> dict:
     """Per DSA layer: the paged MLA latent cache (three typed views of one uint8 storage, the
     kernels' views) and the paged indexer key cache (flat bytes)."""
@@ -164,7 +174,13 @@ def add_dsa(g, l, x):
     codes = g.state(f"dsa{l}_mla_codes", g.runner_states[f"dsa{l}_mla_codes"])
     scales = g.state(f"dsa{l}_mla_scales", g.runner_states[f"dsa{l}_mla_scales"])
     rope = g.state(f"dsa{l}_mla_rope", g.runner_states[f"dsa{l}_mla_rope"])
-    codes, scales, rope = p.call(mla_cache_write_rows, lat, kr, g.slot_mapping, codes, scales, rope, 1e-4, BM=bt)
+    cp = g.shape.kind == "cp_prefill"
+    if cp:       # context parallel: this rank's tokens into its staging cache, then every rank's
+        stage = [g.state(f"dsa{l}_stage_mla_{n}", g.runner_states[f"dsa{l}_stage_mla_{n}"]) for n in ("codes", "scales", "rope")]
+        sc, ss, sr = p.call(mla_cache_write_rows, lat, kr, g.slot_mapping, *stage, 1e-4, BM=bt)
+        codes, scales, rope = p.dist_all_gather(sc, codes, name=f"l{l} mla cache", also=[(ss, scales), (sr, rope)])
+    else:
+        codes, scales, rope = p.call(mla_cache_write_rows, lat, kr, g.slot_mapping, codes, scales, rope, 1e-4, BM=bt)
     # indexer: queries, keys into the cache, head weights
     had = g.weight("hadamard")
     # rows per program of the prolog chains; ascendc: the rope + k chain superkernel at 64 rows needs
@@ -176,6 +192,9 @@ def add_dsa(g, l, x):
     qc, qs = p.call(indexer_q_chain, qa, g.weight(a + "idx_wq_b"), g.cos, g.sin, had, qc, qs,
                     BM=(16 if decode_gpu else 64) if g.gpu else ibm)      # GPU: (T / BM) x heads programs
     icache = g.state(f"dsa{l}_index_cache", g.runner_states[f"dsa{l}_index_cache"])
+    gathered = icache
+    if cp:
+        icache = g.state(f"dsa{l}_stage_index", g.runner_states[f"dsa{l}_stage_index"])
     kn_w, kn_b = g.weight(f"l{l}_idx_k_norm_w"), g.weight(f"l{l}_idx_k_norm_b")
     iw = g.tensor(f"l{l}_idx_weights", (T, HI), k.f32)
     if decode_gpu:
@@ -195,6 +214,8 @@ def add_dsa(g, l, x):
         icache = p.call(indexer_k_chain, x, g.weight(a + "idx_wk"), kn_w, kn_b, g.cos, g.sin, had, g.slot_mapping,
                         icache, 1e-6, BM=32 if g.gpu else ibm)
         iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
+    if cp:
+        icache = p.dist_all_gather(icache, gathered, name=f"l{l} indexer keys")
     # select: scores over the sequence's pages, exact top-k, physical slots
     L = g.shape.max_pages * 64
     n = g.shape.q_len
