@@ -97,6 +97,11 @@ def add_parser(sub, fmt) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0)")
+    p.add_argument("--cp", type=int, default=0, metavar="P",
+                   help="context-parallel prefill over P ranks (processes; gloo on the CPU, NCCL with one GPU "
+                        "per rank), then decode on rank 0; needs --batch 1, no --spec (default: off)")
+    p.add_argument("--cp-timeout", type=float, default=600.0, metavar="S",
+                   help="with --cp: seconds a collective may wait for a peer before the run fails (default 600)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the warm-up run: TTFT and tokens/s then include compiling the step programs")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text and a table")
@@ -245,6 +250,9 @@ def generate(a, progress: bool = False) -> dict:
     """Everything `k31dsl run` does but printing; `a` has the command's arguments."""
     _check_args(a)
     check_target(a.target)
+    if getattr(a, "cp", 0):
+        from k31dsl.run_cp import generate_cp
+        return generate_cp(a)
     t0 = time.perf_counter()
     config, weights = load_model(a.config, a.weights, a.seed)
     with cpu_threads_for(config):
@@ -367,15 +375,21 @@ def print_result(r: dict) -> None:
         layers = f"{d['n_layers']} layer{'s' if d['n_layers'] > 1 else ''}"
         table.add_row(f"acceptance rate (γ = {r['spec']['gamma']}; draft {d['config']}, {layers}, {d['kind']})",
                       "-" if rate is None else f"{100 * rate:.1f} %")
+    if r.get("cp"):
+        from k31dsl.run_cp import add_cp_rows
+        add_cp_rows(table, r, _fmt_s)
     table.add_row("building the model", _fmt_s(r.get("build_s")))
     if r.get("warmup_s") is not None:
         table.add_row("warm-up (compiling the step programs)", _fmt_s(r["warmup_s"]))
     table.add_row("generating (wall)", _fmt_s(r.get("wall_s")))
     console.print(table)
+    if r.get("cp"):
+        from k31dsl.run_cp import print_cp_layers
+        print_cp_layers(console, r, _fmt_s)
 
 
 def cmd_run(a) -> int:
-    result = generate(a, progress=sys.stderr.isatty() and not a.json)
+    result = generate(a, progress=sys.stderr.isatty() and not a.json and not a.cp)
     try:
         if a.json:
             print(json.dumps(result))

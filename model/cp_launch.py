@@ -133,12 +133,12 @@ def launch(worker, ranks: int, *, backend: str = "gloo", timeout_s: float = 300.
         try:
             for p in procs:
                 p.start()
-            failures = _watch(procs, tmp, deadline_s)
+            failures, done = _watch(procs, tmp, deadline_s)
         finally:
             _terminate(procs)
             del store
         if failures:
-            raise K31Error(_describe(failures, ranks), hint=_hint(failures))
+            raise K31Error(_describe(failures, done, ranks), hint=_hint(failures))
         path = Path(tmp) / "result.pt"
         if not path.is_file():
             raise K31Error("launch: rank 0 ended without a result (internal)")
@@ -236,10 +236,11 @@ def _write_error(tmp: Path, rank: int, e: BaseException) -> None:
 
 def _watch(procs, tmp: str, deadline_s: float | None) -> dict:
     """Wait for every rank to end; on the first failure wait FAILURE_GRACE_S more for the others'
-    errors. Returns {rank: failure record} (empty: all ranks succeeded)."""
+    errors. Returns ({rank: failure record} (empty: all ranks succeeded), ranks that succeeded)."""
     t_end = None if deadline_s is None else time.monotonic() + deadline_s
     live = dict(enumerate(procs))
     failures: dict = {}
+    done: set = set()
     grace_end = None
     while live:
         now = time.monotonic()
@@ -255,11 +256,13 @@ def _watch(procs, tmp: str, deadline_s: float | None) -> dict:
             if p.exitcode is None:
                 continue
             del live[r]
-            if p.exitcode != 0:
+            if p.exitcode == 0:
+                done.add(r)
+            else:
                 failures[r] = _failure_of(r, p.exitcode, Path(tmp))
                 if grace_end is None:
                     grace_end = time.monotonic() + FAILURE_GRACE_S
-    return failures
+    return failures, done
 
 
 def _failure_of(rank: int, exitcode: int, tmp: Path) -> dict:
@@ -313,7 +316,7 @@ def _what(f: dict) -> str:
     return f"raised {f['type']}: {f['message']}\n{f['traceback'].rstrip()}"
 
 
-def _describe(failures: dict, world: int) -> str:
+def _describe(failures: dict, done: set, world: int) -> str:
     ordered = sorted(failures.values(), key=_cause_order)
     cause = ordered[0]
     lines = [f"context-parallel run ({world} ranks) failed: rank {cause['rank']} {_what(cause)}"]
@@ -325,7 +328,7 @@ def _describe(failures: dict, world: int) -> str:
             continue
         head = _what(f).splitlines()[0]            # victims: one short line each
         lines.append(f"then rank {f['rank']} {head[:200]}{'…' if len(head) > 200 else ''}")
-    others = sorted(set(range(world)) - set(failures))
+    others = sorted(set(range(world)) - set(failures) - done)
     if others:
         lines.append(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
                      f"{'were' if len(others) > 1 else 'was'} stopped")

@@ -169,24 +169,74 @@ class Engine:
                     stop=None) -> int:
         """Queue a request; returns its id. `stop`: token ids that end the request (kept as its last
         token). `sampling.seed` None: seeded from the engine's seed and the request id."""
+        s = self._new_seq("add_request", prompt_tokens, max_new_tokens, sampling, stop)
+        self._waiting.append(s)
+        return s.rid
+
+    def add_prefilled(self, prompt_tokens, last_logits, load, max_new_tokens: int,
+                      sampling: SamplingParams | None = None, stop=None, *, arrival: float | None = None,
+                      prefill_s: float = 0.0) -> int:
+        """Admit now a request whose prompt was prefilled outside the engine (context-parallel
+        prefill, model/distributed.py); returns its id. The engine gives it a state slot and the
+        pages of its prompt, calls `load(slot, block_table)` to put the prompt's KDA/conv states and
+        DSA caches there (e.g. distributed.hand_off), samples its first token from `last_logits`
+        (the prompt's last row, [vocab]) and decodes it from the next step on. `arrival`: the
+        perf_counter time the prefill started (TTFT counts from it; default now); `prefill_s` is
+        counted in the prefill stats. It cannot wait for room (its states live outside the engine):
+        no free slot, batch place or pages -> K31Error."""
+        if self.draft is not None:
+            raise K31Error("add_prefilled: speculative decoding needs the draft's states of the prompt too",
+                           hint="use an engine without a draft for prefilled requests")
+        logits = torch.as_tensor(last_logits).detach().float().cpu().reshape(-1)
+        if logits.numel() != self.vocab_size:
+            raise K31Error(f"add_prefilled: last_logits has {logits.numel()} values, expected the vocab's "
+                           f"{self.vocab_size}")
+        n_prompt = len(list(prompt_tokens))
+        if (len(self._running) >= self.max_batch or not self.slots.num_free
+                or pages_for(n_prompt) > self.pages.num_free):
+            raise K31Error("add_prefilled: no free batch place, state slot or cache pages for the prompt now",
+                           hint="admit prefilled requests into an engine with room for them")
+        s = self._new_seq("add_prefilled", prompt_tokens, max_new_tokens, sampling, stop)
+        self.pages.grow(s.table, len(s.tokens))
+        s.slot = self.slots.allocate()
+        try:
+            self.runner.reset_slot(s.slot)
+            load(s.slot, list(s.table))
+        except BaseException:
+            self.pages.free(s.table)
+            self.slots.free(s.slot)
+            raise
+        s.ctx, s.prefilling, s.order = len(s.tokens), False, self._admissions
+        self._admissions += 1
+        s.t_admitted = time.perf_counter()
+        if arrival is not None:
+            s.t_arrival = arrival
+        self._running.append(s)
+        self.stats.prefill_tokens += len(s.tokens)
+        self.stats.prefill_s += prefill_s
+        self._emit(s, [sample_token(logits, s.params, s.gen)], [])
+        return s.rid
+
+    def _new_seq(self, who: str, prompt_tokens, max_new_tokens, sampling, stop) -> _Seq:
+        """A checked new request (not yet queued or admitted)."""
         prompt = list(prompt_tokens)
         if not prompt:
-            raise K31Error("add_request: the prompt is empty", hint="give at least one token")
+            raise K31Error(f"{who}: the prompt is empty", hint="give at least one token")
         for t in prompt:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.vocab_size:
-                raise K31Error(f"add_request: prompt token {t!r} is not an int in [0, {self.vocab_size})")
+                raise K31Error(f"{who}: prompt token {t!r} is not an int in [0, {self.vocab_size})")
         prompt = [int(t) for t in prompt]
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise K31Error(f"add_request: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+            raise K31Error(f"{who}: max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         params = GREEDY if sampling is None else sampling
         if not isinstance(params, SamplingParams):
-            raise K31Error(f"add_request: sampling must be a SamplingParams, got {type(params).__name__}")
+            raise K31Error(f"{who}: sampling must be a SamplingParams, got {type(params).__name__}")
         stop_set = frozenset(int(t) for t in (stop or ()))
         # The most cache positions the request can hold: every token but the last generated one,
         # plus the gamma draft positions a verify step writes past them.
         need = pages_for(len(prompt) + max_new_tokens - 1 + self.gamma)
         if need > self.pages.num_pages:
-            raise K31Error(f"add_request: {len(prompt)} prompt + {max_new_tokens} new tokens need {need} cache "
+            raise K31Error(f"{who}: {len(prompt)} prompt + {max_new_tokens} new tokens need {need} cache "
                            f"pages but the engine has {self.pages.num_pages}; this request can never run",
                            hint="build the engine (and its runners) with more pages, or ask for fewer tokens")
         rid = self._next_id
@@ -195,9 +245,7 @@ class Engine:
         if not params.greedy:
             seed = params.seed if params.seed is not None else self.seed * 1_000_003 + rid
             gen = make_generator(seed)
-        self._waiting.append(_Seq(rid, prompt, max_new_tokens, params, stop_set, gen, time.perf_counter(),
-                                  tokens=list(prompt)))
-        return rid
+        return _Seq(rid, prompt, max_new_tokens, params, stop_set, gen, time.perf_counter(), tokens=list(prompt))
 
     def generate(self, prompts, max_new_tokens: int, sampling: SamplingParams | None = None, stop=None,
                  progress=None) -> list[RequestResult]:
