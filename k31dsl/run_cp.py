@@ -78,7 +78,7 @@ def cp_stats(stats: dict, config) -> dict:
     kinds = config.layer_kinds
     layers = _layer_gathers(stats["gathers"])
     for d in layers:
-        d["kind"] = "other" if d["layer"] is None else kinds[d["layer"]]
+        d["kind"] = "other" if d["layer"] is None else {"K": "kda", "D": "dsa"}.get(kinds[d["layer"]], "?")
     work, contiguous = stats["indexer_work"], stats["contiguous_work"]
     return {"ranks": stats["ranks"], "tokens": stats["tokens"], "chunk": stats["chunk"],
             "program_s": stats["program_s"], "gather_bytes": stats["gather_bytes"], "gather_s": stats["gather_s"],
