@@ -55,6 +55,11 @@ unrelated model (tiny, random weights: its first 2 of 4 layers pick the target's
 ~40 % of the time, an independently seeded tiny model ~0 %). --draft-config PRESET|FILE picks
 another model (same vocab) with --draft-weights FILE or random weights from --seed + 1.
 
+--cp P: context-parallel prefill. P ranks (processes; gloo on the CPU, NCCL with one GPU per rank
+for --target triton) prefill the prompt together, each a zigzag share of it, then rank 0 decodes
+(--batch 1, no --spec). The report adds the all-gather bytes and time per layer and the indexer
+work per rank. Under torchrun (several hosts) each process is one rank; --cp = their number.
+
 examples:
   k31dsl run                                          tiny on numpy, the built-in prompt
   k31dsl run --prompt "Hello, K31" --max-new-tokens 16
@@ -66,6 +71,7 @@ examples:
   k31dsl run --save-weights tiny.safetensors          keep the random weights (config inside)
   k31dsl run --weights tiny.safetensors --prompt "Hi" the config comes from the file
   k31dsl run --config small --target triton --prompt-len 4096 --max-new-tokens 128 --batch 64
+  k31dsl run --cp 2 --prompt-len 150 -n 3             context-parallel prefill on 2 CPU ranks
   k31dsl run --json                                   one JSON object on stdout, nothing else"""
 
 
@@ -390,6 +396,8 @@ def print_result(r: dict) -> None:
 
 def cmd_run(a) -> int:
     result = generate(a, progress=sys.stderr.isatty() and not a.json and not a.cp)
+    if result is None:               # --cp under torchrun: a rank other than 0 prints nothing
+        return 0
     try:
         if a.json:
             print(json.dumps(result))

@@ -50,14 +50,38 @@ def cp_backend(target: str, ranks: int) -> str:
     return "gloo"
 
 
-def generate_cp(a) -> dict:
-    """Everything `k31dsl run --cp P` does but printing."""
-    from k31dsl.model.cp_launch import launch
+def under_torchrun() -> bool:
+    """True in a process that torchrun started (its elastic agent sets TORCHELASTIC_RUN_ID)."""
+    import os
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def generate_cp(a) -> dict | None:
+    """Everything `k31dsl run --cp P` does but printing. On one host it launches P ranks and returns
+    rank 0's result; under torchrun this process is one rank (torchrun started P of them, maybe on
+    several hosts), and only rank 0 returns a result (the others None)."""
     check_cp_args(a)
-    backend = cp_backend(a.target, a.cp)
     args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
-    result = launch(cp_rank, a.cp, backend=backend, timeout_s=a.cp_timeout, args=(args,))
-    result["cp"]["backend"] = backend
+    if under_torchrun():
+        import os
+        from k31dsl.model.cp_launch import from_env
+        world = int(os.environ["WORLD_SIZE"])
+        if world != a.cp:
+            raise K31Error(f"--cp {a.cp} but torchrun started {world} processes",
+                           hint="give --cp the total of torchrun's --nnodes x --nproc-per-node")
+        from k31dsl.ops.testing import device_for
+        backend = "nccl" if a.target == "triton" and device_for("triton") == "cuda" else "gloo"
+        ctx = from_env(backend, timeout_s=a.cp_timeout)
+        try:
+            result = cp_rank(ctx, args)
+        finally:
+            ctx.close()
+    else:
+        from k31dsl.model.cp_launch import launch
+        backend = cp_backend(a.target, a.cp)
+        result = launch(cp_rank, a.cp, backend=backend, timeout_s=a.cp_timeout, args=(args,))
+    if result is not None:
+        result["cp"]["backend"] = backend
     return result
 
 
@@ -80,10 +104,13 @@ def cp_stats(stats: dict, config) -> dict:
     for d in layers:
         d["kind"] = "other" if d["layer"] is None else {"K": "kda", "D": "dsa"}.get(kinds[d["layer"]], "?")
     work, contiguous = stats["indexer_work"], stats["contiguous_work"]
+
+    def balance(w):                  # max / min; None when a rank has none of the prompt
+        return max(w) / min(w) if min(w) > 0 else None
     return {"ranks": stats["ranks"], "tokens": stats["tokens"], "chunk": stats["chunk"],
             "program_s": stats["program_s"], "gather_bytes": stats["gather_bytes"], "gather_s": stats["gather_s"],
-            "per_layer": layers, "indexer_work": work, "indexer_balance": stats["indexer_balance"],
-            "contiguous_work": contiguous, "contiguous_balance": max(contiguous) / max(1, min(contiguous))}
+            "per_layer": layers, "indexer_work": work, "indexer_balance": balance(work),
+            "contiguous_work": contiguous, "contiguous_balance": balance(contiguous)}
 
 
 def cp_rank(ctx, a) -> dict | None:
@@ -174,8 +201,11 @@ def add_cp_rows(table, r: dict, fmt_s) -> None:
     table.add_row("all-gathers (rank 0: bytes received, time)",
                   f"{_fmt_bytes(cp['gather_bytes'])}, {fmt_s(cp['gather_s'])}")
     work = cp["indexer_work"]
+
+    def ratio(v):
+        return "- (a rank has no prompt token)" if v is None else f"{v:.3f}"
     table.add_row("indexer work per rank, max/min (zigzag | contiguous)",
-                  f"{cp['indexer_balance']:.3f} | {cp['contiguous_balance']:.2f}")
+                  f"{ratio(cp['indexer_balance'])} | {ratio(cp['contiguous_balance'])}")
     table.add_row("indexer work per rank (causal query-key pairs)", " ".join(f"{w:,}" for w in work))
 
 

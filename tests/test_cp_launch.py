@@ -283,6 +283,7 @@ def test_run_cp_matches_single_rank_tokens(capsys):
     assert s["ranks"] == 2 and s["tokens"] == T and s["backend"] == "gloo" and s["chunk"] % 64 == 0
     # every causal (query, key) pair is scored by exactly one rank, under either split
     assert sum(s["indexer_work"]) == sum(s["contiguous_work"]) == T * (T + 1) // 2
+    assert min(s["indexer_work"]) > 0            # 150 tokens reach both ranks' chunks
     assert s["indexer_balance"] == pytest.approx(max(s["indexer_work"]) / min(s["indexer_work"]))
     layers = {d["layer"]: d for d in s["per_layer"]}
     config = K31Config.load("tiny")
