@@ -21,15 +21,13 @@ rank. Median over the repeats; repeats stop early when they would pass `--case-b
     python benchmarks/cp.py                                    # T=131072, ranks 1,2 (issue 8)
     python benchmarks/cp.py --tokens 131072,524288 --ranks 1,2,4,8   # issue 9 (counts above the
                                                                # GPUs present are skipped, listed)
-    python benchmarks/cp.py --smoke      # CPU, gloo, tiny preset, numpy target, T=288, ranks 1,2
+    python benchmarks/cp.py --smoke      # CPU, gloo, tiny preset, numpy target, T=256, ranks 1,2
                                          # (results to a temp dir, not benchmarks/results)
 Results: benchmarks/results/cp.{json,md}, saved after every case.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import statistics
 import sys
@@ -42,46 +40,68 @@ if "--smoke" in sys.argv:
 sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
 
-# Single-GPU prefill fit to run 7b (NOTES, "The K31 model end to end": 4K 64.3 ms, 32K 979 ms):
-# t(T) = A*T + B*T^2 ms. The T^2 term is the indexer, its top-k and the score buffers.
-FIT_A_MS, FIT_B_MS = 1.367e-2, 4.94e-7
-ALLGATHER_GBS = 300.0        # assumed NCCL all-gather bus bandwidth on H200 NVLink (GB/s per rank)
-ALLGATHER_LAT_MS = 0.03      # assumed per-call latency
+# Prefill cost model (NOTES.md, "Context-parallel prefill"), its constants from the `small`
+# preset's H200 runs (run 7b / model_profile): per token of the linear part (GEMMs, MoE, KDA, norms)
+# LINEAR_MS; per causal (query, key) pair of indexer_scores_flat, all 4 DSA layers, PAIR_MS (5.6 ms
+# for the 8.4 M pairs of a 4K prefill); per (row x row width) element of topk_segments, which scans
+# a query's whole score row (the step's max_pages x 64 columns, not only its causal range), all 4
+# layers, TOPK_MS (0.72 ms per layer at 4K x 4K). 4K: 55.3 + 5.6 + 2.9 = 64 ms (measured 64.3);
+# 32K: 442 + 358 + 184 = 985 ms (measured 979).
+LINEAR_MS, PAIR_MS, TOPK_MS = 1.35e-2, 6.67e-7, 1.72e-7
+ALLGATHER_GBS = 300.0        # assumed NCCL all-gather bandwidth per rank on H200 NVLink (GB/s received)
+ALLGATHER_LAT_MS = 0.05      # assumed per-call latency (a CP step makes ~6 gathers per KDA layer, 2 per DSA)
 
 
-# ---------------------------------------------------------------- the model of one rank's work
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def single_model(T: int, chunk: int) -> dict:
+    """Predicted ms and score-buffer GB of the single-runner prefill in `chunk`-token chunks: each
+    chunk a step whose rows are `max_pages` = next_pow2(pages of its context + itself) x 64 wide."""
+    from k31dsl.model.config import pages_for
+    ms, buf = 0.0, 0.0
+    for c0 in range(0, T, chunk):
+        n = min(chunk, T - c0)
+        width = _next_pow2(pages_for(c0 + n)) * 64
+        pairs = n * c0 + n * (n + 1) // 2
+        ms += LINEAR_MS * n + PAIR_MS * pairs + TOPK_MS * n * width
+        buf = max(buf, 8.0 * n * width / 1e9)     # fp32 scores + the int32 topk_no_idx input, [n, width]
+    return {"predicted_ms": ms, "score_buffers_gb": buf}
+
 
 def cp_model(cfg, T: int, P: int) -> dict:
-    """Per-rank FLOP and bytes of a zigzag CP prefill (NOTES.md, "Context-parallel prefill")."""
+    """Per-rank time, memory and traffic of cp_prefill over P ranks (one step of 2 x chunk rows, every
+    row max_pages x 64 = the padded prompt wide)."""
     from k31dsl.model.config import INDEX_DIM, KV_LORA, ROPE_DIM
+    from k31dsl.model.distributed import zigzag_layout
+    lay = zigzag_layout(T, P)
+    rows, width = 2 * lay.chunk, lay.padded
     n_kda, n_dsa = len(cfg.kda_layers), len(cfg.dsa_layers)
     hv, K, V = cfg.kda_value_heads, cfg.kda_head_dim, cfg.kda_value_dim
-    summary_bytes = hv * K * (K + V) * 4                 # (M, E) fp32 per CP chunk and layer
-    idx_b, lat_b = INDEX_DIM + INDEX_DIM // 32, KV_LORA + 4 * 4 + ROPE_DIM * 2     # 132, 656
-    gathered_dsa = T * (idx_b + lat_b)                   # every rank ends with all T tokens' entries
-    gathered_kda = 2 * P * summary_bytes
-    # the extra state pass per local token-head: S_ext (4 K V) + Kb^T W (2 K^2) + M chain (2 K^3 / 64)
-    summary_flop = n_kda * (T / P) * hv * (4 * K * V + 2 * K * K + 2 * K ** 3 / 64)
-    compose_flop = n_kda * 2 * hv * (2 * P - 1) * 2 * K * K * (K + V)
-    single = FIT_A_MS * T + FIT_B_MS * T * T
-    comm_ms = (n_dsa * (gathered_dsa * (P - 1) / P / (ALLGATHER_GBS * 1e9) * 1e3 + 2 * ALLGATHER_LAT_MS)
-               + n_kda * (gathered_kda * (P - 1) / P / (ALLGATHER_GBS * 1e9) * 1e3 + ALLGATHER_LAT_MS)) if P > 1 else 0.0
-    extra_ms = (summary_flop + compose_flop) / 150e12 * 1e3 if P > 1 else 0.0   # KDA state pass ~150 TFLOP/s
-    per_rank = single / P + comm_ms + extra_ms
-    return {"gather_bytes_per_dsa_layer": gathered_dsa, "gather_bytes_per_kda_layer": gathered_kda,
-            "summary_bytes_per_chunk_layer": summary_bytes, "summary_flop_per_rank": summary_flop,
-            "compose_flop_per_rank": compose_flop, "fit_single_ms": single, "comm_ms": comm_ms,
-            "extra_ms": extra_ms, "predicted_ms": per_rank, "predicted_speedup": single / per_rank}
+    summary = hv * K * (K + V) * 4                       # (M, E) fp32 of one piece
+    idx_b, lat_b = INDEX_DIM + INDEX_DIM // 32, KV_LORA + 4 * 4 + ROPE_DIM * 2     # 132, 656 B per token
+    dsa_bytes = width * (idx_b + lat_b)                  # received per DSA layer (own share included)
+    kda_bytes = 4 * P * summary                          # 4 pieces per rank (2 chunks + their padding)
+    comm = 0.0
+    if P > 1:
+        comm = (n_dsa * (dsa_bytes / (ALLGATHER_GBS * 1e9) * 1e3 + 2 * ALLGATHER_LAT_MS)
+                + n_kda * (kda_bytes / (ALLGATHER_GBS * 1e9) * 1e3 + 5 * ALLGATHER_LAT_MS))
+    work = max(lay.indexer_work(r) for r in range(P))
+    ms = LINEAR_MS * rows + PAIR_MS * work + TOPK_MS * rows * width + comm
+    return {"chunk": lay.chunk, "rows": rows, "row_width": width, "predicted_ms": ms, "comm_ms": comm,
+            "score_buffers_gb": 8.0 * rows * width / 1e9, "gather_bytes_per_dsa_layer": dsa_bytes,
+            "gather_bytes_per_kda_layer": kda_bytes, "summary_bytes_per_piece_layer": summary}
 
 
 def work_balance(T: int, P: int) -> dict:
     """Indexer work per rank (causal (query, key) pairs) for the zigzag layout and a contiguous split."""
     from k31dsl.model.distributed import contiguous_work, zigzag_layout
     lay = zigzag_layout(T, P)
-    zig = [float(lay.indexer_work(r)) for r in range(P)]
-    con = [float(w) for w in contiguous_work(T, P)]
+    zig = [lay.indexer_work(r) for r in range(P)]
+    con = contiguous_work(T, P)
     return {"zigzag": zig, "contiguous": con,
-            "zigzag_max_min": max(zig) / max(min(zig), 1e-30), "contiguous_max_min": max(con) / max(min(con), 1e-30)}
+            "zigzag_max_min": max(zig) / max(min(zig), 1), "contiguous_max_min": max(con) / max(min(con), 1)}
 
 
 # ---------------------------------------------------------------- in each rank
@@ -153,7 +173,7 @@ def _peak_gb(ctx) -> float:
     import torch
     import torch.distributed as dist
     if torch.device(ctx.device).type != "cuda":
-        return float("nan")
+        return ""
     x = torch.tensor([torch.cuda.max_memory_allocated(ctx.device) / 1e9], dtype=torch.float64, device=ctx.device)
     if ctx.world > 1:
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=ctx.group)
@@ -174,21 +194,37 @@ def _plain(x):
 
 
 def _gathers(records) -> dict:
-    """Communicator.stats records of one prefill, summed per name: {name: {calls, bytes, seconds}}."""
+    """Communicator.stats records ({"name", "bytes" received, "seconds"}) of one prefill, summed per
+    name ("l3 indexer keys", "l0 kda M", ...): {name: {calls, bytes, seconds}}."""
     out: dict = {}
     for rec in records:
-        name, nbytes, seconds = (rec if isinstance(rec, (tuple, list))
-                                 else (rec["name"], rec["bytes"], rec["seconds"]) if isinstance(rec, dict)
-                                 else (rec.name, rec.bytes, rec.seconds))
-        e = out.setdefault(str(name), {"calls": 0, "bytes": 0, "seconds": 0.0})
+        e = out.setdefault(str(rec["name"]), {"calls": 0, "bytes": 0, "seconds": 0.0})
         e["calls"] += 1
-        e["bytes"] += int(nbytes)
-        e["seconds"] += float(seconds)
+        e["bytes"] += int(rec["bytes"])
+        e["seconds"] += float(rec["seconds"])
     return out
 
 
+def per_layer(gathers: dict, layers: dict) -> dict:
+    """Gathers of one prefill per layer kind: {"DSA"|"KDA"|"other": {bytes, seconds}} per layer
+    (the sum over the kind's layers divided by their number; `layers` maps 'K'/'D' to indices)."""
+    out = {"DSA": [0, 0.0], "KDA": [0, 0.0], "other": [0, 0.0]}
+    for name, g in gathers.items():
+        head = name.split(" ", 1)[0]
+        kind = "other"
+        if head[:1] == "l" and head[1:].isdigit():
+            kind = "DSA" if int(head[1:]) in layers["D"] else "KDA" if int(head[1:]) in layers["K"] else "other"
+        out[kind][0] += g["bytes"]
+        out[kind][1] += g["seconds"]
+    n = {"DSA": max(1, len(layers["D"])), "KDA": max(1, len(layers["K"])), "other": 1}
+    return {k: {"bytes": b / n[k], "seconds": s / n[k]} for k, (b, s) in out.items()}
+
+
 def cp_worker(ctx, spec: dict) -> dict:
-    """One rank of a cp_prefill case; rank 0's dict is the case's result."""
+    """One rank of a cp_prefill case; rank 0's dict is the case's result. The timed repeats use an
+    untimed Communicator (no synchronisation around its gathers); one more prefill with
+    Communicator(timed=True) (a GPU sync before and after each gather) gives the gather seconds
+    on a GPU (gloo gathers on the CPU are synchronous: the repeats' own records are used)."""
     import torch
     from k31dsl.model.distributed import Communicator, cp_prefill
     runner = _build_runner(ctx, spec)
@@ -202,14 +238,25 @@ def cp_worker(ctx, spec: dict) -> dict:
 
     try:
         res, times, warm = _timed(ctx, fn, spec)
+        gathers = _gathers(comm.stats[marks[-1]:])
+        timed = None
+        if torch.device(ctx.device).type != "cuda":
+            timed = {"prefill_s": times[-1], "gathers": gathers}     # gloo gathers are synchronous: already timed
+        elif spec["gather_timing"]:
+            tcomm = Communicator(ctx.group, timed=True)
+            _sync(ctx.device)
+            t0 = time.perf_counter()
+            cp_prefill(runner, tokens, tcomm, logits=spec["logits"])
+            _sync(ctx.device)
+            timed = {"prefill_s": time.perf_counter() - t0, "gathers": _gathers(tcomm.stats)}
     except torch.cuda.OutOfMemoryError as e:
         if ctx.world > 1:
-            raise                      # the other ranks are inside a collective: the core's fault path ends them
+            raise                      # peers wait in a collective: cp_launch ends them and names this rank
         return {"status": "OOM", "detail": str(e)[:300]}
-    gathers = _gathers(comm.stats[marks[-1]:])
     logits = torch.as_tensor(res.logits)
-    return {"status": "ok", "times_s": times, "warmup_s": warm, "gathers": gathers,
-            "stats": _plain(getattr(res, "stats", {})), "peak_gb": _peak_gb(ctx),
+    stats = {k: v for k, v in res.stats.items() if k != "gathers"}
+    return {"status": "ok", "times_s": times, "warmup_s": warm, "gathers": gathers, "timed_gathers": timed,
+            "stats": _plain(stats), "peak_gb": _peak_gb(ctx),
             "last_logits": logits[-1].float().cpu().tolist(), "logits_rows": int(logits.shape[0])}
 
 
@@ -251,11 +298,12 @@ def run_case(worker, P: int, spec: dict, backend: str, timeout_s: float) -> dict
     out["launch_s"] = time.perf_counter() - t
     if out.get("status") == "ok":
         out["ms"] = statistics.median(out["times_s"]) * 1e3
-    print(f"  T={spec['T']} P={P} {worker.__name__}: {out['status']}"
-          + (f" {out['ms']:.1f} ms (repeats {[round(s * 1e3, 1) for s in out['times_s']]}, "
-             f"warm-up {[round(s, 1) for s in out['warmup_s']]} s, peak {out['peak_gb']:.1f} GB)"
-             if out["status"] == "ok" else f" ({out.get('detail', '')[:300]})")
-          + f" [launch {out['launch_s']:.0f} s]", flush=True)
+        peak = f", peak {out['peak_gb']:.1f} GB/rank" if out["peak_gb"] != "" else ""
+        what = (f"{out['ms']:.1f} ms (repeats {[round(s * 1e3, 1) for s in out['times_s']]} ms, warm-up "
+                f"{[round(s, 1) for s in out['warmup_s']]} s{peak})")
+    else:
+        what = f"({out.get('detail', '')[-400:]})"
+    print(f"  T={spec['T']} P={P} {worker.__name__}: {out['status']} {what} [launch {out['launch_s']:.0f} s]", flush=True)
     return out
 
 
@@ -265,11 +313,10 @@ def _max_rel(a, b) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
-def _per_layer(gathers: dict) -> tuple[str, str]:
-    """Compact 'name: MB / ms' over the gather names (one prefill, rank 0's view)."""
-    mb = "; ".join(f"{n} {g['bytes'] / 1e6:.3g} MB" for n, g in gathers.items())
-    ms = "; ".join(f"{n} {g['seconds'] * 1e3:.3g} ms" for n, g in gathers.items())
-    return mb, ms
+COLUMNS = ["T", "GPUs", "impl", "ms", "speedup vs 1 GPU", "predicted ms", "predicted speedup",
+           "DSA gather MB/layer", "DSA gather ms/layer", "KDA gather MB/layer", "KDA gather ms/layer",
+           "peak GB/rank", "predicted score buffers GB", "indexer max/min zigzag", "indexer max/min contiguous",
+           "last-token logits rel diff", "status"]
 
 
 def main(argv=None) -> int:
@@ -277,109 +324,119 @@ def main(argv=None) -> int:
     from k31dsl.model.config import K31Config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny preset, numpy target, T=288")
+    ap.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny preset, numpy target, T=256")
     ap.add_argument("--config", default="small")
     ap.add_argument("--tokens", default="131072", help="sequence lengths, comma-separated")
     ap.add_argument("--ranks", default="1,2", help="rank counts, comma-separated")
     ap.add_argument("--chunk", type=int, default=16384, help="chunk of the single-runner 1-GPU prefill")
-    ap.add_argument("--one-gpu", default="single,cp", help="1-GPU figures to measure: single, cp")
+    ap.add_argument("--one-gpu", default="single,cp", help="1-GPU figures to measure: single, cp (comma-separated)")
     ap.add_argument("--logits", default="all", choices=["all", "last"])
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--case-budget", type=float, default=120.0, help="seconds of timed repeats per case")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch (a hang fails the case)")
+    ap.add_argument("--no-gather-timing", action="store_true", help="skip the extra prefill with timed gathers")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch (collective timeout)")
     ap.add_argument("--target", default="triton")
     ap.add_argument("--backend", default=None, help="nccl (GPU) / gloo (CPU); default by --smoke")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.config, args.tokens, args.chunk, args.target = "tiny", args.tokens if "--tokens" in sys.argv else "288", 160, "numpy"
+        if "--tokens" not in (argv or sys.argv):
+            args.tokens = "256"
+        args.config, args.chunk, args.target = "tiny", 128, "numpy"
         args.warmup, args.repeats, args.timeout = 0, 1, 300.0
         harness.RESULTS = Path(tempfile.mkdtemp(prefix="k31_cp_smoke_"))
     backend = args.backend or ("gloo" if args.smoke else "nccl")
-    devices = 10 ** 6 if backend == "gloo" else torch.cuda.device_count()
+    devices = torch.cuda.device_count() if backend == "nccl" else None      # None: CPU ranks, no limit
     cfg = K31Config.load(args.config)
+    layers = {"K": set(cfg.kda_layers), "D": set(cfg.dsa_layers)}
     lengths = [int(t) for t in args.tokens.split(",") if t]
     ranks = sorted({int(p) for p in args.ranks.split(",") if p})
     one_gpu = set(args.one_gpu.split(","))
     results = {"env": harness.environment(), "smoke": args.smoke, "config": cfg.name, "backend": backend,
-               "devices": devices if backend != "gloo" else "cpu", "args": vars(args), "cases": {}}
+               "devices": devices if devices is not None else "cpu", "args": vars(args), "cases": {}}
     rows: list[dict] = []
-    cols = ["T", "GPUs", "impl", "ms", "speedup vs 1 GPU", "predicted", "gather MB per layer", "gather ms per layer",
-            "peak GB/rank", "indexer work max/min (zigzag)", "contiguous max/min", "last-token logits rel diff",
-            "status"]
     print(f"{cfg.name}: {backend}, devices {results['devices']}, T {lengths}, ranks {ranks}", flush=True)
 
     def save():
         results["rows"] = rows
-        harness.write("cp", _plain(results), cols, rows, notes=_notes(results))
+        harness.write("cp", _plain(results), COLUMNS, rows, notes=_notes(results))
 
     for T in lengths:
-        base_spec = {"smoke": args.smoke, "config": args.config, "target": args.target, "T": T, "chunk": args.chunk,
-                     "logits": args.logits, "warmup": args.warmup, "repeats": args.repeats,
-                     "case_budget_s": args.case_budget}
-        case, ref_logits = results["cases"].setdefault(str(T), {}), None
-        one = []
+        spec = {"smoke": args.smoke, "config": args.config, "target": args.target, "T": T, "chunk": args.chunk,
+                "logits": args.logits, "warmup": args.warmup, "repeats": args.repeats,
+                "case_budget_s": args.case_budget, "gather_timing": not args.no_gather_timing}
+        case = results["cases"].setdefault(str(T), {})
+        ref_logits, one = None, []
+        sm = single_model(T, args.chunk)
+        base_pred = sm["predicted_ms"]
+        if 1 in ranks and "single" in one_gpu:
+            case["single"] = out = run_case(single_worker, 1, spec, backend, args.timeout)
+            out["model"] = sm
+            row = {"T": T, "GPUs": 1, "impl": f"single runner, {args.chunk}-token chunks", "status": out["status"],
+                   "ms": out.get("ms", float("nan")), "peak GB/rank": out.get("peak_gb", ""),
+                   "predicted ms": sm["predicted_ms"], "predicted speedup": 1.0,
+                   "predicted score buffers GB": sm["score_buffers_gb"]}
+            rows.append(row)
+            one.append(row)
+            ref_logits = out.get("last_logits")
+            save()
         for P in ranks:
-            m = cp_model(cfg, T, P)
-            row = {"T": T, "GPUs": P, "impl": "cp_prefill zigzag" if P > 1 else "cp_prefill (1 rank)",
-                   "predicted": f"{m['predicted_speedup']:.2f}x" if P > 1 else ""}
-            try:
-                bal = work_balance(T, P)
-                row["indexer work max/min (zigzag)"], row["contiguous max/min"] = bal["zigzag_max_min"], bal["contiguous_max_min"]
-            except Exception as e:  # noqa: BLE001
-                bal = {"error": f"{type(e).__name__}: {e}"}
-            if P > devices:
-                row["status"] = f"skipped: {devices} GPUs here"
-                case[f"cp{P}"] = {"status": row["status"], "model": m, "balance": bal}
-                rows.append(row)
-                save()
-                continue
-            if P == 1 and "single" in one_gpu:
-                out = run_case(single_worker, 1, base_spec, backend, args.timeout)
-                case["single"] = out
-                srow = {"T": T, "GPUs": 1, "impl": f"single runner, {args.chunk}-token chunks",
-                        "status": out["status"], "ms": out.get("ms", float("nan")), "peak GB/rank": out.get("peak_gb")}
-                rows.append(srow)
-                one.append(srow)
-                ref_logits = out.get("last_logits")
-                save()
             if P == 1 and "cp" not in one_gpu:
                 continue
-            out = run_case(cp_worker, P, base_spec, backend, args.timeout)
+            m, bal = cp_model(cfg, T, P), work_balance(T, P)
+            row = {"T": T, "GPUs": P, "impl": "cp_prefill zigzag" + (" (1 rank)" if P == 1 else ""),
+                   "predicted ms": m["predicted_ms"], "predicted speedup": base_pred / m["predicted_ms"],
+                   "predicted score buffers GB": m["score_buffers_gb"],
+                   "indexer max/min zigzag": bal["zigzag_max_min"], "indexer max/min contiguous": bal["contiguous_max_min"]}
+            rows.append(row)
+            if devices is not None and P > devices:
+                row["status"] = f"skipped: {devices} GPU(s) on this host"
+                case[f"cp{P}"] = {"status": row["status"], "model": m, "balance": bal}
+                save()
+                continue
+            case[f"cp{P}"] = out = run_case(cp_worker, P, spec, backend, args.timeout)
             out["model"], out["balance"] = m, bal
-            case[f"cp{P}"] = out
-            row.update(status=out["status"], ms=out.get("ms", float("nan")), **{"peak GB/rank": out.get("peak_gb")})
+            row.update({"status": out["status"], "ms": out.get("ms", float("nan")), "peak GB/rank": out.get("peak_gb", "")})
             if out["status"] == "ok":
-                row["gather MB per layer"], row["gather ms per layer"] = _per_layer(out["gathers"])
+                lay = per_layer(out["gathers"], layers)
+                row["DSA gather MB/layer"] = lay["DSA"]["bytes"] / 1e6
+                row["KDA gather MB/layer"] = lay["KDA"]["bytes"] / 1e6
+                if out.get("timed_gathers"):
+                    tl = per_layer(out["timed_gathers"]["gathers"], layers)
+                    row["DSA gather ms/layer"] = tl["DSA"]["seconds"] * 1e3
+                    row["KDA gather ms/layer"] = tl["KDA"]["seconds"] * 1e3
+                    out["per_layer_timed"] = tl
+                out["per_layer"] = lay
                 if ref_logits is not None:
                     row["last-token logits rel diff"] = _max_rel(out["last_logits"], ref_logits)
-                elif P == 1:
+                else:
                     ref_logits = out["last_logits"]
             if P == 1:
                 one.append(row)
-            rows.append(row)
-            # the baseline is the faster 1-GPU figure measured so far in this T
+            # the baseline: the faster 1-GPU figure of this T
             base = min((r["ms"] for r in one if r.get("status") == "ok"), default=float("nan"))
             case["baseline_ms"] = base
             for r in rows:
                 if r["T"] == T and r.get("status") == "ok":
                     r["speedup vs 1 GPU"] = base / r["ms"]
             save()
-    harness.print_table(cols, rows)
+    harness.print_table(COLUMNS, rows)
     print(f"results: {harness.RESULTS / 'cp.md'}")
     return 0
 
 
 def _notes(results) -> str:
     a = results["args"]
-    return (f"{results['config']} preset, {results['backend']}, one sequence of random tokens. Wall time per prefill: "
-            f"median of up to {a['repeats']} repeats after {a['warmup']} warm-up(s), each after a barrier, "
-            "the slowest rank's time (all-reduce MAX). Speedup vs the faster 1-GPU figure (single runner in "
-            f"{a['chunk']}-token chunks, or cp_prefill with one rank). Gathers: rank 0's Communicator.stats over one "
-            "prefill, summed per name. Indexer work: causal (query, key) pairs per rank, max/min over ranks "
-            "(zigzag as run; contiguous split for comparison). Logits diff: the last token's logits vs the first "
-            "1-GPU figure (max abs diff / max abs). 'predicted': NOTES.md's model (T^2 fit to run 7b + gathers + "
-            "KDA summary passes).")
+    return (f"{results['config']} preset, {results['backend']}, one sequence of random tokens (seed 1). ms: median "
+            f"of up to {a['repeats']} prefills after {a['warmup']} warm-up(s), each after a barrier, the slowest "
+            "rank's wall time (all-reduce MAX). Speedup vs the faster 1-GPU figure of the same T (single runner in "
+            f"{a['chunk']}-token chunks, or cp_prefill with one rank). Gather MB/layer: bytes each rank receives per "
+            "layer (Communicator.stats of one prefill; DSA: MLA cache + indexer keys, KDA: M, E and conv halos); "
+            "gather ms/layer: one more prefill with Communicator(timed=True), a GPU sync around each gather. "
+            "Indexer max/min: causal (query, key) pairs per rank, zigzag as run vs a contiguous split. Logits: "
+            "last token vs the first 1-GPU figure (max abs diff / max abs). Predicted: the cost model of NOTES.md "
+            "'Context-parallel prefill' (linear + causal pairs + top-k row widths + gathers); 'predicted score "
+            "buffers': fp32 scores + int32 topk_no_idx of the widest step, [rows, row width] each.")
 
 
 if __name__ == "__main__":
