@@ -380,36 +380,48 @@ _A1, _A2 = 48271, 1_000_003                     # multipliers of the word positi
 _CHUNK = 1 << 24                                # words per pass (bounds the int64 temporaries)
 
 
-def _checksums(t: torch.Tensor) -> torch.Tensor:
-    """Two position-weighted sums of the tensor's 16-bit words, mod two primes: int64 [2], on the
-    tensor's device. One changed word always changes the first (d * c != 0 mod p for 0 < |d| < 2^16,
-    c in [1, p)); several changed words collide with probability ~ 1/p each."""
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as 16-bit words (a zero byte appended to an odd count)."""
     flat = t.detach().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     raw = flat.view(torch.uint8)
     if raw.numel() % 2:
         raw = torch.cat([raw, raw.new_zeros(1)])
-    words = raw.view(torch.int16)
-    out = torch.zeros(2, dtype=torch.int64, device=t.device)
-    for start in range(0, words.numel(), _CHUNK):
-        w = words[start:start + _CHUNK].to(torch.int64) + 32768                     # [0, 2^16)
-        idx = torch.arange(start, start + w.numel(), dtype=torch.int64, device=t.device)
-        # c in [1, p): a nonzero multiple of the position; w * c < 2^47, a chunk's sum < 2^55 (no overflow)
-        c1 = (idx % (_P1 - 1) + 1) * _A1 % _P1
-        out[0] += (w * c1 % _P1).sum() % _P1
-        c2 = (idx * _A2) % (_P2 - 1) + 1
-        out[1] += (w * c2 % _P2).sum() % _P2
-    out[0] %= _P1
-    out[1] %= _P2
+    return raw.view(torch.int16)
+
+
+def _multipliers(device, n: int) -> torch.Tensor:
+    """int64 [2, n]: word j's multiplier mod each prime, in [1, p) (so never 0 mod p)."""
+    j = torch.arange(n, dtype=torch.int64, device=device)
+    return torch.stack([(j + 1) * _A1 % _P1, j * _A2 % (_P2 - 1) + 1])
+
+
+def _checksums(words: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:
+    """Two position-weighted sums of 16-bit words mod two primes: int64 [2] on the words' device.
+    Word j of chunk k weighs mult[:, j] * (k + 1). One changed word (0 < |d| < 2^16) always changes
+    both sums (d * c * (k + 1) != 0 mod p); several changed words collide with probability ~1/p.
+    No overflow: w * c < 2^47, a chunk's sum < 2^55, the running sum + s * (k + 1) < 2^62."""
+    primes = torch.tensor([[_P1], [_P2]], dtype=torch.int64, device=words.device)
+    out = torch.zeros(2, dtype=torch.int64, device=words.device)
+    for k, start in enumerate(range(0, words.numel(), _CHUNK)):
+        w = words[start:start + _CHUNK].to(torch.int64) + 32768                      # [0, 2^16)
+        part = (w * mult[:, :w.numel()] % primes).sum(dim=1) % primes[:, 0]
+        out = (out + part * (k + 1)) % primes[:, 0]
     return out
 
 
 def tensor_fingerprints(weights: dict) -> dict[str, str]:
     """name -> a 16-hex hash of the tensor's shape, dtype and content checksums."""
     names = sorted(weights)
-    sums = [_checksums(weights[n]) for n in names]
-    values = torch.stack([s.cpu() for s in sums]).tolist() if sums else []
+    words = {n: _words(weights[n]) for n in names}
+    mults: dict = {}                # device -> multipliers for the longest chunk there (shared by all tensors)
+    for w in words.values():
+        n = min(_CHUNK, w.numel())
+        if w.device not in mults or n > mults[w.device].shape[1]:
+            mults[w.device] = _multipliers(w.device, n)
+    sums = [_checksums(words[n], mults[words[n].device]) for n in names]
+    values = torch.stack([s.to(sums[0].device) for s in sums]).cpu().tolist() if sums else []   # one sync
     out = {}
     for n, (s1, s2) in zip(names, values):
         t = weights[n]
