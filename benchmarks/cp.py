@@ -180,6 +180,12 @@ def _peak_gb(ctx) -> float:
     return float(x.item())
 
 
+def _is_oom(e: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or a CUDA 'out of memory' surfacing as another error type."""
+    msg = f"{type(e).__name__}: {e}".lower()
+    return "outofmemory" in msg or "out of memory" in msg
+
+
 def _plain(x):
     """JSON-safe copy of stats (tensors to lists, unknown objects to str)."""
     if isinstance(x, dict):
@@ -249,8 +255,8 @@ def cp_worker(ctx, spec: dict) -> dict:
             cp_prefill(runner, tokens, tcomm, logits=spec["logits"])
             _sync(ctx.device)
             timed = {"prefill_s": time.perf_counter() - t0, "gathers": _gathers(tcomm.stats)}
-    except torch.cuda.OutOfMemoryError as e:
-        if ctx.world > 1:
+    except Exception as e:  # noqa: BLE001
+        if ctx.world > 1 or not _is_oom(e):
             raise                      # peers wait in a collective: cp_launch ends them and names this rank
         return {"status": "OOM", "detail": str(e)[:300]}
     logits = torch.as_tensor(res.logits)
@@ -278,7 +284,9 @@ def single_worker(ctx, spec: dict) -> dict:
 
     try:
         last, times, warm = _timed(ctx, fn, spec)
-    except torch.cuda.OutOfMemoryError as e:
+    except Exception as e:  # noqa: BLE001
+        if not _is_oom(e):
+            raise
         return {"status": "OOM", "detail": str(e)[:300]}
     return {"status": "ok", "times_s": times, "warmup_s": warm, "peak_gb": _peak_gb(ctx),
             "last_logits": torch.as_tensor(last)[-1].float().cpu().tolist()}
@@ -293,8 +301,7 @@ def run_case(worker, P: int, spec: dict, backend: str, timeout_s: float) -> dict
         out = launch(worker, P, backend=backend, timeout_s=timeout_s, args=(spec,))
     except Exception as e:  # noqa: BLE001 - a failed case is a row, not the end of the run
         msg = f"{type(e).__name__}: {e}"
-        oom = "out of memory" in msg.lower() or "outofmemory" in msg.lower()
-        out = {"status": "OOM" if oom else "failed", "detail": msg[:500]}
+        out = {"status": "OOM" if _is_oom(e) else "failed", "detail": msg[-1500:]}
     out["launch_s"] = time.perf_counter() - t
     if out.get("status") == "ok":
         out["ms"] = statistics.median(out["times_s"]) * 1e3
