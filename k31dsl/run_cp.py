@@ -36,6 +36,19 @@ def check_cp_args(a) -> None:
         raise K31Error(f"--cp-timeout must be > 0 seconds, got {a.cp_timeout}")
 
 
+def _check_inputs(a) -> None:
+    """The cheap checks of what every rank will read, here once (not P copies of one error)."""
+    from pathlib import Path
+    from k31dsl.model.config import K31Config
+    from k31dsl.run_cmd import make_prompts
+    if a.config:
+        K31Config.load(a.config)
+    for option, path in (("--weights", a.weights),):
+        if path and not Path(path).is_file():
+            raise K31Error(f"{option} {path}: no such file", hint="write one with `k31dsl run --save-weights FILE`")
+    make_prompts(a.prompt, a.prompt_len, 1, a.seed)
+
+
 def cp_backend(target: str, ranks: int) -> str:
     """gloo on CPU targets; NCCL for triton on CUDA with >= `ranks` GPUs."""
     if target == "triton":
@@ -61,6 +74,7 @@ def generate_cp(a) -> dict | None:
     rank 0's result; under torchrun this process is one rank (torchrun started P of them, maybe on
     several hosts), and only rank 0 returns a result (the others None)."""
     check_cp_args(a)
+    _check_inputs(a)
     args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
     if under_torchrun():
         import os

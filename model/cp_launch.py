@@ -27,6 +27,7 @@ Faults, and how long they take to surface (no run hangs):
   * a rank that hangs outside any collective while its peers wait in one: the peers' collective
     fails after `timeout_s` (init_process_group's timeout), which is then a failure as above.
     Bound: timeout_s + 5 s. `deadline_s` bounds the whole run as well, if given;
+  * ranks still running `timeout_s` after rank 0 returned its result are a failure too;
   * the parent interrupted (Ctrl-C) or killed: the ranks are terminated, and each rank also
     exits by itself within a second of finding its parent gone.
 
@@ -57,6 +58,7 @@ import datetime
 import hashlib
 import json
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -132,8 +134,12 @@ def launch(worker, ranks: int, *, backend: str = "gloo", timeout_s: float = 300.
                                name=f"k31-cp-rank{r}") for r in range(ranks)]
         try:
             for p in procs:
-                p.start()
-            failures, done = _watch(procs, tmp, deadline_s)
+                try:
+                    p.start()
+                except (pickle.PicklingError, AttributeError, TypeError) as e:
+                    raise K31Error(f"launch: the worker and its args must be picklable ({e})",
+                                   hint="a module-level function, and args of plain data / tensors") from None
+            failures, done = _watch(procs, tmp, deadline_s, timeout_s)
         finally:
             _terminate(procs)
             del store
@@ -234,10 +240,12 @@ def _write_error(tmp: Path, rank: int, e: BaseException) -> None:
 
 # ---------------------------------------------------------------- the parent's watch
 
-def _watch(procs, tmp: str, deadline_s: float | None) -> dict:
+def _watch(procs, tmp: str, deadline_s: float | None, after_root_s: float):
     """Wait for every rank to end; on the first failure wait FAILURE_GRACE_S more for the others'
-    errors. Returns ({rank: failure record} (empty: all ranks succeeded), ranks that succeeded)."""
+    errors; once rank 0 has its result the others get `after_root_s` more. Returns
+    ({rank: failure record} (empty: all ranks succeeded), ranks that succeeded)."""
     t_end = None if deadline_s is None else time.monotonic() + deadline_s
+    why = {"deadline": deadline_s}
     live = dict(enumerate(procs))
     failures: dict = {}
     done: set = set()
@@ -248,7 +256,7 @@ def _watch(procs, tmp: str, deadline_s: float | None) -> dict:
             break
         if t_end is not None and now >= t_end and grace_end is None:
             for r in live:
-                failures[r] = {"rank": r, "deadline": deadline_s, "time": time.time()}
+                failures[r] = {"rank": r, **why, "time": time.time()}
             break
         limits = [POLL_S] + [x - now for x in (t_end, grace_end) if x is not None]
         wait_for_exits([p.sentinel for p in live.values()], timeout=max(0.0, min(limits)))
@@ -258,6 +266,8 @@ def _watch(procs, tmp: str, deadline_s: float | None) -> dict:
             del live[r]
             if p.exitcode == 0:
                 done.add(r)
+                if r == 0 and live and (t_end is None or t_end > time.monotonic() + after_root_s):
+                    t_end, why = time.monotonic() + after_root_s, {"after_root": after_root_s}
             else:
                 failures[r] = _failure_of(r, p.exitcode, Path(tmp))
                 if grace_end is None:
@@ -302,6 +312,8 @@ def _cause_order(f: dict):
 def _what(f: dict) -> str:
     if "deadline" in f:
         return f"was still running at the run's deadline ({f['deadline']:g} s)"
+    if "after_root" in f:
+        return f"was still running {f['after_root']:g} s after rank 0 had finished"
     if "exitcode" in f:
         code = f["exitcode"]
         if code < 0:
@@ -337,8 +349,8 @@ def _describe(failures: dict, done: set, world: int) -> str:
 
 def _hint(failures: dict) -> str | None:
     cause = sorted(failures.values(), key=_cause_order)[0]
-    if "deadline" in cause:
-        return "raise the deadline, or look for a rank that hangs"
+    if "deadline" in cause or "after_root" in cause:
+        return "look for a rank that hangs (or raise the deadline / timeout)"
     if cause.get("comm"):
         return "a collective failed or timed out: a peer may have hung or the network failed"
     return None

@@ -137,6 +137,8 @@ def test_ranks_launch_argument_errors():
         launch(_gather_worker, 0)
     with pytest.raises(K31Error, match="backend must be one of"):
         launch(_gather_worker, 2, backend="mpi")
+    with pytest.raises(K31Error, match="must be picklable"):
+        launch(lambda ctx: ctx.rank, 2, deadline_s=DEADLINE_S)
     if torch.cuda.device_count() < 64:
         with pytest.raises(K31Error, match="needs 64 GPUs"):
             launch(_gather_worker, 64, backend="nccl")
@@ -263,6 +265,9 @@ def test_run_cp_argument_errors(capsys):
     assert "does not go with --spec" in _cli_fails(capsys, "--cp", "2", "--spec", "1")
     assert "needs a target of generated ops" in _cli_fails(capsys, "--cp", "2", "--target", "reference")
     assert "--cp must be >= 1" in _cli_fails(capsys, "--cp", "-1")
+    # what every rank would read is checked once, before any rank starts
+    assert "--prompt is empty" in _cli_fails(capsys, "--cp", "2", "--prompt", "")
+    assert "no such file" in _cli_fails(capsys, "--cp", "2", "--weights", "/nonexistent/w.safetensors")
 
 
 def test_run_cp_matches_single_rank_tokens(capsys):
