@@ -76,6 +76,7 @@ from k31dsl.dsl.errors import K31Error
 BACKENDS = ("gloo", "nccl")
 FAILURE_GRACE_S = 2.0       # after the first failure: time for the others to report their own errors
 TERM_GRACE_S = 3.0          # SIGTERM -> SIGKILL for survivors
+CLOSE_WAIT_S = 10.0         # the longest a finished rank waits for its process group's teardown
 POLL_S = 0.5                # how often the parent looks at its deadline / a rank at its parent
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                     "NVSHMEM_DISABLE_NVLS": "1"}
@@ -183,7 +184,11 @@ def _rank_main(rank: int, spec: _Spec, tmp: str, worker, args) -> None:
             part = Path(tmp) / "result.pt.part"
             torch.save(result, part)
             part.rename(Path(tmp) / "result.pt")
-        ctx.close()
+        # Tear the group down, but never wait long on it (an NCCL teardown can block on peers
+        # that have already left); os._exit below ends the process either way.
+        closer = threading.Thread(target=ctx.close, name="k31-cp-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
     except BaseException as e:            # noqa: BLE001 - every failure goes to the parent
         code = 1
         _write_error(Path(tmp), rank, e)
