@@ -109,7 +109,8 @@ def launch(worker, ranks: int, *, backend: str = "gloo", timeout_s: float = 300.
            threads: int | None = None, deadline_s: float | None = None):
     """Run `worker(ctx, *args)` on `ranks` processes of this host; returns rank 0's return value.
     `worker` and `args` must be picklable (a module-level function). `threads`: torch intra-op
-    threads per rank (default: this host's cores shared out, at least 1). Any rank's failure ->
+    threads per rank (default: OMP_NUM_THREADS, else this host's cores shared out, at least 1). Any
+    rank's failure ->
     K31Error (see the module docstring for the time bounds)."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise K31Error(f"launch: ranks must be an int >= 1, got {ranks!r}")
@@ -123,7 +124,8 @@ def launch(worker, ranks: int, *, backend: str = "gloo", timeout_s: float = 300.
             raise K31Error(f"launch: NCCL with {ranks} ranks needs {ranks} GPUs (one per rank); this host has {have}",
                            hint="use fewer ranks, or backend='gloo' on the CPU")
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // ranks)
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(omp) if omp.isdigit() and int(omp) > 0 else max(1, (os.cpu_count() or 1) // ranks)
     import torch.distributed as dist
     import torch.multiprocessing as mp
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),

@@ -31,7 +31,7 @@ import torch
 from k31dsl.cli import main
 from k31dsl.dsl.errors import K31Error
 from k31dsl.model.config import K31Config, pages_for
-from k31dsl.model.cp_launch import handshake, launch, tensor_fingerprints, weights_fingerprint
+from k31dsl.model.cp_launch import from_env, handshake, launch, tensor_fingerprints, weights_fingerprint
 from k31dsl.model.engine import Engine
 from k31dsl.model.sampling import SamplingParams
 from k31dsl.model.step import Step
@@ -184,6 +184,30 @@ def test_weights_fingerprint_sees_one_element(rng, dtype):
     assert per["b.w"] == tensor_fingerprints(weights)["b.w"] and per["a.w"] != tensor_fingerprints(weights)["a.w"]
     assert weights_fingerprint({**weights, "a.w": weights["a.w"].reshape(-1)}) != fp      # shape counts
     assert weights_fingerprint({**weights, "c.w": weights["a.w"]}) != fp                  # names count
+
+
+def test_from_env_is_a_rank_of_torchrun(monkeypatch):
+    import socket
+    import torch.distributed as dist
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(K31Error, match="not started by torchrun"):
+        from_env("gloo")
+    with socket.socket() as s:                 # a free port for the one-rank group's store
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    ctx = from_env("gloo", timeout_s=20)
+    try:
+        assert (ctx.rank, ctx.world, ctx.device.type, ctx.backend) == (0, 1, "cpu", "gloo") and dist.is_initialized()
+        config = K31Config.load("tiny")
+        handshake(config, init_weights(config, 0), ctx.group)      # a world of one agrees
+    finally:
+        ctx.close()
+    assert not dist.is_initialized()
 
 
 def test_handshake_alone_is_a_no_op():
