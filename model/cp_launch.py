@@ -25,8 +25,8 @@ Faults, and how long they take to surface (no run hangs):
     rank and its error (its traceback, or its exit code / signal). Bound: the failure's exit
     + FAILURE_GRACE_S + TERM_GRACE_S (about 5 s);
   * a rank that hangs outside any collective while its peers wait in one: the peers' collective
-    fails after `timeout_s` (init_process_group's timeout), which is then a failure as above.
-    Bound: timeout_s + 5 s. `deadline_s` bounds the whole run as well, if given;
+    fails after `timeout_s` (init_process_group's timeout), which is then a failure as above
+    (on NCCL, torch's watchdog aborts the process: a death). Bound: timeout_s + 5 s. `deadline_s` bounds the whole run as well, if given;
   * ranks still running `timeout_s` after rank 0 returned its result are a failure too;
   * the parent interrupted (Ctrl-C) or killed: the ranks are terminated, and each rank also
     exits by itself within a second of finding its parent gone.
@@ -44,6 +44,11 @@ cuda:LOCAL_RANK with NCCL when CUDA is there, gloo otherwise), so a script runs 
     # on each of 2 hosts with 8 GPUs (host0 reachable from host1 on port 29500):
     torchrun --nnodes 2 --nproc-per-node 8 --node-rank {0|1} \\
              --master-addr host0 --master-port 29500 cp_job.py
+
+`k31dsl run --cp P` does this itself when torchrun started it (each process is one rank):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank {0|1} --master-addr host0 --master-port 29500 \\
+             -m k31dsl run --cp 16 --config small --target triton --weights small.safetensors
 
 torchrun restarts or stops the group when a process fails (its own fault handling); `handshake`
 below works the same under either launcher.
@@ -109,9 +114,9 @@ def launch(worker, ranks: int, *, backend: str = "gloo", timeout_s: float = 300.
            threads: int | None = None, deadline_s: float | None = None):
     """Run `worker(ctx, *args)` on `ranks` processes of this host; returns rank 0's return value.
     `worker` and `args` must be picklable (a module-level function). `threads`: torch intra-op
-    threads per rank (default: OMP_NUM_THREADS, else this host's cores shared out, at least 1). Any
-    rank's failure ->
-    K31Error (see the module docstring for the time bounds)."""
+    threads per rank (default: OMP_NUM_THREADS, else this host's cores shared out, at least 1).
+    `timeout_s`: each collective's timeout. Any rank's failure -> K31Error (the module docstring
+    gives the time bounds)."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise K31Error(f"launch: ranks must be an int >= 1, got {ranks!r}")
     if backend not in BACKENDS:
