@@ -127,11 +127,21 @@ def cp_stats(stats: dict, config) -> dict:
             "contiguous_work": contiguous, "contiguous_balance": balance(contiguous)}
 
 
+def _sync(ctx) -> None:
+    """Every rank here, the GPU's queued work done."""
+    import torch
+    import torch.distributed as dist
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    if ctx.world > 1 and dist.is_initialized():
+        dist.barrier(group=ctx.group)
+
+
 def cp_rank(ctx, a) -> dict | None:
     """One rank of `k31dsl run --cp P` (model/cp_launch.launch calls it in each process)."""
     from k31dsl.model import tokenizer
     from k31dsl.model.assembler import ModelRunner
-    from k31dsl.model.config import PAGE, pages_for
+    from k31dsl.model.config import pages_for
     from k31dsl.model.cp_launch import handshake
     from k31dsl.model.distributed import Communicator, cp_prefill, hand_off
     from k31dsl.model.engine import Engine
@@ -170,8 +180,10 @@ def cp_rank(ctx, a) -> dict | None:
                             min(2, a.max_new_tokens))
             e.run()
         warmup_s = time.perf_counter() - t
+    _sync(ctx)                       # the ranks start the measured prefill together
     t1 = time.perf_counter()
     res = cp_prefill(runner, prompt, comm, logits="last")
+    _sync(ctx)
     prefill_s = time.perf_counter() - t1
     if ctx.rank != 0:
         return None
