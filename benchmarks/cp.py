@@ -56,18 +56,29 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def auto_chunk(T: int) -> int:
+    """Single-runner chunk: 16384 tokens, less when the widest step's [chunk, width] score buffers
+    would pass 2^32 elements (each of them 16 GB; see single_model)."""
+    from k31dsl.model.config import pages_for
+    return max(64, min(16384, (1 << 32) // (_next_pow2(pages_for(T)) * 64)))
+
+
 def single_model(T: int, chunk: int) -> dict:
     """Predicted ms and score-buffer GB of the single-runner prefill in `chunk`-token chunks: each
-    chunk a step whose rows are `max_pages` = next_pow2(pages of its context + itself) x 64 wide."""
+    chunk a step whose rows are `max_pages` = next_pow2(pages of its context + itself) x 64 wide.
+    Memory: the runner keeps each shape class's int32 `topk_no_idx` input [chunk, width] (an input
+    the top-k never reads), and the memory plan of a step holds two fp32 [chunk, width] buffers
+    the score tensors rotate through (measured: the plan of the small preset's steps)."""
     from k31dsl.model.config import pages_for
-    ms, buf = 0.0, 0.0
+    ms, widths = 0.0, set()
     for c0 in range(0, T, chunk):
         n = min(chunk, T - c0)
         width = _next_pow2(pages_for(c0 + n)) * 64
+        widths.add(width)
         pairs = n * c0 + n * (n + 1) // 2
         ms += LINEAR_MS * n + PAIR_MS * pairs + TOPK_MS * n * width
-        buf = max(buf, 8.0 * n * width / 1e9)     # fp32 scores + the int32 topk_no_idx input, [n, width]
-    return {"predicted_ms": ms, "score_buffers_gb": buf}
+    buf = (4.0 * chunk * sum(widths) + 8.0 * chunk * max(widths)) / 1e9
+    return {"chunk": chunk, "predicted_ms": ms, "score_buffers_gb": buf}
 
 
 def cp_model(cfg, T: int, P: int) -> dict:
@@ -90,7 +101,7 @@ def cp_model(cfg, T: int, P: int) -> dict:
     work = max(lay.indexer_work(r) for r in range(P))
     ms = LINEAR_MS * rows + PAIR_MS * work + TOPK_MS * rows * width + comm
     return {"chunk": lay.chunk, "rows": rows, "row_width": width, "predicted_ms": ms, "comm_ms": comm,
-            "score_buffers_gb": 8.0 * rows * width / 1e9, "gather_bytes_per_dsa_layer": dsa_bytes,
+            "score_buffers_gb": 12.0 * rows * width / 1e9,      # 2 planned fp32 + topk_no_idx int32 "gather_bytes_per_dsa_layer": dsa_bytes,
             "gather_bytes_per_kda_layer": kda_bytes, "summary_bytes_per_piece_layer": summary}
 
 
@@ -335,7 +346,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="small")
     ap.add_argument("--tokens", default="131072", help="sequence lengths, comma-separated")
     ap.add_argument("--ranks", default="1,2", help="rank counts, comma-separated")
-    ap.add_argument("--chunk", type=int, default=16384, help="chunk of the single-runner 1-GPU prefill")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="chunk of the single-runner 1-GPU prefill (0: 16384, less at long T: auto_chunk)")
     ap.add_argument("--one-gpu", default="single,cp", help="1-GPU figures to measure: single, cp (comma-separated)")
     ap.add_argument("--logits", default="all", choices=["all", "last"])
     ap.add_argument("--warmup", type=int, default=1)
@@ -369,17 +381,18 @@ def main(argv=None) -> int:
         harness.write("cp", _plain(results), COLUMNS, rows, notes=_notes(results))
 
     for T in lengths:
-        spec = {"smoke": args.smoke, "config": args.config, "target": args.target, "T": T, "chunk": args.chunk,
+        chunk = args.chunk or auto_chunk(T)
+        spec = {"smoke": args.smoke, "config": args.config, "target": args.target, "T": T, "chunk": chunk,
                 "logits": args.logits, "warmup": args.warmup, "repeats": args.repeats,
                 "case_budget_s": args.case_budget, "gather_timing": not args.no_gather_timing}
         case = results["cases"].setdefault(str(T), {})
         ref_logits, one = None, []
-        sm = single_model(T, args.chunk)
+        sm = single_model(T, chunk)
         base_pred = sm["predicted_ms"]
         if 1 in ranks and "single" in one_gpu:
             case["single"] = out = run_case(single_worker, 1, spec, backend, args.timeout)
             out["model"] = sm
-            row = {"T": T, "GPUs": 1, "impl": f"single runner, {args.chunk}-token chunks", "status": out["status"],
+            row = {"T": T, "GPUs": 1, "impl": f"single runner, {chunk}-token chunks", "status": out["status"],
                    "ms": out.get("ms", float("nan")), "peak GB/rank": out.get("peak_gb", ""),
                    "predicted ms": sm["predicted_ms"], "predicted speedup": 1.0,
                    "predicted score buffers GB": sm["score_buffers_gb"]}
@@ -437,13 +450,14 @@ def _notes(results) -> str:
     return (f"{results['config']} preset, {results['backend']}, one sequence of random tokens (seed 1). ms: median "
             f"of up to {a['repeats']} prefills after {a['warmup']} warm-up(s), each after a barrier, the slowest "
             "rank's wall time (all-reduce MAX). Speedup vs the faster 1-GPU figure of the same T (single runner in "
-            f"{a['chunk']}-token chunks, or cp_prefill with one rank). Gather MB/layer: bytes each rank receives per "
+            f"chunks of --chunk or auto_chunk(T) tokens, or cp_prefill with one rank). Gather MB/layer: bytes each rank receives per "
             "layer (Communicator.stats of one prefill; DSA: MLA cache + indexer keys, KDA: M, E and conv halos); "
             "gather ms/layer: one more prefill with Communicator(timed=True), a GPU sync around each gather. "
             "Indexer max/min: causal (query, key) pairs per rank, zigzag as run vs a contiguous split. Logits: "
             "last token vs the first 1-GPU figure (max abs diff / max abs). Predicted: the cost model of NOTES.md "
             "'Context-parallel prefill' (linear + causal pairs + top-k row widths + gathers); 'predicted score "
-            "buffers': fp32 scores + int32 topk_no_idx of the widest step, [rows, row width] each.")
+            "buffers': the fp32 score buffers of the memory plan + the runner's int32 topk_no_idx inputs, [rows, row "
+            "width] each (NOTES.md).")
 
 
 if __name__ == "__main__":
