@@ -2,9 +2,9 @@
 engine's admission of a request prefilled outside it (Engine.add_prefilled), and `k31dsl run --cp`.
 
   * launch returns rank 0's value (tensors included) after real collectives;
-  * a rank that raises, or is SIGKILLed while its peers wait in a collective, or hangs while they
-    wait (the collective's timeout) ends the run with one K31Error naming the rank and its error,
-    in bounded time;
+  * a rank that raises, or is SIGKILLed mid-prefill (at a random all-gather of the CP step
+    program, while its peer waits in it), or hangs while its peer waits (the collective's timeout)
+    ends the run with one K31Error naming the rank and its error, in bounded time;
   * handshake: a different config on rank 1 and one changed weight element on rank 2 (3 ranks) ->
     every rank refuses before any work, naming both and how they differ; weights_fingerprint sees a one-element change in any dtype;
   * add_prefilled: the same tokens (greedy and seeded sampling) as add_request;
@@ -63,12 +63,24 @@ def _raise_worker(ctx, message):
     dist.barrier(group=ctx.group)          # the others wait in a collective for rank 1
 
 
-def _killed_worker(ctx):
-    import torch.distributed as dist
+def _killed_mid_prefill_worker(ctx, tokens, kill_at):
+    """A CP prefill of the tiny model on numpy; rank 1 SIGKILLs itself as it enters its all-gather
+    number `kill_at` of the step program, so rank 0 waits in that collective for a dead peer."""
+    from k31dsl.model.assembler import ModelRunner
+    from k31dsl.model.distributed import Communicator, cp_prefill
+    config = K31Config.load("tiny")
+    runner = ModelRunner(config, init_weights(config, 0), "numpy", num_pages=pages_for(len(tokens)), num_slots=1)
+    comm = Communicator(ctx.group)
     if ctx.rank == 1:
-        time.sleep(0.3)
-        os.kill(os.getpid(), signal.SIGKILL)
-    dist.barrier(group=ctx.group)
+        gather = comm.all_gather
+
+        def dying(out, inp, name=""):
+            if len(comm.stats) == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return gather(out, inp, name)
+        comm.all_gather = dying
+    cp_prefill(runner, tokens, comm, logits="last")
+    return "finished"
 
 
 def _hang_worker(ctx):
@@ -115,11 +127,15 @@ def test_a_raising_rank_names_itself_and_its_error(rng):
     assert elapsed < DEADLINE_S
 
 
-def test_a_killed_rank_ends_the_run():
+def test_a_rank_killed_mid_prefill_ends_the_run(rng):
+    tokens = [int(t) for t in rng.integers(0, 256, int(rng.integers(70, 128)))]      # both ranks own tokens
+    kill_at = int(rng.integers(0, 17))          # tiny: 3 KDA layers x 5 gathers + 1 DSA layer x 2
     t0 = time.monotonic()
     with pytest.raises(K31Error) as err:
-        _launch(_killed_worker, 2)
-    assert "failed: rank 1 died from SIGKILL" in str(err.value)
+        _launch(_killed_mid_prefill_worker, 2, tokens, kill_at)
+    text = str(err.value)
+    assert "failed: rank 1 died from SIGKILL" in text
+    assert "then rank 0 raised" in text                 # its collective broke: a victim, listed after
     assert time.monotonic() - t0 < DEADLINE_S
 
 
