@@ -355,6 +355,9 @@ def main(argv=None) -> int:
     ap.add_argument("--case-budget", type=float, default=120.0, help="seconds of timed repeats per case")
     ap.add_argument("--no-gather-timing", action="store_true", help="skip the extra prefill with timed gathers")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch (collective timeout)")
+    ap.add_argument("--run-all", action="store_true",
+                    help="also run cases whose predicted score buffers exceed the GPU's memory (default: an "
+                         "'OOM (predicted)' row without spending device time on them)")
     ap.add_argument("--target", default="triton")
     ap.add_argument("--backend", default=None, help="nccl (GPU) / gloo (CPU); default by --smoke")
     args = ap.parse_args(argv)
@@ -366,6 +369,12 @@ def main(argv=None) -> int:
         harness.RESULTS = Path(tempfile.mkdtemp(prefix="k31_cp_smoke_"))
     backend = args.backend or ("gloo" if args.smoke else "nccl")
     devices = torch.cuda.device_count() if backend == "nccl" else None      # None: CPU ranks, no limit
+    gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if devices else float("inf")
+
+    def hopeless(buffers_gb: float) -> str:
+        if args.run_all or buffers_gb <= gpu_gb:
+            return ""
+        return f"OOM (predicted: {buffers_gb:.0f} GB of score buffers > {gpu_gb:.0f} GB; --run-all runs it)"
     cfg = K31Config.load(args.config)
     layers = {"K": set(cfg.kda_layers), "D": set(cfg.dsa_layers)}
     lengths = [int(t) for t in args.tokens.split(",") if t]
@@ -375,6 +384,14 @@ def main(argv=None) -> int:
                "devices": devices if devices is not None else "cpu", "args": vars(args), "cases": {}}
     rows: list[dict] = []
     print(f"{cfg.name}: {backend}, devices {results['devices']}, T {lengths}, ranks {ranks}", flush=True)
+
+    def speedups(T, one, case):
+        """The baseline is the faster 1-GPU figure of this T."""
+        base = min((r["ms"] for r in one if r.get("status") == "ok"), default=float("nan"))
+        case["baseline_ms"] = base
+        for r in rows:
+            if r["T"] == T and r.get("status") == "ok":
+                r["speedup vs 1 GPU"] = base / r["ms"]
 
     def save():
         results["rows"] = rows
@@ -390,7 +407,8 @@ def main(argv=None) -> int:
         sm = single_model(T, chunk)
         base_pred = sm["predicted_ms"]
         if 1 in ranks and "single" in one_gpu:
-            case["single"] = out = run_case(single_worker, 1, spec, backend, args.timeout)
+            skip = hopeless(sm["score_buffers_gb"])
+            case["single"] = out = {"status": skip} if skip else run_case(single_worker, 1, spec, backend, args.timeout)
             out["model"] = sm
             row = {"T": T, "GPUs": 1, "impl": f"single runner, {chunk}-token chunks", "status": out["status"],
                    "ms": out.get("ms", float("nan")), "peak GB/rank": out.get("peak_gb", ""),
@@ -399,6 +417,7 @@ def main(argv=None) -> int:
             rows.append(row)
             one.append(row)
             ref_logits = out.get("last_logits")
+            speedups(T, one, case)
             save()
         for P in ranks:
             if P == 1 and "cp" not in one_gpu:
@@ -409,8 +428,10 @@ def main(argv=None) -> int:
                    "predicted score buffers GB": m["score_buffers_gb"],
                    "indexer max/min zigzag": bal["zigzag_max_min"], "indexer max/min contiguous": bal["contiguous_max_min"]}
             rows.append(row)
-            if devices is not None and P > devices:
-                row["status"] = f"skipped: {devices} GPU(s) on this host"
+            skip = f"skipped: {devices} GPU(s) on this host" if devices is not None and P > devices else \
+                hopeless(m["score_buffers_gb"])
+            if skip:
+                row["status"] = skip
                 case[f"cp{P}"] = {"status": row["status"], "model": m, "balance": bal}
                 save()
                 continue
@@ -433,12 +454,7 @@ def main(argv=None) -> int:
                     ref_logits = out["last_logits"]
             if P == 1:
                 one.append(row)
-            # the baseline: the faster 1-GPU figure of this T
-            base = min((r["ms"] for r in one if r.get("status") == "ok"), default=float("nan"))
-            case["baseline_ms"] = base
-            for r in rows:
-                if r["T"] == T and r.get("status") == "ok":
-                    r["speedup vs 1 GPU"] = base / r["ms"]
+            speedups(T, one, case)
             save()
     harness.print_table(COLUMNS, rows)
     print(f"results: {harness.RESULTS / 'cp.md'}")
