@@ -19,7 +19,7 @@ rank. Median over the repeats; repeats stop early when they would pass `--case-b
 (at least one is always timed).
 
     python benchmarks/cp.py                                    # T=131072, ranks 1,2 (issue 8)
-    python benchmarks/cp.py --tokens 131072,524288 --ranks 1,2,4,8   # issue 9 (counts above the
+    python benchmarks/cp.py --tokens 131072,524288 --ranks 1,2,4,8   # issue 9 ('+' works too; counts above the
                                                                # GPUs present are skipped, listed)
     python benchmarks/cp.py --smoke      # CPU, gloo, tiny preset, numpy target, T=256, ranks 1,2
                                          # (results to a temp dir, not benchmarks/results)
@@ -377,9 +377,10 @@ def main(argv=None) -> int:
         return f"OOM (predicted: {buffers_gb:.0f} GB of score buffers > {gpu_gb:.0f} GB; --run-all runs it)"
     cfg = K31Config.load(args.config)
     layers = {"K": set(cfg.kda_layers), "D": set(cfg.dsa_layers)}
-    lengths = [int(t) for t in args.tokens.split(",") if t]
-    ranks = sorted({int(p) for p in args.ranks.split(",") if p})
-    one_gpu = set(args.one_gpu.split(","))
+    # lists split on ',' or '+' (gpu_run.sh turns commas in a benchmark's args into spaces)
+    lengths = [int(t) for t in args.tokens.replace("+", ",").split(",") if t]
+    ranks = sorted({int(p) for p in args.ranks.replace("+", ",").split(",") if p})
+    one_gpu = set(args.one_gpu.replace("+", ",").split(","))
     results = {"env": harness.environment(), "smoke": args.smoke, "config": cfg.name, "backend": backend,
                "devices": devices if devices is not None else "cpu", "args": vars(args), "cases": {}}
     rows: list[dict] = []
