@@ -270,13 +270,10 @@ class ModelRunner:
         return out
 
     def _constants(self, shape: ShapeClass) -> dict:
-        """Inputs that depend on the shape class only (chunk maps, parameters no kernel reads)."""
-        T, cfg = shape.n_tokens, self.config
-        out = {"row_zero": self._const_tensor("row_zero", (1,), torch.int32),
-               "no_replay": self._const_tensor("no_replay", (1, 1, 1, 1), torch.float32),
-               "topk_no_idx": self._const_tensor("topk_no_idx", (T, shape.max_pages * PAGE), torch.int32, unread=True),
-               "topk_no_val": self._const_tensor("topk_no_val", (T, cfg.index_topk), torch.float32, unread=True)}
-        return out
+        """Constant inputs (a row index, the replay buffers a decode never reads); inputs named
+        `unread_*` (parameters no kernel of the program reads) are fed by `_run` from their shape."""
+        return {"row_zero": self._const_tensor("row_zero", (1,), torch.int32),
+                "no_replay": self._const_tensor("no_replay", (1, 1, 1, 1), torch.float32)}
 
     def _prefill_inputs(self, t_real: int, t_pad: int, slot: int) -> dict:
         """The KDA chunk map of a padded prefill (model/layers/kda.py) and the state rows it uses."""
@@ -297,6 +294,8 @@ class ModelRunner:
         for name, t in exe.p.storages().items():
             if t.kind == "weight" and name in self.weights:
                 feed[name] = self.weights[name]
+            elif t.kind == "input" and name.startswith("unread_"):     # a parameter no kernel reads
+                feed[name] = self._const_tensor(name, t.shape, D.torch_dtype(t.dtype), unread=True)
             elif t.kind == "input":
                 feed[name] = step_inputs[name] if name in step_inputs else extra[name]
         if self.graph_mode and shape.kind in ("decode", "verify"):

@@ -167,8 +167,28 @@ class CPResult:
     stats: dict = field(default_factory=dict)
 
 
-def cp_shape(runner, layout: CPLayout) -> ShapeClass:
-    return ShapeClass("cp_prefill", 1, 2 * layout.chunk, layout.padded // PAGE, layout.ranks)
+QUERY_BLOCK = 16384      # most query rows a DSA layer scores at once (its fp32 scores: rows x width)
+
+
+def query_blocks(layout: CPLayout, rank: int, most: int = QUERY_BLOCK) -> tuple:
+    """The rank's DSA query blocks (first local row, rows, key width): each local chunk in pieces
+    of at most `most` rows (whole pages), each scoring keys [0, its last position + 1) only, so a
+    block's scores and top-k scan cover its causal range, not the whole sequence. A block of
+    padding only (no prompt token) gets the smallest width."""
+    c, out = layout.chunk, []
+    most = max(PAGE, most // PAGE * PAGE)
+    for j, i in enumerate(layout.chunks_of(rank)):
+        for s in range(0, c, most):
+            rows = min(most, c - s)
+            first = i * c + s                      # global position of the block's first row
+            width = first + rows if first < layout.n_tokens else PAGE
+            out.append((j * c + s, rows, width))
+    return tuple(out)
+
+
+def cp_shape(runner, layout: CPLayout, rank: int) -> ShapeClass:
+    return ShapeClass("cp_prefill", 1, 2 * layout.chunk, layout.padded // PAGE, layout.ranks,
+                      query_blocks(layout, rank))
 
 
 def cp_inputs(runner, layout: CPLayout, rank: int, tokens: list[int]) -> dict:
@@ -220,7 +240,7 @@ def cp_prefill(runner, tokens: list[int], comm: Communicator | None = None, *, l
     if not tokens or any(not (isinstance(x, int) and 0 <= x < V) for x in tokens):
         raise K31Error(f"cp_prefill: tokens must be a non-empty list of ids in [0, {V})")
     layout = zigzag_layout(len(tokens), comm.world)
-    shape = cp_shape(runner, layout)
+    shape = cp_shape(runner, layout, comm.rank)
     start = len(comm.stats)
     t0 = time.perf_counter()
     with communicator(comm):

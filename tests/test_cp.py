@@ -164,3 +164,17 @@ def test_cp_prefill_matches_single_rank(ranks, T):
     assert st["ranks"] == ranks and len(st["indexer_work"]) == ranks
     assert sum(st["indexer_work"]) == T * (T + 1) // 2
     assert st["gather_bytes"] > 0 and any(g["name"].endswith("kda M") for g in st["gathers"])
+
+
+# ---------------------------------------------------------------- the CP glue kernels on sm_90
+
+from hopper import Specialised, assert_compiles_for_hopper  # noqa: E402
+from k31dsl.model.layers import kda_cp  # noqa: E402
+
+CONV_TAILS = Specialised(kda_cp.conv_tails, XT=kda_cp.k.bf16, BC=256)
+TAKE_ROWS = Specialised(kda_cp.take_rows, BB=256)
+MERGE_ROWS = Specialised(kda_cp.kda_merge_rows, BI=32, BJ=32, BV=64)
+
+
+def test_cp_kernels_compile_for_hopper(tmp_path):
+    assert_compiles_for_hopper(__file__, ["CONV_TAILS", "TAKE_ROWS", "MERGE_ROWS"], tmp_path)

@@ -40,6 +40,17 @@ def dist_all_gather(inputs, outputs, name: str = ""):
     comm.all_gather(dst, src, name)
 
 
+def row_slice(inputs, outputs, start: int):
+    """outputs[0] <- rows [start, start + its rows) of inputs[0] (axis 0)."""
+    outputs[0].copy_(inputs[0][start:start + outputs[0].shape[0]])
+
+
+def row_put(inputs, outputs, start: int):
+    """Rows [start, start + inputs[0]'s rows) of outputs[0] <- inputs[0]; the other rows keep
+    their values (the output is a new version of an existing tensor)."""
+    outputs[0][start:start + inputs[0].shape[0]].copy_(inputs[0])
+
+
 def to_nz(inputs, outputs, **params):
     """ND [K, N] weight -> flat FRACTAL_NZ data (see lowering/passes/nz_layout.py)."""
     from k31dsl.lowering.passes.nz_layout import nd_to_nz
@@ -52,4 +63,5 @@ def reshape(inputs, outputs):
     outputs[0].copy_(inputs[0].reshape(outputs[0].shape))
 
 
-HOST_OPS = {"all_gather": all_gather, "dist_all_gather": dist_all_gather, "all_reduce": all_reduce, "to_nz": to_nz, "reshape": reshape}
+HOST_OPS = {"all_gather": all_gather, "dist_all_gather": dist_all_gather, "all_reduce": all_reduce, "to_nz": to_nz,
+            "row_slice": row_slice, "row_put": row_put, "reshape": reshape}

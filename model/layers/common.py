@@ -62,6 +62,7 @@ class ShapeClass:
     q_len: int
     max_pages: int
     ranks: int = 1
+    blocks: tuple = ()      # cp_prefill: the rank's DSA query blocks (first row, rows, key width)
 
     @property
     def n_tokens(self) -> int:
@@ -69,7 +70,7 @@ class ShapeClass:
 
     @property
     def name(self) -> str:
-        cp = f"_r{self.ranks}" if self.ranks > 1 else ""
+        cp = f"_r{self.ranks}_q{len(self.blocks)}" if self.kind == "cp_prefill" else ""
         return f"{self.kind}_b{self.n_seqs}_t{self.q_len}_p{self.max_pages}{cp}"
 
 

@@ -216,37 +216,56 @@ def add_dsa(g, l, x):
         iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
     if cp:
         icache = p.dist_all_gather(icache, gathered, name=f"l{l} indexer keys")
-    # select: scores over the sequence's pages, exact top-k, physical slots
-    L = g.shape.max_pages * 64
-    n = g.shape.q_len
-    scores = g.tensor(f"l{l}_idx_scores", (T, L), k.f32)
+    if not cp:
+        o = select_attend(g, l, qc, qs, iw, icache, big_q, (codes, scales, rope), g.ks, g.ke,
+                          g.shape.max_pages * 64, "")
+    else:        # context parallel: query blocks, each over its own causal width of the sequence
+        o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
+        for b, (row0, rows, width) in enumerate(g.shape.blocks):
+            part = [p.host("row_slice", [x], [g.tensor(f"l{l}_q{b}_{name}", (rows,) + tuple(x.shape[1:]), x.dtype)],
+                           start=row0)
+                    for name, x in (("qc", qc), ("qs", qs), ("iw", iw), ("ks", g.ks), ("ke", g.ke), ("q", big_q))]
+            bqc, bqs, biw, bks, bke, bq = part
+            ob = select_attend(g, l, bqc, bqs, biw, icache, bq, (codes, scales, rope), bks, bke, width, f"_q{b}")
+            o = p.host("row_put", [ob], [o], start=row0)
+    y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
+    y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=dot_bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
+               BK=128)
+    return g.linear(y, a + "o_proj", f"l{l}_attn_out")
+
+
+def select_attend(g, l, qc, qs, iw, icache, big_q, mla, ks, ke, width: int, tag: str):
+    """Indexer scores of the query rows over keys [0, width) of the sequence, exact top-k,
+    physical slots, sparse MLA attention -> o bf16 [rows, H, 512] (`tag` names the temps of a
+    query block)."""
+    cfg, p = g.cfg, g.p
+    codes, scales, rope = mla
+    T, H, HI = qc.shape[0], cfg.mla_heads, cfg.index_heads
+    n = T if g.shape.kind == "cp_prefill" else g.shape.q_len     # query rows per block-table row
+    scores = g.tensor(f"l{l}{tag}_idx_scores", (T, width), k.f32)
     # GPU: bf16 MMA over all 128 dims; prefill several tokens per program (NQ divides q_len)
     nq = min(4, n & -n) if g.gpu else 1
-    scores = p.call(indexer_scores_flat, qc, qs, iw, icache, g.block_table, g.ks, g.ke, scores, n, H=HI, NQ=nq,
+    scores = p.call(indexer_scores_flat, qc, qs, iw, icache, g.block_table, ks, ke, scores, n, H=HI, NQ=nq,
                     MMA_BF16=g.gpu)
     topk = cfg.index_topk
     kp = max(16, next_pow2(topk))
-    pos = g.tensor(f"l{l}_topk_pos", (T, topk), k.i32)
-    no_idx = g.input("topk_no_idx", (T, L), k.i32)           # parameters this specialisation never reads
-    no_val = g.input("topk_no_val", (T, topk), k.f32)
-    pos = p.call(topk_segments, scores, no_idx, no_val, pos, -(-L // kp) * kp, KP=kp, FINAL=True)
-    slots = g.tensor(f"l{l}_topk_slots", (T, topk), k.i32)
+    pos = g.tensor(f"l{l}{tag}_topk_pos", (T, topk), k.i32)
+    no_idx = g.input(f"unread_topk_idx_{T}x{width}", (T, width), k.i32)   # parameters FINAL never reads
+    no_val = g.input(f"unread_topk_val_{T}x{topk}", (T, topk), k.f32)
+    pos = p.call(topk_segments, scores, no_idx, no_val, pos, -(-width // kp) * kp, KP=kp, FINAL=True)
+    slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
     slots = p.call(slots_of_positions_rows, pos, g.block_table, slots, n, BK=max(16, min(128, next_pow2(topk))))
-    # attend, then the per-head value projection and o_proj
-    o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
-    lse = g.tensor(f"l{l}_mla_lse", (T, H), k.f32)
+    o = g.tensor(f"l{l}{tag}_mla_o", (T, H, KV_LORA), k.bf16)
+    lse = g.tensor(f"l{l}{tag}_mla_lse", (T, H), k.f32)
     bh = min(max(16, next_pow2(H)), max_head_block(g.target))
     split = sfa_split(T, H, topk, bh) if g.gpu else 1        # decode on a GPU: flash-decoding segments
     if split > 1:
-        part_o = g.tensor(f"l{l}_mla_part_o", (split, T, H, KV_LORA), k.f32)
-        part_lse = g.tensor(f"l{l}_mla_part_lse", (split, T, H), k.f32)
+        part_o = g.tensor(f"l{l}{tag}_mla_part_o", (split, T, H, KV_LORA), k.f32)
+        part_lse = g.tensor(f"l{l}{tag}_mla_part_lse", (split, T, H), k.f32)
         part_o, part_lse = p.call(sparse_mla_attention_split, big_q, codes, scales, rope, slots, part_o, part_lse,
                                   cfg.sm_scale, BH=bh, BK=32)
         o, lse = p.call(sparse_mla_attention_combine, part_o, part_lse, o, lse, BH=bh)
     else:
         o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
                         BK=32)
-    y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
-    y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=dot_bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
-               BK=128)
-    return g.linear(y, a + "o_proj", f"l{l}_attn_out")
+    return o
