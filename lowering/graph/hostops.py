@@ -41,7 +41,8 @@ def dist_all_gather(inputs, outputs, name: str = ""):
 
 
 def row_slice(inputs, outputs, start: int):
-    """outputs[0] <- rows [start, start + its rows) of inputs[0] (axis 0)."""
+    """outputs[0] <- rows [start, start + its rows) of inputs[0] (axis 0). Further inputs are
+    not read: they order the slice after their writers."""
     outputs[0].copy_(inputs[0][start:start + outputs[0].shape[0]])
 
 

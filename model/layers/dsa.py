@@ -222,8 +222,12 @@ def add_dsa(g, l, x):
     else:        # context parallel: query blocks, each over its own causal width of the sequence
         o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
         for b, (row0, rows, width) in enumerate(g.shape.blocks):
-            part = [p.host("row_slice", [x], [g.tensor(f"l{l}_q{b}_{name}", (rows,) + tuple(x.shape[1:]), x.dtype)],
-                           start=row0)
+            # a block's slices also read `o` as placed so far (row_slice ignores the extra input):
+            # the blocks run one after another and share one score buffer (on parallel streams
+            # each would hold its own [rows, width] fp32 scores at once)
+            after = [o] if b else []
+            part = [p.host("row_slice", [x] + after, [g.tensor(f"l{l}_q{b}_{name}", (rows,) + tuple(x.shape[1:]),
+                                                          x.dtype)], start=row0)
                     for name, x in (("qc", qc), ("qs", qs), ("iw", iw), ("ks", g.ks), ("ke", g.ke), ("q", big_q))]
             bqc, bqs, biw, bks, bke, bq = part
             ob = select_attend(g, l, bqc, bqs, biw, icache, bq, (codes, scales, rope), bks, bke, width, f"_q{b}")
