@@ -86,7 +86,9 @@ def memory_plan(program):
     assign: dict[str, str] = {}
     for s in candidates:
         need = storages[s].nbytes
-        free = [b for b in buffers if all(before_all(anc, use[o], use[s]) for o in holders[b])]
+        # a buffer's holders are ordered (each placed after every use of the one before), so
+        # following its last holder means following them all
+        free = [b for b in buffers if before_all(anc, use[holders[b][-1]], use[s])]
         fits = [b for b in free if buffers[b] >= need]
         if fits:
             b = min(fits, key=lambda b: (buffers[b], b))

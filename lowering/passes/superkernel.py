@@ -37,8 +37,11 @@ def consumers(p, nid: str) -> list[str]:
     # Without launch groups the schedule is the insertion order (a topological order, and ops()
     # sorts by it): reading it is linear, where ops() is a full sort per query (a model step
     # graph of ~100 calls spent 30 s here).
-    grouped = any("group" in p.node(n).attrs for n in p.order)
-    pos = {n: i for i, n in enumerate(p.ops() if grouped else p.order)}
+    pos = p.__dict__.get("_superkernel_pos")
+    if pos is None or pos[0] is not p.g:        # once per program object (a fusion makes a new one)
+        grouped = any("group" in p.node(n).attrs for n in p.order)
+        pos = p._superkernel_pos = (p.g, {n: i for i, n in enumerate(p.ops() if grouped else p.order)})
+    pos = pos[1]
     out = {r for t in p.writes_of(nid) for r in p.readers(t) if p.node(r).kind == "call"}
     return sorted(out, key=pos.get)
 
