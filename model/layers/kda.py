@@ -131,6 +131,23 @@ def max_chunks(t_pad: int) -> int:
     return -(-t_pad // chunk_size(t_pad)) + 1
 
 
+def chunk_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int):
+    """kda_chunk_prep of layer l (gate and L2 norm in-kernel) over the chunk map `info` (nt chunks
+    of bt rows): (w, u, qg, kb, aqk, gamma), the per-chunk factors every state pass reads."""
+    H, HV, K, V = kda_dims(g.cfg)
+    f32 = g.cfg.dtype == "float32"
+    mt = k.f32 if f32 else k.bf16
+    prec, solve, keep = ("ieee", "ieee", k.f32) if f32 else PREP_VARIANTS[DEFAULT_VARIANT]
+    shapes = {"w": (nt, HV, bt, K), "u": (nt, HV, bt, V), "qg": (nt, HV, bt, K), "kb": (nt, HV, bt, K),
+              "aqk": (nt, HV, bt, bt)}
+    outs = [g.tensor(f"l{l}_kda_{n}", shape, mt) for n, shape in shapes.items()]
+    outs.append(g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32))
+    gate, lb = gate_args(g.cfg)
+    return g.p.call(kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"),
+                    info, *outs, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
+                    SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt)
+
+
 def add_kda_prefill(g, l, x):
     """One sequence's chunk (T rows: the real tokens, then padding to the bucket) with earlier
     context in the slot's state. The conv states are only read by the convolution, then moved
@@ -155,20 +172,8 @@ def add_kda_prefill(g, l, x):
     info = g.input("kda_chunk_info", (nt, 2), k.i32)
     seq_chunks = g.input("kda_seq_chunks", (3,), k.i32)
     cu = g.input("kda_cu", (3,), k.i32)
+    w, u, qg, kb, aqk, gam = chunk_prep(g, l, q, kk, v, graw, beta, info, nt, bt)
     f32 = cfg.dtype == "float32"
-    mt = k.f32 if f32 else k.bf16
-    prec, solve, keep = ("ieee", "ieee", k.f32) if f32 else PREP_VARIANTS[DEFAULT_VARIANT]
-    w = g.tensor(f"l{l}_kda_w", (nt, HV, bt, K), mt)
-    u = g.tensor(f"l{l}_kda_u", (nt, HV, bt, V), mt)
-    qg = g.tensor(f"l{l}_kda_qg", (nt, HV, bt, K), mt)
-    kb = g.tensor(f"l{l}_kda_kb", (nt, HV, bt, K), mt)
-    aqk = g.tensor(f"l{l}_kda_aqk", (nt, HV, bt, bt), mt)
-    gam = g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32)
-    gate, lb = gate_args(cfg)
-    w, u, qg, kb, aqk, gam = g.p.call(
-        kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"), info,
-        w, u, qg, kb, aqk, gam, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
-        SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt)
     pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
     h0 = g.tensor(f"l{l}_kda_h0", (2, HV, K, V), k.f32)
     # h0 = [the slot's state, the spare row] (the padding sequence's start: any finite state)

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.ops.common import FLOAT_INPUTS, next_pow2
-from k31dsl.ops.kda.chunk import DEFAULT_VARIANT, PREP_VARIANTS, SUB_CHUNK
-from k31dsl.ops.kda.gate import GATE_LOWER
 from k31dsl.model.layers.common import memo
-from k31dsl.model.layers.kda import (CONV_NAMES, _output, _projections, copy_state_rows, gate_args, kda_chunk_prep,
-                                     kda_chunk_state, kda_dims, short_conv_commit_rows, short_conv_rows)
+from k31dsl.model.layers.kda import (CONV_NAMES, _output, _projections, chunk_prep, copy_state_rows, kda_chunk_state,
+                                     kda_dims, short_conv_commit_rows, short_conv_rows)
 
 PIECES = 4          # [chunk a real, chunk a padding, chunk b real, chunk b padding]
 CHUNK_T = 64        # kda chunk rows (a CP chunk is a multiple of the 64-token page)
@@ -123,21 +121,10 @@ def add_kda_cp(g, l, x):
     info = g.input("kda_cp_info", (nt, 2), k.i32)
     seq_chunks = g.input("kda_cp_seq_chunks", (PIECES + 1,), k.i32)
     cu = g.input("kda_cp_cu", (PIECES + 1,), k.i32)
+    bt = CHUNK_T
+    w, u, qg, kb, aqk, gam = chunk_prep(g, l, q, kk, v, graw, beta, info, nt, bt)
     f32 = cfg.dtype == "float32"
     mt = k.f32 if f32 else k.bf16
-    prec, solve, keep = ("ieee", "ieee", k.f32) if f32 else PREP_VARIANTS[DEFAULT_VARIANT]
-    bt = CHUNK_T
-    w = g.tensor(f"l{l}_kda_w", (nt, HV, bt, K), mt)
-    u = g.tensor(f"l{l}_kda_u", (nt, HV, bt, V), mt)
-    qg = g.tensor(f"l{l}_kda_qg", (nt, HV, bt, K), mt)
-    kb = g.tensor(f"l{l}_kda_kb", (nt, HV, bt, K), mt)
-    aqk = g.tensor(f"l{l}_kda_aqk", (nt, HV, bt, bt), mt)
-    gam = g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32)
-    gate, lb = gate_args(cfg)
-    w, u, qg, kb, aqk, gam = p.call(
-        kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"), info,
-        w, u, qg, kb, aqk, gam, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
-        SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt)
     state_kw = dict(PREC="ieee" if f32 else "tf32", BK=K, BT=bt, BV=min(32, V))
     # the summary of each piece: E from the zero state, M from I with zero values
     e = g.tensor(f"l{l}_kda_e", (PIECES, HV, K, V), k.f32)
