@@ -89,7 +89,11 @@ class ProgramExecutor:
             if tuple(v.shape) != t.shape or D.from_torch(v.dtype) is not t.dtype:
                 raise K31Error(f"run({p.name}): `{s}` must be {t.dtype.name}{list(t.shape)}, got "
                                f"{v.dtype} {list(v.shape)}")
-            env[s] = v if v.is_contiguous() else v.contiguous()
+            # a one-element broadcast (every stride 0) stands for a parameter the kernels never
+            # touch (ops/dsa/topk.py passes its unused parameters so): passed as is, since a
+            # contiguous copy would allocate its full shape for nothing
+            placeholder = v.dim() > 0 and all(st == 0 for st in v.stride())
+            env[s] = v if v.is_contiguous() or placeholder else v.contiguous()
             if env[s] is not v and p.final(s) != t.id:      # written in place: copy back at the end
                 self._copy_back.append((v, s))
         dev = self.device(inputs)
