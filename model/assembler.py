@@ -154,11 +154,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ programs
     def _graph(self, shape: ShapeClass) -> StepGraph:
-        states = dict(self.states)
-        if shape.kind in ("verify", "commit"):
-            states.update(self._replay_buffers(shape.n_seqs, shape.q_len))
-        if shape.kind == "cp_prefill":
-            states.update(self.cp_buffers(shape))
+        states = {**self.states, **self._shape_buffers(shape)}
         return StepGraph(self.config, shape, self.weights, states, self.act, self.target)
 
     def build(self, shape: ShapeClass):
@@ -215,6 +211,15 @@ class ModelRunner:
             else:
                 self._const[key] = torch.full(tuple(shape), fill, dtype=dtype, device=self.device)
         return self._const[key]
+
+    def _shape_buffers(self, shape: ShapeClass) -> dict:
+        """Runner-owned tensors a shape class's program reads besides the caches and states:
+        a verify's / commit's replay buffers, a context-parallel step's buffers."""
+        if shape.kind in ("verify", "commit"):
+            return self._replay_buffers(shape.n_seqs, shape.q_len)
+        if shape.kind == "cp_prefill":
+            return self.cp_buffers(shape)
+        return {}
 
     def cp_buffers(self, shape: ShapeClass) -> dict:
         """A context-parallel step's own buffers (model/layers/kda_cp.py, dsa.cp_buffers): KDA
@@ -286,11 +291,7 @@ class ModelRunner:
     def _run(self, shape: ShapeClass, step_inputs: dict) -> dict:
         exe = self.executable(shape)
         feed = {}
-        extra = {**self.states, **self._constants(shape)}
-        if shape.kind in ("verify", "commit"):
-            extra.update(self._replay_buffers(shape.n_seqs, shape.q_len))
-        if shape.kind == "cp_prefill":
-            extra.update(self.cp_buffers(shape))
+        extra = {**self.states, **self._constants(shape), **self._shape_buffers(shape)}
         for name, t in exe.p.storages().items():
             if t.kind == "weight" and name in self.weights:
                 feed[name] = self.weights[name]
@@ -375,7 +376,7 @@ class ModelRunner:
 
     def _run_commit(self, shape, feed):
         exe = self.executable(shape)
-        extra = {**self.states, **self._replay_buffers(shape.n_seqs, shape.q_len)}
+        extra = {**self.states, **self._shape_buffers(shape)}
         args = {}
         for name, t in exe.p.storages().items():
             if t.kind == "input":
