@@ -86,7 +86,9 @@ def add_parser(sub, fmt) -> None:
     p.add_argument("--target", "-t", default="numpy", metavar="T",
                    help=f"{', '.join(RUNNER_TARGETS)} or {ORACLE_TARGET} (default: numpy)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--prompt", "-p", metavar="TEXT", help="the prompt (default: a built-in sentence)")
+    group.add_argument("--prompt", "-p", metavar="TEXT",
+                       help="the prompt (default: a built-in sentence); write one that starts with '-' as "
+                            "--prompt=-TEXT")
     group.add_argument("--prompt-len", type=int, metavar="N", help="random printable prompts of N bytes")
     p.add_argument("--max-new-tokens", "-n", type=int, default=16, metavar="N",
                    help="tokens to generate per sequence (default 16)")

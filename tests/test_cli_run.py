@@ -51,17 +51,23 @@ def _check_result(r: dict, prompt: str, n_new: int, target: str, warmup: bool = 
 
 def test_run_numpy_json_matches_the_reference(capsys, rng):
     prompt = _random_prompt(rng, int(rng.integers(3, 9)))
-    got = _json(capsys, "--target", "numpy", "--prompt", prompt, "-n", "3", "--no-warmup")    # compiles once
-    want = _json(capsys, "--target", "reference", "--prompt", prompt, "-n", "3")
+    got = _json(capsys, "--target", "numpy", f"--prompt={prompt}", "-n", "3", "--no-warmup")    # compiles once
+    want = _json(capsys, "--target", "reference", f"--prompt={prompt}", "-n", "3")
     _check_result(got, prompt, 3, "numpy", warmup=False)
     _check_result(want, prompt, 3, "reference")
     # tiny is fp32 with random weights: greedy tokens agree between generated ops and the oracle
     assert got["outputs"][0]["tokens"] == want["outputs"][0]["tokens"]
 
 
+def test_prompt_starting_with_a_dash(capsys, rng):
+    prompt = "-" + _random_prompt(rng, 3)           # argparse takes "--prompt -x" for an option; "=" keeps it text
+    r = _json(capsys, "--target", "reference", f"--prompt={prompt}", "-n", "2")
+    assert r["prompt_tokens"] == [4]
+
+
 def test_run_text_report(capsys, rng):
     prompt = _random_prompt(rng, 5) + "é"                    # a 2-byte character: 7 bytes, 7 tokens
-    rc, out, err = _run(capsys, "--target", "reference", "--prompt", prompt, "-n", "4")
+    rc, out, err = _run(capsys, "--target", "reference", f"--prompt={prompt}", "-n", "4")
     assert rc == 0, err
     assert f"prompt (7 bytes): {prompt}" in out
     assert "generated (4 tokens):" in out
@@ -74,8 +80,8 @@ def test_run_text_report(capsys, rng):
 
 def test_spec_reports_acceptance_and_keeps_greedy_tokens(capsys, rng):
     prompt = _random_prompt(rng, 4)
-    plain = _json(capsys, "--target", "reference", "--prompt", prompt, "-n", "5")
-    spec = _json(capsys, "--target", "reference", "--prompt", prompt, "-n", "5", "--spec", "2")
+    plain = _json(capsys, "--target", "reference", f"--prompt={prompt}", "-n", "5")
+    spec = _json(capsys, "--target", "reference", f"--prompt={prompt}", "-n", "5", "--spec", "2")
     assert spec["spec"]["gamma"] == 2
     assert spec["spec"]["draft"]["kind"] == "layer-skip" and spec["spec"]["draft"]["n_layers"] == 2
     rate = spec["acceptance_rate"]
@@ -83,7 +89,7 @@ def test_spec_reports_acceptance_and_keeps_greedy_tokens(capsys, rng):
     st = spec["stats"]
     assert st["proposed"] == 2 * st["spec_rounds"] > 0 and rate == pytest.approx(st["accepted"] / st["proposed"])
     assert spec["outputs"][0]["tokens"] == plain["outputs"][0]["tokens"]
-    rc, out, err = _run(capsys, "--target", "reference", "--prompt", prompt, "-n", "3", "--spec", "1",
+    rc, out, err = _run(capsys, "--target", "reference", f"--prompt={prompt}", "-n", "3", "--spec", "1",
                         "--draft-layers", "1")
     assert rc == 0, err
     assert "acceptance rate (γ = 1; draft tiny-draft1, 1 layer, layer-skip)" in out
