@@ -4,7 +4,8 @@
 and returns an Executable; calling it with {name: tensor} runs the program and returns its outputs.
 Host ops whose inputs are all static (weight conversions such as `to_nz`) run once and are reused
 while the same weight tensors (same object, unmodified) are passed. Buffers follow the memory
-plan when the `memory_plan` pass ran (one allocation per planned buffer), else one per tensor.
+plan when the `memory_plan` pass ran (one arena, each planned tensor a view at its offset), else
+one allocation per tensor.
 Targets override `run_schedule` (streams, graph capture) and may add `host_source`.
 """
 from __future__ import annotations
@@ -97,23 +98,21 @@ class ProgramExecutor:
             if env[s] is not v and p.final(s) != t.id:      # written in place: copy back at the end
                 self._copy_back.append((v, s))
         dev = self.device(inputs)
-        plan = p.meta.get("memory_plan") or {"assign": {}, "buffers": {}}
+        plan = p.meta.get("memory_plan") or {"offsets": {}, "arena_bytes": 0}
         keep = self._kept if self.persistent_temps else {}
         if keep.get("device") != dev:
             keep.clear()
             keep["device"] = dev
-        buffers = {}
-        for b, n in plan["buffers"].items():
-            if ("buf", b) not in keep:
-                keep[("buf", b)] = torch.empty(n, dtype=torch.uint8, device=dev)
-            buffers[b] = keep[("buf", b)]
+        if "arena" not in keep:
+            keep["arena"] = torch.empty(plan["arena_bytes"], dtype=torch.uint8, device=dev)
+        arena = keep["arena"]
         for s, t in storages.items():
             if s in env or self._produced_statically(s):
                 continue
             tdt = D.torch_dtype(t.dtype)
-            if s in plan["assign"]:
-                raw = buffers[plan["assign"][s]][: t.nbytes]
-                env[s] = raw.view(tdt).view(t.shape)
+            if s in plan["offsets"]:
+                at = plan["offsets"][s]
+                env[s] = arena[at: at + t.nbytes].view(tdt).view(t.shape)
             elif self.persistent_temps and s not in p.outputs:
                 if ("t", s) not in keep:
                     keep[("t", s)] = torch.empty(t.shape, dtype=tdt, device=dev)

@@ -429,28 +429,37 @@ def op_order(p: "Program", units: dict) -> list[str]:
     return out
 
 
-def would_cycle(p: "Program", nodes: set, deps: dict | None = None) -> bool:
+def would_cycle(p: "Program", nodes: set, deps: dict | None = None, succ: dict | None = None,
+                pos: dict | None = None) -> bool:
     """True when merging `nodes` into one unit makes a cycle: some other node lies on a
-    dependency path between two of them. `deps` ({node: p.op_deps(node)} for every node) may be
-    passed by a caller asking many times about one program."""
-    if deps is None:
-        deps = {n: p.op_deps(n) for n in p.order}
-    succ: dict = {n: set() for n in p.order}
-    for n, ds in deps.items():
-        for d in ds:
-            succ[d].add(n)
+    dependency path between two of them. A caller asking many times about one program may pass
+    `deps` ({node: p.op_deps(node)} for every node) or the successor map built from it, and `pos`
+    (a topological position per node: the search stops past the last member, since no path from
+    there leads back)."""
+    if succ is None:
+        succ = successors(deps if deps is not None else {n: p.op_deps(n) for n in p.order})
+    last = max(pos[n] for n in nodes) if pos is not None else None
     # everything reachable from the set through an outside node
     stack = [s for n in nodes for s in succ[n] if s not in nodes]
     seen = set()
     while stack:
         x = stack.pop()
-        if x in seen:
+        if x in seen or (last is not None and pos[x] > last):
             continue
         if x in nodes:
             return True
         seen.add(x)
         stack.extend(succ[x])
     return False
+
+
+def successors(deps: dict) -> dict:
+    """{node: the nodes that depend on it}, from {node: its dependencies}."""
+    succ: dict = {n: set() for n in deps}
+    for n, ds in deps.items():
+        for d in ds:
+            succ[d].add(n)
+    return succ
 
 
 def _only_written(kernel, param: str) -> bool:

@@ -38,12 +38,12 @@ def _attrs(a: dict) -> str:
 def dump(program, kernels: bool = False) -> str:
     p = program
     lines = [f"program {p.name} {{"]
-    buffers = p.meta.get("memory_plan", {}).get("assign", {})
+    offsets = p.meta.get("memory_plan", {}).get("offsets", {})
     for st, t in sorted(p.storages().items(), key=lambda kv: ("input weight temp".split().index(kv[1].kind), kv[0])):
         ty = f"{t.dtype.name}[{', '.join(map(str, t.shape))}]"
         extra = f"  layout {t.layout}" if t.layout != "ND" else ""
-        if st in buffers:
-            extra += f"  buffer {buffers[st]}"
+        if st in offsets:
+            extra += f"  arena @{offsets[st]}"
         lines.append(f"  {t.kind:<6} %{st} : {ty}{extra}")
     fused_kernels = []
     for nid in p.ops():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 
-from k31dsl.lowering.graph.ir import CallNode, would_cycle
+from k31dsl.lowering.graph.ir import CallNode, successors, would_cycle
 from k31dsl.lowering.passes.fuse import Refusal, Side, fuse
 
 
@@ -28,7 +28,8 @@ def _binding(p, node: CallNode) -> dict:
 
 def _side(p, nid: str) -> Side:
     node = p.node(nid)
-    shapes = {st: t.shape for st, t in p.storages().items()}
+    tensors = [p.tensor_node(v) for v in node.args.values() if isinstance(v, str)]
+    shapes = {t.storage: t.shape for t in tensors}
     return Side(node.kernel, _binding(p, node), shapes)
 
 
@@ -37,13 +38,18 @@ def consumers(p, nid: str) -> list[str]:
     # Without launch groups the schedule is the insertion order (a topological order, and ops()
     # sorts by it): reading it is linear, where ops() is a full sort per query (a model step
     # graph of ~100 calls spent 30 s here).
-    pos = p.__dict__.get("_superkernel_pos")
-    if pos is None or pos[0] is not p.g:        # once per program object (a fusion makes a new one)
-        grouped = any("group" in p.node(n).attrs for n in p.order)
-        pos = p._superkernel_pos = (p.g, {n: i for i, n in enumerate(p.ops() if grouped else p.order)})
-    pos = pos[1]
+    pos = schedule_pos(p)
     out = {r for t in p.writes_of(nid) for r in p.readers(t) if p.node(r).kind == "call"}
     return sorted(out, key=pos.get)
+
+
+def schedule_pos(p) -> dict:
+    """op -> its schedule position, once per program object (a fusion makes a new one)."""
+    pos = p.__dict__.get("_superkernel_pos")
+    if pos is None or pos[0] is not p.g:
+        grouped = any("group" in p.node(n).attrs for n in p.order)
+        pos = p._superkernel_pos = (p.g, {n: i for i, n in enumerate(p.ops() if grouped else p.order)})
+    return pos[1]
 
 
 def droppable(p, prod: str, cons: str) -> set[str]:
@@ -80,9 +86,17 @@ def all_deps(p) -> dict:
     return deps[1]
 
 
+def cycles_if_merged(p, nodes: set) -> bool:
+    """would_cycle with the program's successor map and schedule positions cached."""
+    cached = p.__dict__.get("_superkernel_succ")
+    if cached is None or cached[0] is not p.g:
+        cached = p._superkernel_succ = (p.g, successors(all_deps(p)))
+    return would_cycle(p, nodes, succ=cached[1], pos=schedule_pos(p))
+
+
 def fuse_pair(p, prod: str, cons: str):
     """(new program, message) or raises Refusal."""
-    if would_cycle(p, {prod, cons}, all_deps(p)):
+    if cycles_if_merged(p, {prod, cons}):
         import networkx as nx
         from k31dsl.lowering.passes.memory_plan import op_dag
         cached = p.__dict__.get("_superkernel_dag")
@@ -149,7 +163,7 @@ def superkernel(program):
             p.report.append(f"superkernel: did not inline {cons} into {prod}: {why}; not grouped either "
                             "(a branch or join: the streams pass may run its parts side by side)")
             continue
-        if would_cycle(p, members, all_deps(p)):
+        if cycles_if_merged(p, members):
             p.report.append(f"superkernel: kept {prod} and {cons} apart and in separate launches: {why}; "
                             "grouping them would put another node inside the launch")
             continue

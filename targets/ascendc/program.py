@@ -15,7 +15,7 @@ AscendC::SyncAll() is a real barrier between the sub-kernels.
                         <<<blockDim, nullptr, stream>>>, aclrtRecordEvent/aclrtStreamWaitEvent for
                         the streams pass's events, a join, and one aclrtSynchronizeStream at the end.
 Buffers are passed as `bufs[i]`, one device address per storage in the order listed in the
-header comment (the memory plan's buffers where it placed a tensor).
+header comment (workspace + offset where the memory plan placed a tensor).
 """
 from __future__ import annotations
 
@@ -77,19 +77,19 @@ def _units(p) -> list[list[str]]:
 
 
 def _buffer_index(p) -> tuple[dict[str, int], list[str]]:
-    """storage -> index into bufs[], and the header lines describing them."""
+    """storage -> index into bufs[], and the header lines describing them. A tensor the memory
+    plan placed is a view of the one workspace at its offset: the caller passes workspace + offset."""
     plan = p.meta.get("memory_plan", {})
-    assign = plan.get("assign", {})
+    offsets = plan.get("offsets", {})
     index, lines = {}, []
+    if offsets:
+        lines.append(f"//   (workspace: one device allocation of {plan['arena_bytes']} bytes)")
     for st, t in sorted(p.storages().items()):
-        key = assign.get(st, st)
-        if key not in index:
-            index[key] = len(index)
-            what = (f"buffer {key} ({plan['buffers'][key]} bytes, shared by "
-                    f"{', '.join(s for s, b in sorted(assign.items()) if b == key)})" if st in assign else
-                    f"{t.kind} {st}: {t.dtype.name}{list(t.shape)}{' ' + t.layout if t.layout != 'ND' else ''}")
-            lines.append(f"//   bufs[{index[key]}] = {what}")
-        index[st] = index[key]
+        index[st] = len(index)
+        what = f"{t.kind} {st}: {t.dtype.name}{list(t.shape)}{' ' + t.layout if t.layout != 'ND' else ''}"
+        if st in offsets:
+            what += f" = workspace + {offsets[st]}"
+        lines.append(f"//   bufs[{index[st]}] = {what}")
     return index, lines
 
 
