@@ -15,155 +15,36 @@ from k31dsl import K31Error
 from k31dsl.ops.testing import load_oracle
 from k31dsl.targets.ascendc.emit import UB_BYTES, emit_all
 
+import target_check
+from target_check import compare
+from test_target_semantics import float_math
+
 NAN, INF = float("nan"), float("inf")
 
 
 def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
-    """Run `kern` on numpy and ascendc with fresh copies of the same outputs; {target: outs}."""
-    got = {}
-    for target in ("numpy", "ascendc"):
-        outs = {n: t.clone() for n, t in outputs.items()}
-        k.compile(kern, target=target)(*inputs.values(), *outs.values(), *scalars, **cx)
-        got[target] = outs
-    return got
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor, name=""):
-    ua, ub = (t.contiguous().view(torch.uint8) if t.element_size() == 1 else t for t in (a, b))
-    if a.dtype.is_floating_point and a.element_size() > 1:
-        na, nb = torch.isnan(a), torch.isnan(b)
-        assert torch.equal(na, nb), f"{name}: NaN lanes differ"
-        ua, ub = a.masked_fill(na, 0), b.masked_fill(nb, 0)
-    assert torch.equal(ua, ub), f"{name}: differs at {torch.nonzero(ua != ub)[:8].tolist()}"
-
-
-def compare(got: dict, exact=(), rtol=1e-5, atol=1e-6):
-    for name in got["numpy"]:
-        a, b = got["numpy"][name], got["ascendc"][name]
-        if name in exact or not a.dtype.is_floating_point or a.element_size() == 1:
-            same_bits(a, b, name)
-        else:
-            np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), rtol=rtol, atol=atol,
-                                       equal_nan=True, err_msg=name)
+    return target_check.run_both("ascendc", kern, inputs, outputs, *scalars, **cx)
 
 
 def source(kern, **cx) -> str:
     return k.compile(kern, target="ascendc").source(**cx)
 
 
-# ---------------------------------------------------------------- float and integer arithmetic
+# ---------------------------------------------------------------- arithmetic (semantics: test_target_semantics.py)
 
-@k.kernel
-def float_math(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"],
-               BLOCK: k.constexpr = 64):
-    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
-        a = x[k.span(i * BLOCK, BLOCK, other=1.0)]
-        b = y[k.span(i * BLOCK, BLOCK, other=2.0)]
-        o[0, k.span(i * BLOCK, BLOCK)] = a + b * 3.0
-        o[1, k.span(i * BLOCK, BLOCK)] = a - b
-        o[2, k.span(i * BLOCK, BLOCK)] = a / b
-        o[3, k.span(i * BLOCK, BLOCK)] = k.floor(a / b) + a % b
-        o[4, k.span(i * BLOCK, BLOCK)] = k.maximum(a, b) + k.minimum(a, b) * 0.5
-        o[5, k.span(i * BLOCK, BLOCK)] = k.where(a < b, a, -b)
-        o[6, k.span(i * BLOCK, BLOCK)] = k.exp(a) + k.exp2(b)
-        o[7, k.span(i * BLOCK, BLOCK)] = k.log(k.abs(a)) + k.log2(k.abs(b))
-        o[8, k.span(i * BLOCK, BLOCK)] = k.sqrt(k.abs(a)) + k.rsqrt(k.abs(b))
-        o[9, k.span(i * BLOCK, BLOCK)] = k.sigmoid(a) + k.softplus(b * 10.0)
-        o[10, k.span(i * BLOCK, BLOCK)] = k.relu(a) + k.floor(b) + k.ceil(a)
-        o[11, k.span(i * BLOCK, BLOCK)] = ((a > b) | (a == 0.5)).to(k.f32) + (a != b).to(k.f32)
-        o[12, k.span(i * BLOCK, BLOCK)] = k.maximum(a, 1.0) + k.where(a != a, 7.0, a * INF)
-
-
-def test_float_math_matches_reference(rng):
-    n = 150                                    # ragged against BLOCK=64
-    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
-    y = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
-    x[:6] = torch.tensor([0.0, -0.0, 0.5, NAN, INF, -INF])
-    got = run_both(float_math, {"x": x, "y": y}, {"o": torch.full((13, n), NAN)})
-    compare(got, rtol=2e-6, atol=1e-6)
-    o = got["ascendc"]["o"].numpy()
-    with np.errstate(all="ignore"):
-        assert (o[2] == (x.double() / y.double()).float().numpy())[6:].all()   # Div is IEEE
-    on = np.full((13, n), np.nan, np.float32)                # NumPy arrays work too (same build)
-    k.compile(float_math, target="ascendc")(x.numpy(), y.numpy(), on)
-    np.testing.assert_array_equal(on, o)
+def test_numpy_arrays_run_the_same_build_and_compares_select(rng):
+    n = 150
+    x, y = (rng.standard_normal(n).astype(np.float32) * 3 for _ in range(2))
+    want = torch.full((14, n), NAN)
+    k.compile(float_math, target="ascendc")(torch.from_numpy(x), torch.from_numpy(y), want)
+    got = np.full((14, n), np.nan, np.float32)                # NumPy arrays work too (same build)
+    k.compile(float_math, target="ascendc")(x, y, got)
+    np.testing.assert_array_equal(got, want.numpy())
     src = source(float_math)                                 # where(a < b, ...) over 64 lanes
     assert "AscendC::Compare(" in src and "VSEL_TENSOR_TENSOR_MODE" in src
 
 
-@k.kernel
-def int_math(a: k.Tensor[k.i32, "N"], b: k.Tensor[k.i32, "N"], s: k.Tensor[k.i32, "N"],
-             o: k.Tensor[k.i32, "F", "N"], o8: k.Tensor[k.i8, "N"], o64: k.Tensor[k.i64, "N"],
-             ou: k.Tensor[k.u32, "N"], BLOCK: k.constexpr = 16):
-    for i in k.grid(k.cdiv(a.shape[0], BLOCK)):
-        x = a[k.span(i * BLOCK, BLOCK, other=1)]
-        y = b[k.span(i * BLOCK, BLOCK, other=1)]
-        sh = s[k.span(i * BLOCK, BLOCK, other=0)]
-        o[0, k.span(i * BLOCK, BLOCK)] = x // y
-        o[1, k.span(i * BLOCK, BLOCK)] = x % y
-        o[2, k.span(i * BLOCK, BLOCK)] = (x & y) + (x | y) * 3 - (x ^ y)
-        o[3, k.span(i * BLOCK, BLOCK)] = (x << sh) + (x >> sh) + (x >> 3) + (x << 5)
-        o[4, k.span(i * BLOCK, BLOCK)] = k.maximum(x, y) - k.minimum(x, y) + k.abs(-x) + ~y
-        o[5, k.span(i * BLOCK, BLOCK)] = x * y + 7 // 2 - (-7) // 2 + (x.shape[0] - 100) // 7 + x * 2147483
-        o[6, k.span(i * BLOCK, BLOCK)] = k.where((x < y) & (x != 0), 1, 0) + k.relu(x) + k.maximum(x, 3)
-        o8[k.span(i * BLOCK, BLOCK)] = x.to(k.i8) * y.to(k.i8) + 100
-        o64[k.span(i * BLOCK, BLOCK)] = x.to(k.i64) * y.to(k.i64) // 3
-        ou[k.span(i * BLOCK, BLOCK)] = (x.to(k.u32) >> 3) + y.to(k.u32) * 5
-
-
-def test_integer_ops_are_bit_exact(rng):
-    n = 37
-    a = torch.from_numpy(rng.integers(-5000, 5000, n).astype(np.int32))
-    b = torch.from_numpy(rng.choice([-7, -3, -1, 1, 2, 5, 13], n).astype(np.int32))
-    s = torch.from_numpy(rng.integers(0, 31, n).astype(np.int32))
-    outs = {"o": torch.zeros(7, n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.int8),
-            "o64": torch.zeros(n, dtype=torch.int64), "ou": torch.zeros(n, dtype=torch.uint32)}
-    got = run_both(int_math, {"a": a, "b": b, "s": s}, outs)
-    compare(got)
-    o = got["ascendc"]["o"].numpy()
-    an, bn = a.numpy().astype(np.int64), b.numpy().astype(np.int64)
-    q = np.trunc(an / bn).astype(np.int64)
-    assert (o[0] == q).all() and (o[1] == an - q * bn).all()         # C semantics
-
-
-# ---------------------------------------------------------------- casts, fp8, e8m0
-
-@k.kernel
-def casts(x: k.Tensor[k.f32, "N"], xb: k.Tensor[k.bf16, "N"], oi: k.Tensor[k.i32, "N"],
-          o8: k.Tensor[k.u8, "N"], o64: k.Tensor[k.i64, "N"], ob: k.Tensor[k.bf16, "F", "N"],
-          oh: k.Tensor[k.f16, "N"], od: k.Tensor[k.f64, "N"], of: k.Tensor[k.f32, "F", "N"],
-          s64: k.f64, n64: k.i64, sb: k.bf16, BLOCK: k.constexpr = 32):
-    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
-        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
-        vb = xb[k.span(i * BLOCK, BLOCK, other=0.0)]
-        oi[k.span(i * BLOCK, BLOCK)] = v.to(k.i32)
-        o8[k.span(i * BLOCK, BLOCK)] = v.to(k.u8)
-        o64[k.span(i * BLOCK, BLOCK)] = k.minimum(k.maximum(v, -1e18), 1e18).to(k.i64) + n64
-        ob[0, k.span(i * BLOCK, BLOCK)] = v.to(k.bf16)
-        ob[1, k.span(i * BLOCK, BLOCK)] = vb * vb + vb
-        ob[2, k.span(i * BLOCK, BLOCK)] = vb / (vb + 3.0) - k.exp(vb) * sb
-        ob[3, k.span(i * BLOCK, BLOCK)] = k.sum(vb[None, :], axis=0) + k.maximum(vb, 0.5)
-        oh[k.span(i * BLOCK, BLOCK)] = v.to(k.f16) * v.to(k.f16)
-        od[k.span(i * BLOCK, BLOCK)] = v.to(k.f64) / 3.0 * s64
-        of[0, k.span(i * BLOCK, BLOCK)] = vb.to(k.f32)
-        of[1, k.span(i * BLOCK, BLOCK)] = v.to(k.i32).to(k.f32) + v.bitcast(k.i32).to(k.f32)
-        of[2, k.span(i * BLOCK, BLOCK)] = (v > 0.0).to(k.f32) + v.to(k.bool).to(k.f32)
-        of[3, k.span(i * BLOCK, BLOCK)] = v.to(k.f16).to(k.bf16).to(k.f32)
-
-
-def test_casts_match_reference(rng):
-    specials = [NAN, INF, -INF, -0.0, 0.5, -0.5, -1.5, 2.5, 127.6, 128.0, -129.0, 255.9, 256.0, -1.0,
-                2.0 ** 31, -(2.0 ** 31), 3e9, -3e9, 1e20, -1e20, 65519.0, 65520.0, 1e-40]
-    n = 60
-    x = np.concatenate([specials, rng.standard_normal(n - len(specials)) * 300]).astype(np.float32)
-    xb = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
-    outs = {"oi": torch.zeros(n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.uint8),
-            "o64": torch.zeros(n, dtype=torch.int64), "ob": torch.zeros(4, n, dtype=torch.bfloat16),
-            "oh": torch.zeros(n, dtype=torch.float16), "od": torch.zeros(n, dtype=torch.float64),
-            "of": torch.zeros(4, n)}
-    got = run_both(casts, {"x": torch.from_numpy(x), "xb": xb}, outs, 1.0 + 2.0 ** -40, 2 ** 40 + 3, 0.3)
-    compare(got, exact=("ob", "oh", "od", "of"))
-
+# ---------------------------------------------------------------- fp8, e8m0
 
 @k.kernel
 def fp8_codes(x: k.Tensor[k.f32, "N"], q4: k.Tensor[k.f8e4m3, "N"], q5: k.Tensor[k.f8e5m2, "N"],
@@ -202,37 +83,7 @@ def test_fp8_and_e8m0_conversions_bit_exact(rng):
 
 # ---------------------------------------------------------------- reductions, scans, top-k, gathers
 
-@k.kernel
-def reductions(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R"],
-               oc: k.Tensor[k.f32, "F2", "CP"], oi: k.Tensor[k.i32, "F", "R"], os: k.Tensor[k.f32, "G"],
-               cs: k.Tensor[k.f32, "R", "C"], BR: k.constexpr = 8, BC: k.constexpr = 32):
-    for i in k.grid(k.cdiv(x.shape[0], BR)):
-        t = x[k.span(i * BR, BR, other=0.0), k.span(0, BC, other=0.0)]
-        ti = xi[k.span(i * BR, BR, other=0), k.span(0, BC, other=0)]
-        o[0, k.span(i * BR, BR)] = k.sum(t, axis=1)
-        o[1, k.span(i * BR, BR)] = k.max(t, axis=1)
-        o[2, k.span(i * BR, BR)] = k.min(t, axis=1)
-        oc[0, k.span(0, BC)] = k.sum(t, axis=0)
-        oc[1, k.span(0, BC)] = k.max(t, axis=0)
-        oi[0, k.span(i * BR, BR)] = k.sum(ti, axis=1)
-        oi[1, k.span(i * BR, BR)] = k.max(ti, axis=1) - k.min(ti, axis=1)
-        oi[2, k.span(i * BR, BR)] = k.max(k.cumsum(ti, axis=1, reverse=True), axis=1)
-        os[0] = k.sum(t)
-        os[1] = k.max(t)
-        cs[k.span(i * BR, BR), k.span(0, BC)] = k.cumsum(t, axis=1)
-
-
-def test_reductions_and_scans(rng):
-    r, c = 8, 27
-    x = rng.standard_normal((r, c)).astype(np.float32)
-    x[2, 5] = NAN
-    x[4, :] = -INF
-    xi = rng.integers(-200, 200, (r, c)).astype(np.int32)
-    outs = {"o": torch.zeros(3, r), "oc": torch.zeros(2, 32), "oi": torch.zeros(3, r, dtype=torch.int32),
-            "os": torch.zeros(2), "cs": torch.zeros(r, c)}
-    got = run_both(reductions, {"x": torch.from_numpy(x), "xi": torch.from_numpy(xi)}, outs)
-    compare(got, rtol=1e-5, atol=1e-5)
-
+# reductions: test_target_semantics.py
 
 @k.kernel
 def select_gather(x: k.Tensor[k.f32, "R", "L"], idx: k.Tensor[k.i32, "R", "J"], vals: k.Tensor[k.f32, "R", "KN"],

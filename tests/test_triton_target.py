@@ -13,6 +13,9 @@ import k31dsl as k
 from k31dsl import K31Error
 from k31dsl.ops.testing import load_oracle
 
+import target_check
+from target_check import compare
+
 pytest.importorskip("triton")
 from k31dsl.targets.triton.emit import detect_mode  # noqa: E402
 
@@ -22,173 +25,10 @@ DEVICE = "cuda" if MODE == "gpu" else "cpu"
 
 
 def run_both(kern, inputs: dict, outputs: dict, *scalars, **cx):
-    """Run `kern` on numpy and triton with fresh copies of the same outputs; returns {target: outs}."""
-    got = {}
-    for target in ("numpy", "triton"):
-        dev = DEVICE if target == "triton" else "cpu"
-        ins = [t.to(dev) for t in inputs.values()]
-        outs = {n: t.clone().to(dev) for n, t in outputs.items()}
-        k.compile(kern, target=target)(*ins, *outs.values(), *scalars, **cx)
-        got[target] = {n: t.cpu() for n, t in outs.items()}
-    return got
+    return target_check.run_both("triton", kern, inputs, outputs, *scalars, **cx)
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor):
-    ua, ub = (t.contiguous().view(torch.uint8) if t.element_size() == 1 else t for t in (a, b))
-    if a.dtype.is_floating_point and a.element_size() > 1:
-        na, nb = torch.isnan(a), torch.isnan(b)
-        assert torch.equal(na, nb), "NaN lanes differ"
-        ua, ub = a.masked_fill(na, 0), b.masked_fill(nb, 0)
-    assert torch.equal(ua, ub), f"differs at {torch.nonzero(ua != ub)[:8].tolist()}"
-
-
-def close(a: torch.Tensor, b: torch.Tensor, rtol=1e-5, atol=1e-6):
-    np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), rtol=rtol, atol=atol, equal_nan=True)
-
-
-def compare(got: dict, exact=(), rtol=1e-5, atol=1e-6):
-    for name in got["numpy"]:
-        a, b = got["numpy"][name], got["triton"][name]
-        if name in exact or not a.dtype.is_floating_point or a.element_size() == 1:
-            same_bits(a, b)
-        else:
-            close(a.float() if a.dtype == torch.bfloat16 else a, b.float() if b.dtype == torch.bfloat16 else b,
-                  rtol, atol)
-
-
-# ---------------------------------------------------------------- float arithmetic and math
-
-@k.kernel
-def float_math(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"],
-               BLOCK: k.constexpr = 16):
-    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
-        a = x[k.span(i * BLOCK, BLOCK, other=1.0)]
-        b = y[k.span(i * BLOCK, BLOCK, other=2.0)]
-        o[0, k.span(i * BLOCK, BLOCK)] = a + b * 3.0
-        o[1, k.span(i * BLOCK, BLOCK)] = a - b
-        o[2, k.span(i * BLOCK, BLOCK)] = a / b
-        o[3, k.span(i * BLOCK, BLOCK)] = k.floor(a / b)
-        o[4, k.span(i * BLOCK, BLOCK)] = a % b
-        o[5, k.span(i * BLOCK, BLOCK)] = k.maximum(a, b) + k.minimum(a, b) * 0.5
-        o[6, k.span(i * BLOCK, BLOCK)] = k.where(a < b, a, -b)
-        o[7, k.span(i * BLOCK, BLOCK)] = k.exp(a) + k.exp2(b)
-        o[8, k.span(i * BLOCK, BLOCK)] = k.log(k.abs(a)) + k.log2(k.abs(b))
-        o[9, k.span(i * BLOCK, BLOCK)] = k.sqrt(k.abs(a)) + k.rsqrt(k.abs(b))
-        o[10, k.span(i * BLOCK, BLOCK)] = k.sigmoid(a) + k.softplus(b * 10.0)
-        o[11, k.span(i * BLOCK, BLOCK)] = k.relu(a) + k.floor(b) + k.ceil(a)
-        o[12, k.span(i * BLOCK, BLOCK)] = ((a > b) | (a == 0.5)).to(k.f32) + (a != b).to(k.f32)
-
-
-def test_float_math_matches_reference(rng):
-    n = 45                                     # ragged against BLOCK=16
-    x = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
-    y = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 3)
-    x[:4] = torch.tensor([0.0, -0.0, 0.5, 1e-3])
-    got = run_both(float_math, {"x": x, "y": y}, {"o": torch.full((13, n), NAN)})
-    compare(got, rtol=2e-6, atol=1e-6)
-    # / and sqrt are correctly rounded: exact against float64 rounded once
-    o = got["triton"]["o"].numpy()
-    assert (o[2] == (x.double() / y.double()).float().numpy()).all()
-
-
-@k.kernel
-def special_math(x: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"], BLOCK: k.constexpr = 16):
-    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
-        a = x[k.span(i * BLOCK, BLOCK, other=0.0)]
-        o[0, k.span(i * BLOCK, BLOCK)] = k.maximum(a, 1.0)
-        o[1, k.span(i * BLOCK, BLOCK)] = k.minimum(a, 1.0)
-        o[2, k.span(i * BLOCK, BLOCK)] = a / 0.0
-        o[3, k.span(i * BLOCK, BLOCK)] = k.sqrt(a)
-        o[4, k.span(i * BLOCK, BLOCK)] = k.relu(a)
-        o[5, k.span(i * BLOCK, BLOCK)] = k.where(a != a, 7.0, a * INF)
-
-
-def test_nan_inf_propagate_like_numpy():
-    x = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.0, -2.0, 3e38, 1e-45, -NAN], dtype=torch.float32)
-    got = run_both(special_math, {"x": x}, {"o": torch.zeros(6, len(x))})
-    compare(got, exact=("o",))
-
-
-# ---------------------------------------------------------------- integers: C division, wraparound
-
-@k.kernel
-def int_math(a: k.Tensor[k.i32, "N"], b: k.Tensor[k.i32, "N"], s: k.Tensor[k.i32, "N"],
-             o: k.Tensor[k.i32, "F", "N"], o8: k.Tensor[k.i8, "N"], o64: k.Tensor[k.i64, "N"],
-             ou: k.Tensor[k.u32, "N"], BLOCK: k.constexpr = 16):
-    for i in k.grid(k.cdiv(a.shape[0], BLOCK)):
-        x = a[k.span(i * BLOCK, BLOCK, other=1)]
-        y = b[k.span(i * BLOCK, BLOCK, other=1)]
-        sh = s[k.span(i * BLOCK, BLOCK, other=0)]
-        o[0, k.span(i * BLOCK, BLOCK)] = x // y
-        o[1, k.span(i * BLOCK, BLOCK)] = x % y
-        o[2, k.span(i * BLOCK, BLOCK)] = (x & y) + (x | y) * 3 - (x ^ y)
-        o[3, k.span(i * BLOCK, BLOCK)] = (x << sh) + (x >> sh)
-        o[4, k.span(i * BLOCK, BLOCK)] = k.maximum(x, y) - k.minimum(x, y) + k.abs(-x) + ~y
-        o[5, k.span(i * BLOCK, BLOCK)] = x * y + 7 // 2 - (-7) // 2 + (x.shape[0] - 100) // 7
-        o[6, k.span(i * BLOCK, BLOCK)] = k.where((x < y) & (x != 0), 1, 0) + k.relu(x)
-        o8[k.span(i * BLOCK, BLOCK)] = x.to(k.i8) * y.to(k.i8) + 100
-        o64[k.span(i * BLOCK, BLOCK)] = x.to(k.i64) * y.to(k.i64) // 3
-        ou[k.span(i * BLOCK, BLOCK)] = (x.to(k.u32) >> 3) + y.to(k.u32) * 5
-
-
-def test_integer_ops_are_bit_exact(rng):
-    n = 37
-    a = torch.from_numpy(rng.integers(-1000, 1000, n).astype(np.int32))
-    b = torch.from_numpy(rng.choice([-7, -3, -1, 1, 2, 5, 13], n).astype(np.int32))
-    s = torch.from_numpy(rng.integers(0, 31, n).astype(np.int32))
-    outs = {"o": torch.zeros(7, n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.int8),
-            "o64": torch.zeros(n, dtype=torch.int64), "ou": torch.zeros(n, dtype=torch.uint32)}
-    got = run_both(int_math, {"a": a, "b": b, "s": s}, outs)
-    compare(got)
-    o = got["triton"]["o"].numpy()
-    an, bn = a.numpy().astype(np.int64), b.numpy().astype(np.int64)
-    q = np.trunc(an / bn).astype(np.int64)
-    assert (o[0] == q).all() and (o[1] == an - q * bn).all()         # C semantics
-
-
-# ---------------------------------------------------------------- casts between computing types
-
-@k.kernel
-def casts(x: k.Tensor[k.f32, "N"], xb: k.Tensor[k.bf16, "N"], oi: k.Tensor[k.i32, "N"],
-          o8: k.Tensor[k.i8, "N"], ou8: k.Tensor[k.u8, "N"], o64: k.Tensor[k.i64, "N"],
-          ou32: k.Tensor[k.u32, "N"], ob: k.Tensor[k.bf16, "F", "N"], oh: k.Tensor[k.f16, "N"],
-          od: k.Tensor[k.f64, "N"], of: k.Tensor[k.f32, "F", "N"], s64: k.f64, n64: k.i64, sb: k.bf16,
-          BLOCK: k.constexpr = 16):
-    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
-        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
-        vb = xb[k.span(i * BLOCK, BLOCK, other=0.0)]
-        oi[k.span(i * BLOCK, BLOCK)] = v.to(k.i32)
-        o8[k.span(i * BLOCK, BLOCK)] = v.to(k.i8)
-        ou8[k.span(i * BLOCK, BLOCK)] = v.to(k.u8)
-        o64[k.span(i * BLOCK, BLOCK)] = k.minimum(k.maximum(v, -1e18), 1e18).to(k.i64) + n64
-        ou32[k.span(i * BLOCK, BLOCK)] = v.to(k.u32)
-        ob[0, k.span(i * BLOCK, BLOCK)] = v.to(k.bf16)
-        ob[1, k.span(i * BLOCK, BLOCK)] = vb * vb + vb
-        ob[2, k.span(i * BLOCK, BLOCK)] = vb / (vb + 3.0) - k.exp(vb) * sb
-        ob[3, k.span(i * BLOCK, BLOCK)] = k.sum(vb[None, :], axis=0) + k.maximum(vb, 0.5)
-        oh[k.span(i * BLOCK, BLOCK)] = v.to(k.f16) * v.to(k.f16)
-        od[k.span(i * BLOCK, BLOCK)] = v.to(k.f64) / 3.0 * s64
-        of[0, k.span(i * BLOCK, BLOCK)] = vb.to(k.f32)
-        of[1, k.span(i * BLOCK, BLOCK)] = v.to(k.i32).to(k.f32) + v.bitcast(k.i32).to(k.f32)
-        of[2, k.span(i * BLOCK, BLOCK)] = (v > 0.0).to(k.f32) + v.to(k.bool).to(k.f32)
-        of[3, k.span(i * BLOCK, BLOCK)] = v.to(k.f16).to(k.bf16).to(k.f32)
-
-
-def test_casts_match_reference(rng):
-    specials = [NAN, INF, -INF, -0.0, 0.5, -0.5, -1.5, 2.5, 127.6, 128.0, -129.0, 255.9, 256.0, -1.0,
-                2.0 ** 31, -(2.0 ** 31), 3e9, -3e9, 1e20, -1e20, 2.0 ** 63, 65519.0, 65520.0, 1e-40]
-    n = 60
-    x = np.concatenate([specials, rng.standard_normal(n - len(specials)) * 300]).astype(np.float32)
-    x = torch.from_numpy(x)
-    xb = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
-    outs = {"oi": torch.zeros(n, dtype=torch.int32), "o8": torch.zeros(n, dtype=torch.int8),
-            "ou8": torch.zeros(n, dtype=torch.uint8), "o64": torch.zeros(n, dtype=torch.int64),
-            "ou32": torch.zeros(n, dtype=torch.uint32), "ob": torch.zeros(4, n, dtype=torch.bfloat16),
-            "oh": torch.zeros(n, dtype=torch.float16), "od": torch.zeros(n, dtype=torch.float64),
-            "of": torch.zeros(4, n)}
-    got = run_both(casts, {"x": x, "xb": xb}, outs, 1.0 + 2.0 ** -40, 2 ** 40 + 3, 0.3)
-    compare(got, exact=("ob", "oh", "od", "of"))
-
+# Arithmetic, integer and cast semantics shared with the other targets: test_target_semantics.py
 
 # ---------------------------------------------------------------- fp8 and e8m0 conversions
 
@@ -291,40 +131,7 @@ def test_e8m0_encode_edges(rng):
 
 # ---------------------------------------------------------------- reductions and scans
 
-@k.kernel
-def reductions(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R"],
-               oc: k.Tensor[k.f32, "F2", "CP"], oi: k.Tensor[k.i32, "F", "R"], os: k.Tensor[k.f32, "G"],
-               o8: k.Tensor[k.i8, "R"], BR: k.constexpr = 8, BC: k.constexpr = 32):
-    for i in k.grid(k.cdiv(x.shape[0], BR)):
-        t = x[k.span(i * BR, BR, other=0.0), k.span(0, BC, other=0.0)]
-        ti = xi[k.span(i * BR, BR, other=0), k.span(0, BC, other=0)]
-        o[0, k.span(i * BR, BR)] = k.sum(t, axis=1)
-        o[1, k.span(i * BR, BR)] = k.max(t, axis=1)
-        o[2, k.span(i * BR, BR)] = k.min(t, axis=1)
-        oc[0, k.span(0, BC)] = k.sum(t, axis=0)
-        oc[1, k.span(0, BC)] = k.max(t, axis=0)
-        oi[0, k.span(i * BR, BR)] = k.sum(ti, axis=1)
-        oi[1, k.span(i * BR, BR)] = k.max(ti, axis=1)
-        oi[2, k.span(i * BR, BR)] = k.min(ti, axis=1)
-        os[0] = k.sum(t)
-        os[1] = k.max(t)
-        o8[k.span(i * BR, BR)] = k.sum(ti.to(k.i8), axis=1)
-
-
-def test_reductions_propagate_nan_and_wrap_integers(rng):
-    r, c = 8, 27                                # one row block (the column outputs are per block)
-    x = rng.standard_normal((r, c)).astype(np.float32)
-    x[2, 5] = NAN
-    x[4, :] = -INF
-    xi = rng.integers(-200, 200, (r, c)).astype(np.int32)
-    outs = {"o": torch.zeros(3, r), "oc": torch.zeros(2, 32), "oi": torch.zeros(3, r, dtype=torch.int32),
-            "os": torch.zeros(2), "o8": torch.zeros(r, dtype=torch.int8)}
-    got = run_both(reductions, {"x": torch.from_numpy(x), "xi": torch.from_numpy(xi)}, outs)
-    compare(got, rtol=1e-5)
-    o = got["triton"]["o"].numpy()
-    assert np.isnan(o[1, 2]) and np.isnan(o[2, 2]) and o[2, 4] == -INF
-    assert np.isnan(got["triton"]["os"][1].item())
-
+# reductions: test_target_semantics.py
 
 @k.kernel
 def scans(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R", "C"],
@@ -624,8 +431,8 @@ def test_user_errors_name_the_source_line():
 
 # ---------------------------------------------------------------- GPU code through Triton's compiler
 
-HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "casts", "matmul", "fp8_matmul", "topk_kernel", "take_cat_shapes",
-                  "reductions", "running_stats", "gather_rows", "int_math"]
+HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "matmul", "fp8_matmul", "topk_kernel", "take_cat_shapes",
+                  "running_stats", "gather_rows"]     # casts, int_math, reductions: test_target_semantics.py
 
 
 @pytest.mark.skipif(MODE != "interpret", reason="on a GPU the tests above run the GPU code itself")
