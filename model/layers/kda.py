@@ -76,7 +76,6 @@ def prepared_weights(cfg, weights: dict) -> dict:
 
 def _projections(g, l, x, n_seqs, q_len):
     """q, k, v pre-conv inputs [N, T, C] and the raw gate, beta, output gate rows."""
-    cfg = g.cfg
     a = f"layers.{l}.attn."
     pre = {}
     for c in CONV_NAMES:
