@@ -57,28 +57,24 @@ def _next_pow2(n: int) -> int:
 
 
 def auto_chunk(T: int) -> int:
-    """Single-runner chunk: 16384 tokens, less when the widest step's [chunk, width] score buffers
-    would pass 2^32 elements (each of them 16 GB; see single_model)."""
+    """Single-runner chunk: 16384 tokens, less when the widest step's [chunk, width] fp32 score
+    tensors would pass 2^32 elements (16 GB each). `--chunk T` runs the prompt as one step (the
+    small preset's 131072 tokens fit an H200 since the arena plan: planned_gb)."""
     from k31dsl.model.config import pages_for
     return max(64, min(16384, (1 << 32) // (_next_pow2(pages_for(T)) * 64)))
 
 
 def single_model(T: int, chunk: int) -> dict:
-    """Predicted ms and score-buffer GB of the single-runner prefill in `chunk`-token chunks: each
-    chunk a step whose rows are `max_pages` = next_pow2(pages of its context + itself) x 64 wide.
-    Memory: the runner keeps each shape class's int32 `topk_no_idx` input [chunk, width] (an input
-    the top-k never reads), and the memory plan of a step holds two fp32 [chunk, width] buffers
-    the score tensors rotate through (measured: the plan of the small preset's steps)."""
+    """Predicted ms of the single-runner prefill in `chunk`-token chunks: each chunk a step whose
+    rows are `max_pages` = next_pow2(pages of its context + itself) x 64 wide (memory: planned_gb)."""
     from k31dsl.model.config import pages_for
-    ms, widths = 0.0, set()
+    ms = 0.0
     for c0 in range(0, T, chunk):
         n = min(chunk, T - c0)
         width = _next_pow2(pages_for(c0 + n)) * 64
-        widths.add(width)
         pairs = n * c0 + n * (n + 1) // 2
         ms += LINEAR_MS * n + PAIR_MS * pairs + TOPK_MS * n * width
-    buf = (4.0 * chunk * sum(widths) + 8.0 * chunk * max(widths)) / 1e9
-    return {"chunk": chunk, "predicted_ms": ms, "score_buffers_gb": buf}
+    return {"chunk": chunk, "predicted_ms": ms}
 
 
 def cp_model(cfg, T: int, P: int) -> dict:
@@ -101,8 +97,38 @@ def cp_model(cfg, T: int, P: int) -> dict:
     work = max(lay.indexer_work(r) for r in range(P))
     ms = LINEAR_MS * rows + PAIR_MS * work + TOPK_MS * rows * width + comm
     return {"chunk": lay.chunk, "rows": rows, "row_width": width, "predicted_ms": ms, "comm_ms": comm,
-            "score_buffers_gb": 12.0 * rows * width / 1e9,      # 2 planned fp32 + topk_no_idx int32 "gather_bytes_per_dsa_layer": dsa_bytes,
+            "gather_bytes_per_dsa_layer": dsa_bytes,
             "gather_bytes_per_kda_layer": kda_bytes, "summary_bytes_per_piece_layer": summary}
+
+
+_PLAN_RUNNERS: dict = {}
+
+
+def planned_gb(cfg, T: int, P: int = 0, chunk: int = 0) -> float:
+    """GB one rank needs, from the program itself: the memory plan's arena of its largest step
+    (rank 0's cp_prefill step over P ranks, or the single runner's last `chunk`-token step), built
+    here on the host (the CPU flavour of the program: GPU tiles differ, intermediates do not), plus
+    the runner's weights, caches and state pools. H200 check (NOTES.md, memory plan): 27.6 GB
+    planned + 5.0 GB of runner tensors vs a measured peak of 32.6 GB (cp_prefill, 1 rank, 128K)."""
+    from k31dsl.model.assembler import ModelRunner, prefill_bucket
+    from k31dsl.model.config import pages_for
+    from k31dsl.model.distributed import cp_shape, zigzag_layout
+    from k31dsl.model.layers.common import ShapeClass
+    from k31dsl.model.weights import cast_weights, init_weights
+    key = (cfg.name, T)
+    if key not in _PLAN_RUNNERS:
+        weights = cast_weights(init_weights(cfg, 0), cfg.dtype)
+        _PLAN_RUNNERS.clear()                   # one at a time: each holds its caches for T tokens
+        _PLAN_RUNNERS[key] = ModelRunner(cfg, weights, "triton", num_pages=pages_for(T), num_slots=1, device="cpu")
+    runner = _PLAN_RUNNERS[key]
+    held = [*runner.weights.values(), *runner.states.values()]
+    if P:
+        shape = cp_shape(runner, zigzag_layout(T, P), 0)
+        held += list(runner.cp_buffers(shape).values())
+    else:       # a full chunk at the last chunk's width: the largest step (an upper bound)
+        shape = ShapeClass("prefill", 1, prefill_bucket(min(chunk, T)), _next_pow2(pages_for(T)))
+    arena = runner._after_passes(shape).meta["memory_plan"]["arena_bytes"]
+    return (arena + sum(t.numel() * t.element_size() for t in held)) / 1e9
 
 
 def work_balance(T: int, P: int) -> dict:
@@ -333,7 +359,7 @@ def _max_rel(a, b) -> float:
 
 COLUMNS = ["T", "GPUs", "impl", "ms", "speedup vs 1 GPU", "predicted ms", "predicted speedup",
            "DSA gather MB/layer", "DSA gather ms/layer", "KDA gather MB/layer", "KDA gather ms/layer",
-           "peak GB/rank", "predicted score buffers GB", "indexer max/min zigzag", "indexer max/min contiguous",
+           "peak GB/rank", "planned GB/rank", "indexer max/min zigzag", "indexer max/min contiguous",
            "last-token logits rel diff", "status"]
 
 
@@ -371,10 +397,10 @@ def main(argv=None) -> int:
     devices = torch.cuda.device_count() if backend == "nccl" else None      # None: CPU ranks, no limit
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if devices else float("inf")
 
-    def hopeless(buffers_gb: float) -> str:
-        if args.run_all or buffers_gb <= gpu_gb:
+    def hopeless(need_gb: float) -> str:
+        if args.run_all or need_gb <= gpu_gb:
             return ""
-        return f"OOM (predicted: {buffers_gb:.0f} GB of score buffers > {gpu_gb:.0f} GB; --run-all runs it)"
+        return f"OOM (planned: {need_gb:.0f} GB > {gpu_gb:.0f} GB; --run-all runs it)"
     cfg = K31Config.load(args.config)
     layers = {"K": set(cfg.kda_layers), "D": set(cfg.dsa_layers)}
     # lists split on ',' or '+' (gpu_run.sh turns commas in a benchmark's args into spaces)
@@ -408,13 +434,14 @@ def main(argv=None) -> int:
         sm = single_model(T, chunk)
         base_pred = sm["predicted_ms"]
         if 1 in ranks and "single" in one_gpu:
-            skip = hopeless(sm["score_buffers_gb"])
+            sm["planned_gb"] = planned_gb(cfg, T, chunk=chunk)
+            skip = hopeless(sm["planned_gb"])
             case["single"] = out = {"status": skip} if skip else run_case(single_worker, 1, spec, backend, args.timeout)
             out["model"] = sm
             row = {"T": T, "GPUs": 1, "impl": f"single runner, {chunk}-token chunks", "status": out["status"],
                    "ms": out.get("ms", float("nan")), "peak GB/rank": out.get("peak_gb", ""),
                    "predicted ms": sm["predicted_ms"], "predicted speedup": 1.0,
-                   "predicted score buffers GB": sm["score_buffers_gb"]}
+                   "planned GB/rank": sm["planned_gb"]}
             rows.append(row)
             one.append(row)
             ref_logits = out.get("last_logits")
@@ -424,13 +451,14 @@ def main(argv=None) -> int:
             if P == 1 and "cp" not in one_gpu:
                 continue
             m, bal = cp_model(cfg, T, P), work_balance(T, P)
+            m["planned_gb"] = planned_gb(cfg, T, P)
             row = {"T": T, "GPUs": P, "impl": "cp_prefill zigzag" + (" (1 rank)" if P == 1 else ""),
                    "predicted ms": m["predicted_ms"], "predicted speedup": base_pred / m["predicted_ms"],
-                   "predicted score buffers GB": m["score_buffers_gb"],
+                   "planned GB/rank": m["planned_gb"],
                    "indexer max/min zigzag": bal["zigzag_max_min"], "indexer max/min contiguous": bal["contiguous_max_min"]}
             rows.append(row)
             skip = f"skipped: {devices} GPU(s) on this host" if devices is not None and P > devices else \
-                hopeless(m["score_buffers_gb"])
+                hopeless(m["planned_gb"])
             if skip:
                 row["status"] = skip
                 case[f"cp{P}"] = {"status": row["status"], "model": m, "balance": bal}
@@ -472,9 +500,9 @@ def _notes(results) -> str:
             "gather ms/layer: one more prefill with Communicator(timed=True), a GPU sync around each gather. "
             "Indexer max/min: causal (query, key) pairs per rank, zigzag as run vs a contiguous split. Logits: "
             "last token vs the first 1-GPU figure (max abs diff / max abs). Predicted: the cost model of NOTES.md "
-            "'Context-parallel prefill' (linear + causal pairs + top-k row widths + gathers); 'predicted score "
-            "buffers': the fp32 score buffers of the memory plan + the runner's int32 topk_no_idx inputs, [rows, row "
-            "width] each (NOTES.md).")
+            "'Context-parallel prefill' (linear + causal pairs + top-k row widths + gathers); 'planned GB/rank': "
+            "the memory plan's arena of the rank's largest step + the runner's weights, caches and states "
+            "(planned_gb).")
 
 
 if __name__ == "__main__":
