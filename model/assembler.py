@@ -301,6 +301,10 @@ class ModelRunner:
                 feed[name] = step_inputs[name] if name in step_inputs else extra[name]
         if self.graph_mode and shape.kind in ("decode", "verify"):
             return self._run_captured(shape, exe, feed, step_inputs)
+        # only a captured program needs its intermediates at fixed addresses: a prefill's arena
+        # (tens of GB for long prompts) goes back to the allocator after each step instead of
+        # staying with its shape class's executable (a chunked prefill has one class per width)
+        exe.keep_temps(False)
         return exe(feed)
 
     def _run_captured(self, shape, exe, feed: dict, step_inputs: dict) -> dict:

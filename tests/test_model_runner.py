@@ -173,9 +173,13 @@ def test_chunked_prefill_matches_reference(model):
     prompt = model["prompt"]
     for ctx, chunk in ((0, prompt[:13]), (13, prompt[13:])):
         st = Step("prefill", [chunk], [ctx], [3], [[5]])
+        exe = runner.executable(runner._shape_of(st, [0]))
+        exe.keep_temps(True)                 # as the triton executor does on a GPU
         got, want = runner.forward(st), ref.forward(st)
         assert got.shape == (len(chunk), TINY.vocab_size)
         assert rel_err(got, want) <= TOL, f"seed {model['seed']}, chunk at {ctx}"
+        # a prefill is never captured: its arena goes back after the step, not kept per shape class
+        assert not exe.persistent_temps and "arena" not in exe._kept
 
 
 def test_decode_batch_pads_to_bucket_and_matches_single(model):

@@ -63,6 +63,13 @@ class ProgramExecutor:
         return self._launchers[nid]
 
     # ------------------------------------------------------------ memory
+    def keep_temps(self, keep: bool) -> None:
+        """Keep the intermediates (the arena) from call to call, at fixed addresses as a captured
+        CUDA graph needs, or allocate them per call and let them go after it."""
+        self.persistent_temps = keep
+        if not keep:
+            self._kept.clear()
+
     def device(self, inputs: dict):
         for v in inputs.values():
             return v.device
