@@ -11,15 +11,24 @@ from k31dsl.dsl.errors import K31Error, error
 from k31dsl.dsl.ir import TensorType, all_ops
 
 
+def _accessed(kernel, op_name: str) -> list[str]:
+    """Names of the tensor parameters the kernel `load`s or `store`s, in parameter order. Kernel
+    IR is never edited after it is built (passes make new kernels), so the answer is kept on the
+    kernel: graph passes ask it for every call each time they rebuild a program."""
+    cache = kernel.__dict__.setdefault("_k31_accessed", {})
+    if op_name not in cache:
+        uids = {op.operands[0].uid for op in all_ops(kernel) if op.name == op_name}
+        cache[op_name] = [p.name for p in kernel.params if p.is_tensor and p.value.uid in uids]
+    return cache[op_name]
+
+
 def stored_params(kernel) -> list[str]:
     """Names of the tensor parameters the kernel stores to, in parameter order."""
-    stored = {op.operands[0].uid for op in all_ops(kernel) if op.name == "store"}
-    return [p.name for p in kernel.params if p.is_tensor and p.value.uid in stored]
+    return list(_accessed(kernel, "store"))
 
 
 def loaded_params(kernel) -> list[str]:
-    loaded = {op.operands[0].uid for op in all_ops(kernel) if op.name == "load"}
-    return [p.name for p in kernel.params if p.is_tensor and p.value.uid in loaded]
+    return list(_accessed(kernel, "load"))
 
 
 def bind_call(program, kdef, args, kwargs, where=None, call_name: str | None = None):

@@ -283,6 +283,10 @@ class Program:
         if units is None:
             units = {n: ("group", self.node(n).attrs["group"]) for n in self.order
                      if "group" in self.node(n).attrs}
+        if not units:
+            # insertion order is topological (a version's writer is added before its readers, a
+            # reader before the next writer), so the tie-break by insertion order returns it as is
+            return list(self.order)
         return op_order(self, units)
 
     def is_static(self, nid: str) -> bool:
@@ -464,9 +468,8 @@ def successors(deps: dict) -> dict:
 
 def _only_written(kernel, param: str) -> bool:
     """True when the kernel stores to `param` but never loads it (a pure output)."""
-    from k31dsl.dsl.ir import all_ops
-    p = next(p for p in kernel.params if p.name == param)
-    return not any(op.name == "load" and op.operands[0] is p.value for op in all_ops(kernel))
+    from k31dsl.lowering.graph.bind import loaded_params
+    return param not in loaded_params(kernel)
 
 
 def _caller_loc():

@@ -86,25 +86,42 @@ def all_deps(p) -> dict:
     return deps[1]
 
 
-def cycles_if_merged(p, nodes: set) -> bool:
-    """would_cycle with the program's successor map and schedule positions cached."""
+def succ_map(p) -> dict:
+    """{node: the nodes depending on it}, once per program object, like all_deps."""
     cached = p.__dict__.get("_superkernel_succ")
     if cached is None or cached[0] is not p.g:
         cached = p._superkernel_succ = (p.g, successors(all_deps(p)))
-    return would_cycle(p, nodes, succ=cached[1], pos=schedule_pos(p))
+    return cached[1]
+
+
+def cycles_if_merged(p, nodes: set) -> bool:
+    """would_cycle with the program's successor map and schedule positions cached."""
+    return would_cycle(p, nodes, succ=succ_map(p), pos=schedule_pos(p))
+
+
+def between(p, prod: str, cons: str) -> list[str]:
+    """The ops on a dependency path from `prod` to `cons`, in schedule order."""
+    pos, deps, succ = schedule_pos(p), all_deps(p), succ_map(p)
+    down, stack = set(), [prod]
+    while stack:                             # after prod, up to cons's position
+        for x in succ[stack.pop()]:
+            if x not in down and pos[x] < pos[cons]:
+                down.add(x)
+                stack.append(x)
+    up, stack = set(), [cons]
+    while stack:                             # before cons, down to prod's position
+        for x in deps[stack.pop()]:
+            if x not in up and pos[x] > pos[prod]:
+                up.add(x)
+                stack.append(x)
+    return sorted(down & up, key=pos.get)
 
 
 def fuse_pair(p, prod: str, cons: str):
     """(new program, message) or raises Refusal."""
     if cycles_if_merged(p, {prod, cons}):
-        import networkx as nx
-        from k31dsl.lowering.passes.memory_plan import op_dag
-        cached = p.__dict__.get("_superkernel_dag")
-        if cached is None or cached[0] is not p.g:
-            cached = p._superkernel_dag = (p.g, op_dag(p))
-        dag = cached[1]
-        between = sorted((nx.descendants(dag, prod) & nx.ancestors(dag, cons)) - {prod, cons})
-        raise Refusal(f"another node ({', '.join(between[:3])}) depends on `{prod}` and feeds `{cons}`")
+        raise Refusal(f"another node ({', '.join(between(p, prod, cons)[:3])}) depends on `{prod}` and "
+                      f"feeds `{cons}`")
     drop = droppable(p, prod, cons)
     a, b = p.node(prod), p.node(cons)
     kernels = a.attrs.get("kernels", [a.kernel.name]) + b.attrs.get("kernels", [b.kernel.name])
