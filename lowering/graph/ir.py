@@ -277,7 +277,7 @@ class Program:
     def node(self, nid: str):
         return self.g.nodes[nid]["node"]
 
-    def ops(self, units: dict | None = None) -> list[str]:
+    def ops(self, units: dict | None = None, deps: dict | None = None) -> list[str]:
         """Call and host node ids in execution order: topological, ties in insertion order, the
         members of one `group` (or of one key of `units`: node id -> unit) kept together."""
         if units is None:
@@ -287,7 +287,7 @@ class Program:
             # insertion order is topological (a version's writer is added before its readers, a
             # reader before the next writer), so the tie-break by insertion order returns it as is
             return list(self.order)
-        return op_order(self, units)
+        return op_order(self, units, deps)
 
     def is_static(self, nid: str) -> bool:
         """A host op over weights only (a layout conversion): done once when the weights are
@@ -405,9 +405,12 @@ class Program:
         return new
 
 
-def op_order(p: "Program", units: dict) -> list[str]:
+def op_order(p: "Program", units: dict, deps: dict | None = None) -> list[str]:
     """Topological order of the call/host nodes in which the members of each unit are adjacent
-    (the unit's dependencies are the union of its members'); ties go by insertion order."""
+    (the unit's dependencies are the union of its members'); ties go by insertion order. `deps`
+    ({node: p.op_deps(node)}) may be passed by a caller that has it."""
+    if deps is None:
+        deps = {n: p.op_deps(n) for n in p.order}
     pos = {n: i for i, n in enumerate(p.order)}
     unit_of = {n: units.get(n, ("op", n)) for n in p.order}
     members: dict = {}
@@ -416,7 +419,7 @@ def op_order(p: "Program", units: dict) -> list[str]:
     ug = nx.DiGraph()
     ug.add_nodes_from(members)
     for n in p.order:
-        for d in p.op_deps(n):
+        for d in deps[n]:
             if unit_of[d] != unit_of[n]:
                 ug.add_edge(unit_of[d], unit_of[n])
     first = {u: min(pos[m] for m in ms) for u, ms in members.items()}
@@ -428,7 +431,7 @@ def op_order(p: "Program", units: dict) -> list[str]:
             continue
         sub = nx.DiGraph()
         sub.add_nodes_from(ms)
-        sub.add_edges_from((d, m) for m in ms for d in p.op_deps(m) if d in ms)
+        sub.add_edges_from((d, m) for m in ms for d in deps[m] if d in ms)
         out.extend(nx.lexicographical_topological_sort(sub, key=lambda m: pos[m]))
     return out
 

@@ -131,7 +131,7 @@ def fuse_pair(p, prod: str, cons: str):
     name = p._unique(kernel.name)
     cx = {**b.constexprs, **a.constexprs}
     node = CallNode(name, kernel, None, cx, args, loc=a.loc, attrs={"fused": fused_names, "kernels": kernels})
-    order = p.ops({prod: ("fuse",), cons: ("fuse",)})
+    order = p.ops({prod: ("fuse",), cons: ("fuse",)}, all_deps(p))
     nodes = []
     for nid in order:
         if nid == prod:
