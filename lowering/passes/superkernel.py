@@ -1,7 +1,8 @@
 """The `superkernel` graph pass: fuse chains of kernel calls.
 
-For each call and each call that reads what it wrote (in schedule order, repeated until nothing
-changes), the pair is inlined into one kernel when the consumer's program reads only what the same
+For each call and each call that reads what it wrote (in schedule order, in rounds until nothing
+changes: each round takes every fusion whose two calls no other fusion of the round touches, and
+rebuilds the program once), the pair is inlined into one kernel when the consumer's program reads only what the same
 program of the producer wrote (lowering/passes/fuse.py): one launch, and the intermediate tile
 never goes through global memory; the intermediate tensor disappears when nothing else reads it.
 A pair that cannot be inlined is put in one launch *group* instead when it is a link of a linear
@@ -117,8 +118,10 @@ def between(p, prod: str, cons: str) -> list[str]:
     return sorted(down & up, key=pos.get)
 
 
-def fuse_pair(p, prod: str, cons: str):
-    """(new program, message) or raises Refusal."""
+def plan_fusion(p, prod: str, cons: str, taken: set):
+    """(fused CallNode, report line) for inlining `cons` into `prod`, or raises Refusal. The
+    program is not changed: `apply_fusions` rebuilds it once for every fusion of a round. `taken`:
+    node names already given out this round."""
     if cycles_if_merged(p, {prod, cons}):
         raise Refusal(f"another node ({', '.join(between(p, prod, cons)[:3])}) depends on `{prod}` and "
                       f"feeds `{cons}`")
@@ -128,47 +131,64 @@ def fuse_pair(p, prod: str, cons: str):
     kernel, origin = fuse(_side(p, prod), _side(p, cons), drop, prod, cons, fused_name(kernels))
     args = {name: (a if side == "producer" else b).args[pname] for name, (side, pname) in origin.items()}
     fused_names = a.attrs.get("fused", [prod]) + b.attrs.get("fused", [cons])
-    name = p._unique(kernel.name)
+    name, n = kernel.name, 0
+    while name in p.g or name in taken:
+        n += 1
+        name = f"{kernel.name}_{n}"
+    taken.add(name)
     cx = {**b.constexprs, **a.constexprs}
     node = CallNode(name, kernel, None, cx, args, loc=a.loc, attrs={"fused": fused_names, "kernels": kernels})
-    order = p.ops({prod: ("fuse",), cons: ("fuse",)}, all_deps(p))
-    nodes = []
-    for nid in order:
-        if nid == prod:
-            nodes.append(node)
-        elif nid != cons:
-            nodes.append(p.node(nid))
-    new = p.replay(nodes)
     forwarded = sorted({p.tensor_node(t).storage for t in p.writes_of(prod)} &
                        {p.tensor_node(t).storage for t in p.reads_of(cons)})
     msg = (f"superkernel: fused {prod} + {cons} -> {name}: each program of {cons} reads only the "
            f"tile of {', '.join(f'`{s}`' for s in forwarded)} that the same program of {prod} stored "
            f"(forwarded on chip{'; ' + ', '.join(f'`{s}`' for s in sorted(drop)) + ' no longer stored' if drop else ''})")
-    return new, msg
+    return node, msg
+
+
+def apply_fusions(p, fusions: list):
+    """One rebuild of the program for several fusions [(prod, cons, fused node)] that share no
+    node. Each was checked alone; together they are still acyclic: a cycle through the merged
+    pairs would contain a path from some pair's producer to its consumer through other nodes,
+    which that pair's own check refused."""
+    units, fused_at = {}, {}
+    for i, (prod, cons, node) in enumerate(fusions):
+        units[prod] = units[cons] = ("fuse", i)
+        fused_at[prod], fused_at[cons] = node, None
+    nodes = []
+    for nid in p.ops(units, all_deps(p)):
+        if nid not in fused_at:
+            nodes.append(p.node(nid))
+        elif fused_at[nid] is not None:
+            nodes.append(fused_at[nid])
+    return p.replay(nodes)
 
 
 def superkernel(program):
     p = program.copy()
     refused: dict[tuple, str] = {}
     fused = 0
-    changed = True
-    while changed:
-        changed = False
+    while True:                 # rounds: every fusion whose pair is free, then one rebuild
+        planned, touched, taken = [], set(), set()
         for prod in p.calls():
+            if prod in touched:
+                continue
             for cons in consumers(p, prod):
-                if (prod, cons) in refused:
+                if (prod, cons) in refused or cons in touched:
                     continue
                 try:
-                    p, msg = fuse_pair(p, prod, cons)
+                    node, msg = plan_fusion(p, prod, cons, taken)
                 except Refusal as why:
                     refused[(prod, cons)] = str(why)
                     continue
-                p.report.append(msg)
-                fused += 1
-                changed = True
+                planned.append((prod, cons, node, msg))
+                touched |= {prod, cons}
                 break
-            if changed:
-                break
+        if not planned:
+            break
+        p = apply_fusions(p, [f[:3] for f in planned])
+        p.report.extend(f[3] for f in planned)
+        fused += len(planned)
     groups: dict[str, set] = {}
     group_of: dict[str, str] = {}
     counter = itertools.count()
