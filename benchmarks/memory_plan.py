@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
 
+from k31dsl.lowering.graph.explain import draw_memory  # noqa: E402
 from k31dsl.model.assembler import ModelRunner  # noqa: E402
 from k31dsl.model.config import PRESETS, pages_for  # noqa: E402
 from k31dsl.model.distributed import cp_shape, zigzag_layout  # noqa: E402
@@ -26,9 +27,12 @@ from k31dsl.model.layers.common import ShapeClass  # noqa: E402
 from k31dsl.model.weights import init_weights  # noqa: E402
 
 
-def plan_row(runner, shape: ShapeClass, tokens: int) -> dict:
+def plan_row(runner, shape: ShapeClass, tokens: int, plot: bool = False) -> dict:
     t0 = time.perf_counter()
     p = runner._after_passes(shape)
+    if plot:
+        harness.RESULTS.mkdir(parents=True, exist_ok=True)
+        draw_memory(p, str(harness.RESULTS / f"memory_plan_{shape.kind}_{tokens}.png"))
     plan = p.meta["memory_plan"]
     gb = 1e9
     kind = shape.kind + (f" (rank 0 of {shape.ranks})" if shape.kind == "cp_prefill" else "")
@@ -44,6 +48,8 @@ def main() -> None:
     ap.add_argument("--config", default="small", choices=sorted(PRESETS))
     ap.add_argument("--tokens", default="4096+32768+131072", help="prefill lengths, '+'-separated")
     ap.add_argument("--decode", default="1+64", help="decode batch sizes, '+'-separated (context 32K)")
+    ap.add_argument("--plot", action="store_true",
+                    help="also draw each plan to results/memory_plan_<step>_<tokens>.png (lifetimes x arena bytes)")
     ap.add_argument("--cp", type=int, default=0, metavar="P",
                     help="plan rank 0's context-parallel prefill step over P ranks instead of the single-rank one")
     args = ap.parse_args()
@@ -56,7 +62,7 @@ def main() -> None:
         runner = ModelRunner(cfg, weights, "triton", num_pages=pages_for(t), num_slots=1, device="cpu")
         shape = cp_shape(runner, zigzag_layout(t, args.cp), 0) if args.cp else \
             ShapeClass("prefill", 1, t, pages_for(t))
-        rows.append(plan_row(runner, shape, t))
+        rows.append(plan_row(runner, shape, t, args.plot))
         print(rows[-1], flush=True)
     for b in batches:
         runner = ModelRunner(cfg, weights, "triton", num_pages=b * pages_for(32768), num_slots=b, device="cpu")

@@ -343,7 +343,7 @@ def cmd_selftest(args) -> int:
 # ---------------------------------------------------------------- graph programs and the cache
 
 def cmd_explain(args) -> int:
-    from k31dsl.lowering.graph.explain import draw, explain, load_programs
+    from k31dsl.lowering.graph.explain import draw, draw_memory, explain, load_programs
     require_target(args.target)
     programs = load_programs(args.path)
     for i, prog in enumerate(programs):
@@ -359,6 +359,12 @@ def cmd_explain(args) -> int:
             if len(programs) > 1:
                 png = png.with_name(f"{png.stem}_{prog.name}{png.suffix or '.png'}")
             draw(final, str(png))
+            _console(stderr=True).print(f"wrote {png}")
+        if args.memory_png:
+            png = Path(args.memory_png)
+            if len(programs) > 1:
+                png = png.with_name(f"{png.stem}_{prog.name}{png.suffix or '.png'}")
+            draw_memory(final, str(png))
             _console(stderr=True).print(f"wrote {png}")
     return 0
 
@@ -486,6 +492,7 @@ examples:
   k31dsl explain step.py --target numpy                   every program, after every pass
   k31dsl explain step.py::step --target triton --dump-after superkernel
   k31dsl explain step.py --target ascendc --png step.png  also draw it (streams, fused groups coloured)
+  k31dsl explain step.py --target triton --memory-png m.png  draw the memory plan (lifetimes x arena bytes)
   k31dsl explain step.py --target numpy --kernels         also print fused kernels' IR"""
 
 CACHE_HELP = """\
@@ -552,6 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", "-t", required=True, choices=TARGETS)
     p.add_argument("--dump-after", metavar="PASS", help="only the graph after this pass")
     p.add_argument("--png", metavar="FILE", help="draw the final graph (or the --dump-after one) to FILE")
+    p.add_argument("--memory-png", metavar="FILE",
+                   help="draw the memory plan to FILE: each intermediate's lifetime over its arena bytes")
     p.add_argument("--kernels", action="store_true", help="also print the IR of fused kernels")
     p.set_defaults(func=cmd_explain)
 

@@ -207,6 +207,13 @@ def test_explain_prints_every_pass_and_draws(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("after pass") == 1 and "single" not in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    mem = tmp_path / "m.png"
+    assert main(["explain", f"{src}::branches", "--target", "triton", "--memory-png", str(mem)]) == 0
+    assert mem.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and mem.stat().st_size > 5000
+    capsys.readouterr()
+    assert main(["explain", f"{src}::branches", "--target", "triton", "--dump-after", "streams",
+                 "--memory-png", str(mem)]) == 1                   # no plan yet after `streams`
+    assert "has no memory plan to draw" in capsys.readouterr().err
 
 
 def test_explain_errors(tmp_path, capsys):

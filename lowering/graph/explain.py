@@ -144,3 +144,47 @@ def draw(program: Program, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def draw_memory(program: Program, path: str) -> None:
+    """A PNG of the memory plan: each planned intermediate a rectangle from its first to its last
+    use (x: schedule position) over its bytes in the arena (y: offset), the largest ones labelled;
+    the title gives the arena against the peak-live bound."""
+    plan = program.meta.get("memory_plan")
+    if not plan:
+        raise K31Error(f"program `{program.name}` has no memory plan to draw",
+                       hint="the memory_plan pass runs last: leave out --dump-after, or name memory_plan")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+    from k31dsl.lowering.passes.memory_plan import uses
+    use = uses(program)
+    for b, a in plan["alias"].items():
+        use[a] = use.get(a, set()) | use.get(b, set())
+    pos = {n: i for i, n in enumerate(program.ops())}
+    storages = program.storages()
+    placed = [s for s in plan["offsets"] if s not in plan["alias"] and use.get(s)]
+    unit, scale = next(((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if plan["arena_bytes"] >= f),
+                       ("B", 1))
+    fig, ax = plt.subplots(figsize=(11, 5))
+    biggest = set(sorted(placed, key=lambda s: -storages[s].nbytes)[:12])
+    for i, s in enumerate(sorted(placed)):
+        lo, hi = min(pos[n] for n in use[s]), max(pos[n] for n in use[s])
+        y, h = plan["offsets"][s] / scale, storages[s].nbytes / scale
+        ax.add_patch(Rectangle((lo - 0.4, y), hi - lo + 0.8, h, facecolor=PALETTE[i % len(PALETTE)], alpha=0.75,
+                               edgecolor="#333333", linewidth=0.4))
+        if s in biggest:
+            ax.text(lo - 0.3, y + h / 2, s, fontsize=6, va="center")
+    ax.axhline(plan["arena_bytes"] / scale, color="#D62728", ls="--", lw=1)
+    ax.axhline(plan["peak_live"] / scale, color="#2CA02C", ls=":", lw=1)
+    ax.set_xlim(-1, max(len(pos), 1))
+    ax.set_ylim(0, max(plan["arena_bytes"] / scale, 1e-9) * 1.05)
+    ax.set_xlabel("schedule position (op)")
+    ax.set_ylabel(f"arena offset ({unit})")
+    ax.set_title(f"program {program.name}: {len(placed)} intermediates in an arena of "
+                 f"{plan['arena_bytes'] / scale:.4g} {unit} (red); peak live {plan['peak_live'] / scale:.4g} {unit} "
+                 f"(green); {plan['bytes_before'] / scale:.4g} {unit} unplanned", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
