@@ -299,11 +299,13 @@ class ModelRunner:
                 feed[name] = self._const_tensor(name, t.shape, D.torch_dtype(t.dtype), unread=True)
             elif t.kind == "input":
                 feed[name] = step_inputs[name] if name in step_inputs else extra[name]
-        if self.graph_mode and shape.kind in ("decode", "verify"):
-            return self._run_captured(shape, exe, feed, step_inputs)
-        # only a captured program needs its intermediates at fixed addresses: a prefill's arena
-        # (tens of GB for long prompts) goes back to the allocator after each step instead of
-        # staying with its shape class's executable (a chunked prefill has one class per width)
+        if shape.kind in ("decode", "verify"):
+            # captured in graph mode, so their intermediates stay at fixed addresses; executables
+            # are shared between runners, so one without graph mode must not release them either
+            return self._run_captured(shape, exe, feed, step_inputs) if self.graph_mode else exe(feed)
+        # never captured: a prefill's arena (tens of GB for long prompts) goes back to the
+        # allocator after each step instead of staying with its shape class's executable (a
+        # chunked prefill has one class per row width)
         exe.keep_temps(False)
         return exe(feed)
 
