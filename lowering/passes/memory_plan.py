@@ -3,8 +3,9 @@
 Candidates are the program's temps that are not returned. Two of them may overlap in the arena
 only when every use (read or write, any version) of one *happens before* every use of the other
 — through the dependencies (which the streams pass's events enforce) and each stream's own order,
-so the plan is safe on several streams too. Placement is greedy by size: the largest tensor first, each at the best-fitting gap
-between the already placed tensors whose lifetimes clash with its own (else on top of them).
+so the plan is safe on several streams too. Placement is greedy by size: the largest tensor
+first, each at the best-fitting gap between the already placed tensors whose lifetimes clash with
+its own (else on top of them).
 Offsets are multiples of ALIGN bytes. A whole-buffer plan (a tensor may only take over a buffer
 whose holders are all dead) left half the arena idle on the model's prefill: a 32 MB tensor
 could not use the free half of a 64 MB buffer.
