@@ -200,7 +200,7 @@ def test_explain_prints_every_pass_and_draws(tmp_path, capsys):
     assert "# memory_plan:" in out and "# superkernel:" in out
     assert main(["explain", f"{src}::single", "--target", "ascendc"]) == 0
     out = capsys.readouterr().out
-    assert "program `single`: single_host.cpp" in out and "k31_program_single(void* const* bufs" in out
+    assert "program `single`: single_host.cpp" in out and "k31_program_single(void* const* bufs, uint8_t* arena" in out
     png = tmp_path / "g.png"
     assert main(["explain", f"{src}::branches", "--target", "ascendc", "--dump-after", "streams",
                  "--png", str(png)]) == 0

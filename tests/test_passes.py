@@ -434,7 +434,8 @@ def test_ascendc_host_code_has_streams_events_and_group_entries():
         rec, wait = host.index(f"aclrtRecordEvent({name}, s["), host.index(f"aclrtStreamWaitEvent(s[0], {name})")
         assert host.index(f"// {prod}\n") < rec < host.index(f"// {cons}\n") < wait
     assert "aclrtStreamWaitEvent(stream0, join1)" in host and host.rstrip().endswith("}")
-    assert "= workspace + 0\n" in host and "(workspace: one device allocation of" in host   # the memory plan
+    assert "//   arena + 0 = temp " in host and "arena: one device allocation of" in host   # the memory plan
+    assert "(GM_ADDR)(arena + " in host and "k31_program_prolog(void* const* bufs, uint8_t* arena," in host
     g = compile_program(two_rows(row_shift), "ascendc").p
     files = host_files(g)
     entry = files["two_groups.cpp"]

@@ -10,12 +10,12 @@ AscendC::SyncAll() is a real barrier between the sub-kernels.
                         K31Kernel_<name> (from <name>_kernel.cpp) Init+Process in turn, with
                         AscendC::SyncAll() between them (the kernels loop over their programs
                         grid-stride, so the group launches max(block counts) blocks)
-  <program>_host.cpp    k31_program_<program>(bufs, cores, stream0): side streams created with
+  <program>_host.cpp    k31_program_<program>(bufs, arena, cores, stream0): side streams created with
                         aclrtCreateStream and forked from stream0, each launch on its stream's
                         <<<blockDim, nullptr, stream>>>, aclrtRecordEvent/aclrtStreamWaitEvent for
                         the streams pass's events, a join, and one aclrtSynchronizeStream at the end.
-Buffers are passed as `bufs[i]`, one device address per storage in the order listed in the
-header comment (workspace + offset where the memory plan placed a tensor).
+Inputs, weights and outputs are passed as `bufs[i]` in the order listed in the header comment; the
+intermediates the memory plan placed live at `arena + offset` in one allocation the caller passes.
 """
 from __future__ import annotations
 
@@ -76,21 +76,25 @@ def _units(p) -> list[list[str]]:
     return launch_units(p, [nid for nid in p.ops() if not p.is_static(nid)])
 
 
-def _buffer_index(p) -> tuple[dict[str, int], list[str]]:
-    """storage -> index into bufs[], and the header lines describing them. A tensor the memory
-    plan placed is a view of the one workspace at its offset: the caller passes workspace + offset."""
+def _buffer_index(p) -> tuple[dict[str, str], list[str]]:
+    """storage -> the C expression of its device address, and the header lines describing them:
+    `bufs[i]` for inputs, weights and outputs (in the order listed), `arena + offset` for an
+    intermediate the memory plan placed in the arena (one allocation the caller passes)."""
     plan = p.meta.get("memory_plan", {})
     offsets = plan.get("offsets", {})
-    index, lines = {}, []
+    addr, lines, passed = {}, [], 0
     if offsets:
-        lines.append(f"//   (workspace: one device allocation of {plan['arena_bytes']} bytes)")
+        lines.append(f"//   arena: one device allocation of {plan['arena_bytes']} bytes for the intermediates")
     for st, t in sorted(p.storages().items()):
-        index[st] = len(index)
         what = f"{t.kind} {st}: {t.dtype.name}{list(t.shape)}{' ' + t.layout if t.layout != 'ND' else ''}"
         if st in offsets:
-            what += f" = workspace + {offsets[st]}"
-        lines.append(f"//   bufs[{index[st]}] = {what}")
-    return index, lines
+            addr[st] = f"(arena + {offsets[st]})"
+            lines.append(f"//   arena + {offsets[st]} = {what}")
+        else:
+            addr[st] = f"bufs[{passed}]"
+            passed += 1
+            lines.append(f"//   {addr[st]} = {what}")
+    return addr, lines
 
 
 def _tiling(p, nid: str, var: str, bufs: dict, kernel=None) -> list[str]:
@@ -129,7 +133,8 @@ def host_files(p) -> dict[str, str]:
     named = _group_kernels(p, [n for n in p.ops() if p.node(n).kind == "call"])
     kernels = sorted({k.name for k in named.values()})
     groups += [f'#include "{k}_kernel.cpp"' for k in kernels]
-    host = ["\n".join(head), "// Buffers (device addresses, one per storage):", *buf_lines]
+    host = ["\n".join(head), "// Buffers (device addresses: bufs[] from the caller, the arena for the intermediates):",
+            *buf_lines]
     for nid in p.ops():
         if p.is_static(nid):
             n = p.node(nid)
@@ -143,7 +148,8 @@ def host_files(p) -> dict[str, str]:
                     f"({', '.join(f'{c}={v}' for c, v in sorted(p.node(nid).constexprs.items()))}); "
                     "its kernel, tiling and files carry this name")
     decls, body = [], []
-    body.append(f'extern "C" int k31_program_{name}(void* const* bufs, int64_t cores, aclrtStream stream0) {{')
+    body.append(f'extern "C" int k31_program_{name}(void* const* bufs, uint8_t* arena, int64_t cores, '
+                f'aclrtStream stream0) {{')
     body.append("  aclrtStream s[%d] = {stream0};" % max(1, len(streams)))
     body.append("  void* tilings[%d] = {};" % sum(len(u) for u in units))
     body.append("  void* work[%d] = {};" % len(units))
@@ -168,8 +174,8 @@ def host_files(p) -> dict[str, str]:
                 body.append(f"  aclrtStreamWaitEvent(s[{sid}], {e});")
         if any(p.node(n).kind == "host" for n in unit):
             n = p.node(unit[0])
-            ins = ", ".join(f"bufs[{bufs[p.tensor_node(i).storage]}]" for i in n.inputs)
-            outs = ", ".join(f"bufs[{bufs[p.tensor_node(o).storage]}]" for o in n.outputs)
+            ins = ", ".join(bufs[p.tensor_node(i).storage] for i in n.inputs)
+            outs = ", ".join(bufs[p.tensor_node(o).storage] for o in n.outputs)
             body.append(f"  // host op {n.op}({ins}) -> {outs}: done by the runtime before this program "
                         "(weights are converted once at load time; collectives through HCCL)")
             continue
@@ -188,7 +194,7 @@ def host_files(p) -> dict[str, str]:
         args = []
         for nid, _, ti in tds:
             n = p.node(nid)
-            args += [f"(GM_ADDR)bufs[{bufs[p.tensor_node(n.args[q.name]).storage]}]"
+            args += [f"(GM_ADDR){bufs[p.tensor_node(n.args[q.name]).storage]}"
                      for q in n.kernel.params if q.is_tensor]
         if len(unit) == 1:
             entry = named[unit[0]].name
