@@ -354,18 +354,13 @@ def cmd_explain(args) -> int:
             from k31dsl.targets.ascendc.program import host_files
             for fname, text in host_files(final).items():
                 _show(f"program `{prog.name}`: {fname}", text, ".cpp")
-        if args.png:
-            png = Path(args.png)
-            if len(programs) > 1:
-                png = png.with_name(f"{png.stem}_{prog.name}{png.suffix or '.png'}")
-            draw(final, str(png))
-            _console(stderr=True).print(f"wrote {png}")
-        if args.memory_png:
-            png = Path(args.memory_png)
-            if len(programs) > 1:
-                png = png.with_name(f"{png.stem}_{prog.name}{png.suffix or '.png'}")
-            draw_memory(final, str(png))
-            _console(stderr=True).print(f"wrote {png}")
+        for target_file, drawer in ((args.png, draw), (args.memory_png, draw_memory)):
+            if target_file:
+                png = Path(target_file)
+                if len(programs) > 1:
+                    png = png.with_name(f"{png.stem}_{prog.name}{png.suffix or '.png'}")
+                drawer(final, str(png))
+                _console(stderr=True).print(f"wrote {png}")
     return 0
 
 

@@ -204,9 +204,10 @@ class Program:
 
     # ------------------------------------------------------------ calls
 
-    def _unique(self, base: str) -> str:
+    def _unique(self, base: str, taken=()) -> str:
+        """`base`, or `base_N`, not yet a node of the graph nor in `taken`."""
         name, n = base, 0
-        while name in self.g:
+        while name in self.g or name in taken:
             n += 1
             name = f"{base}_{n}"
         return name
@@ -436,15 +437,14 @@ def op_order(p: "Program", units: dict, deps: dict | None = None) -> list[str]:
     return out
 
 
-def would_cycle(p: "Program", nodes: set, deps: dict | None = None, succ: dict | None = None,
-                pos: dict | None = None) -> bool:
+def would_cycle(p: "Program", nodes: set, succ: dict | None = None, pos: dict | None = None) -> bool:
     """True when merging `nodes` into one unit makes a cycle: some other node lies on a
     dependency path between two of them. A caller asking many times about one program may pass
-    `deps` ({node: p.op_deps(node)} for every node) or the successor map built from it, and `pos`
+    `succ` (`successors` of {node: p.op_deps(node)} for every node) and `pos`
     (a topological position per node: the search stops past the last member, since no path from
     there leads back)."""
     if succ is None:
-        succ = successors(deps if deps is not None else {n: p.op_deps(n) for n in p.order})
+        succ = successors({n: p.op_deps(n) for n in p.order})
     last = max(pos[n] for n in nodes) if pos is not None else None
     # everything reachable from the set through an outside node
     stack = [s for n in nodes for s in succ[n] if s not in nodes]

@@ -15,18 +15,7 @@ once and view each planned tensor at its offset.
 """
 from __future__ import annotations
 
-import networkx as nx
-
 ALIGN = 128          # bytes: an L2 line, so a tensor's rows start where coalesced accesses expect
-
-
-def op_dag(p) -> nx.DiGraph:
-    g = nx.DiGraph()
-    g.add_nodes_from(p.order)
-    for n in p.order:
-        for d in p.op_deps(n):
-            g.add_edge(d, n)
-    return g
 
 
 def happens_before(p) -> dict[str, int]:
@@ -98,13 +87,12 @@ def reshape_aliases(p, candidates: list[str], storages: dict) -> dict[str, str]:
     return alias
 
 
-def clashes(candidates: list[str], use: dict, before: dict, span: dict) -> dict[str, set]:
+def clashes(candidates: list[str], use: dict, before: dict, pos: dict, span: dict) -> dict[str, set]:
     """storage -> the candidates whose lifetime clashes with its own (neither happens before the
     other). Overlapping spans in schedule order always clash; disjoint ones clash unless every
     use of the earlier one happens before every use of the later one (not so across streams)."""
-    positions = {n: i for i, n in enumerate(before)}
-    used = {s: sum(1 << positions[n] for n in use[s]) for s in candidates}
-    full = (1 << len(positions)) - 1
+    used = {s: sum(1 << pos[n] for n in use[s]) for s in candidates}
+    full = (1 << len(pos)) - 1
     before_each = {}                            # s -> ops that happen before every use of s
     for s in candidates:
         common = full
@@ -153,7 +141,7 @@ def memory_plan(program):
     pos = {n: i for i, n in enumerate(before)}
     span = {s: (min(pos[n] for n in use[s]), max(pos[n] for n in use[s])) for s in candidates}
     sizes = {s: storages[s].nbytes for s in candidates}
-    offsets = place(sizes, clashes(candidates, use, before, span))
+    offsets = place(sizes, clashes(candidates, use, before, pos, span))
     for b, a in alias.items():
         offsets[b] = offsets[a]
     arena = max((offsets[s] + storages[s].nbytes for s in candidates), default=0)

@@ -131,10 +131,7 @@ def plan_fusion(p, prod: str, cons: str, taken: set):
     kernel, origin = fuse(_side(p, prod), _side(p, cons), drop, prod, cons, fused_name(kernels))
     args = {name: (a if side == "producer" else b).args[pname] for name, (side, pname) in origin.items()}
     fused_names = a.attrs.get("fused", [prod]) + b.attrs.get("fused", [cons])
-    name, n = kernel.name, 0
-    while name in p.g or name in taken:
-        n += 1
-        name = f"{kernel.name}_{n}"
+    name = p._unique(kernel.name, taken)
     taken.add(name)
     cx = {**b.constexprs, **a.constexprs}
     node = CallNode(name, kernel, None, cx, args, loc=a.loc, attrs={"fused": fused_names, "kernels": kernels})
