@@ -21,8 +21,10 @@ def one_torch_thread():
 
 @pytest.fixture
 def rng(request):
-    """A fresh random generator per test; its seed is printed and kept with the test's report."""
-    seed = int(np.random.SeedSequence().entropy % 2**31)
+    """A fresh random generator per test; its seed is printed and kept with the test's report.
+    K31_TEST_SEED=N replays a failure: every test then draws from seed N."""
+    replay = os.environ.get("K31_TEST_SEED")
+    seed = int(replay) if replay else int(np.random.SeedSequence().entropy % 2**31)
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)

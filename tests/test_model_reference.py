@@ -21,7 +21,7 @@ import torch
 from k31dsl.dsl.errors import K31Error
 from k31dsl.model.config import PAGE, TINY
 from k31dsl.model.reference import ReferenceModel, forward, run_layers
-from k31dsl.model.reference.dsa import sparse_attention
+from k31dsl.model.reference.dsa import sparse_attention, topk_lowest_index
 from k31dsl.model.reference.functions import (causal_conv, fp8_tile_qdq, kda_gate, l2norm, moe, mxfp8_qdq, route,
                                               swiglu)
 from k31dsl.model.reference.kda import kda_chunk, kda_recurrent
@@ -321,9 +321,23 @@ def test_sparse_attention_transcription(rng):
         for t in range(L):
             p = int(qpos[n, t])
             score = torch.stack([(wts[n, t] * torch.relu(qi[n, t] @ kidx[n, s])).sum() for s in range(p + 1)])
-            sel = torch.argsort(score, descending=True)[:topk]
+            sel = torch.sort(score, descending=True, stable=True).indices[:topk]   # ties: lower position
             z = torch.softmax(0.1 * Q[n, t] @ keys[n, sel].T, dim=-1)
             assert torch.allclose(got[n, t], z @ keys[n, sel, :512], atol=1e-5), (n, t)
+
+
+def test_reference_topk_ties_go_to_the_lower_position(rng):
+    """Scores with many exact ties (small integers, some masked to -inf, rows shorter than k):
+    the selected set == the first k of a stable descending sort."""
+    rows, width = int(rng.integers(3, 9)), int(rng.integers(5, 40))
+    score = torch.tensor(rng.integers(-2, 3, (rows, width)), dtype=torch.float32)
+    score[torch.tensor(rng.random((rows, width)) < 0.3)] = float("-inf")
+    score[0, 1:] = float("-inf")                                           # a row with one valid position
+    for kk in (1, int(rng.integers(2, width + 1)), width):
+        top, idx = topk_lowest_index(score, kk)
+        want = torch.sort(score, descending=True, stable=True).indices[:, :kk]
+        assert torch.equal(idx.sort(-1).values, want.sort(-1).values), kk
+        assert torch.equal(top, score.gather(-1, idx))
 
 
 def test_moe_routing_and_grouping(rng):

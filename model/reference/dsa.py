@@ -22,13 +22,24 @@ def _as_f32(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
+def topk_lowest_index(score: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """score.topk(kk) along the last axis with the ops' rule for ties: of equal scores the lower
+    position wins (torch.topk leaves that order unspecified; ReLU makes exact ties, e.g. at 0)."""
+    kth = score.topk(kk, dim=-1).values[..., -1:]
+    above, tied = score > kth, score == kth
+    room = kk - above.sum(-1, keepdim=True)
+    take = above | (tied & (tied.cumsum(-1) <= room))                             # exactly kk per row
+    idx = take.to(score.dtype).topk(kk, dim=-1).indices
+    return score.gather(-1, idx), idx
+
+
 def attend_block(Q, qi, wts, qpos, keys, kidx, kk: int, sm_scale: float) -> torch.Tensor:
     """One block of B queries (see sparse_attention): indexer scores, top-k, gather, attention."""
     dots = torch.relu(torch.einsum("nbhd,nsd->nbhs", qi, kidx))                   # [N, B, HI, S]
     score = torch.einsum("nbh,nbhs->nbs", wts, dots)
     span = torch.arange(kidx.shape[1], device=Q.device)
     score = score.masked_fill(span > qpos[:, :, None], float("-inf"))
-    top, idx = score.topk(kk, dim=-1)                                             # [N, B, k]
+    top, idx = topk_lowest_index(score, kk)                                       # [N, B, k]
     rows = torch.arange(Q.shape[0], device=Q.device)[:, None, None]
     sel = keys[rows, idx]                                                         # [N, B, k, 576]
     logits = torch.einsum("nbhd,nbkd->nbhk", Q, sel) * sm_scale
