@@ -36,7 +36,7 @@ from k31dsl.model.config import PAGE, K31Config, pages_for
 from k31dsl.model.layers import dsa as dsa_layer
 from k31dsl.model.layers import kda as kda_layer
 from k31dsl.model.layers.attnres import AttnResStream, block_queries
-from k31dsl.model.layers.common import ShapeClass, StepGraph, weight_key
+from k31dsl.model.layers.common import ShapeClass, StepGraph, prefill_bucket, weight_key
 from k31dsl.model.layers.kda_cp import add_kda_cp, cp_buffers as kda_cp_buffers
 from k31dsl.model.step import Step
 from k31dsl.ops.common import next_pow2, resolve_target
@@ -57,12 +57,6 @@ _EXECUTABLES: dict = {}   # (flavour, shape class, pass names, target, device) -
 def bucket(n: int) -> int:
     """Decode batch buckets: 1, 2, 4, 8, ..."""
     return next_pow2(max(1, n))
-
-
-def prefill_bucket(n: int) -> int:
-    """Prefill chunk buckets: 16, 32, 64, ... tokens (one compiled program serves every prompt
-    length up to the bucket; the padding rows write no cache and are dropped from the logits)."""
-    return max(16, next_pow2(n))
 
 
 def build_step_program(g: StepGraph):

@@ -33,6 +33,7 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.lowering.graph.comm import communicator
 from k31dsl.model.config import PAGE, pages_for
 from k31dsl.model.layers.common import ShapeClass
+from k31dsl.model.layers.dsa import block_rows
 from k31dsl.model.layers.kda import CONV_NAMES
 from k31dsl.model.layers.kda_cp import PIECES, cp_chunk_map
 
@@ -167,21 +168,15 @@ class CPResult:
     stats: dict = field(default_factory=dict)
 
 
-QUERY_BLOCK = 16384          # most query rows a DSA layer scores at once ...
-SCORE_ELEMENTS = 2 ** 31     # ... and most fp32 scores (8 GiB) one block may hold: rows x width
-
-
 def query_blocks(layout: CPLayout, rank: int, most: int | None = None) -> tuple:
     """The rank's DSA query blocks (first local row, rows, key width): each local chunk in pieces
-    of at most `most` rows (whole pages; default QUERY_BLOCK, fewer for long prompts so that a
-    block's scores stay within SCORE_ELEMENTS), each scoring keys [0, its last position + 1)
+    of at most `most` rows (whole pages; default `block_rows` of the sequence: QUERY_BLOCK, fewer for
+    long prompts so that a block's scores stay within SCORE_ELEMENTS), each scoring keys [0, its last position + 1)
     only, so a block's scores and top-k scan cover its causal range, not the whole sequence. A
     block of padding only (no prompt token) gets the smallest width. The blocks run one after
     another and share one score buffer (model/layers/dsa.py)."""
     c, out = layout.chunk, []
-    if most is None:
-        most = min(QUERY_BLOCK, SCORE_ELEMENTS // layout.padded)
-    most = max(PAGE, most // PAGE * PAGE)
+    most = block_rows(layout.padded, most)
     for j, i in enumerate(layout.chunks_of(rank)):
         for s in range(0, c, most):
             rows = min(most, c - s)

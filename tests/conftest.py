@@ -10,6 +10,8 @@ os.environ.setdefault("K31_ASCENDC_OPT", "-O0")   # AscendC emulator builds: -O2
 import numpy as np  # noqa: E402 - after the environment above
 import pytest  # noqa: E402
 
+from seeds import draw_seed  # noqa: E402
+
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
@@ -21,10 +23,8 @@ def one_torch_thread():
 
 @pytest.fixture
 def rng(request):
-    """A fresh random generator per test; its seed is printed and kept with the test's report.
-    K31_TEST_SEED=N replays a failure: every test then draws from seed N."""
-    replay = os.environ.get("K31_TEST_SEED")
-    seed = int(replay) if replay else int(np.random.SeedSequence().entropy % 2**31)
+    """A fresh random generator per test; its seed is printed and kept with the test's report
+    (tests/seeds.py: K31_TEST_SEED=N replays a failure)."""
+    seed = draw_seed()
     request.node.user_properties.append(("seed", seed))
-    print(f"seed={seed}")
     return np.random.default_rng(seed)

@@ -11,15 +11,13 @@ from k31dsl.model import assembler
 from k31dsl.model.layers import common, dsa as dsa_layer
 from k31dsl.model.assembler import ModelRunner
 from k31dsl.model.config import TINY
-from k31dsl.model.reference import ReferenceModel
-from k31dsl.model.step import Step
-from k31dsl.model.weights import init_weights
 from k31dsl.ops import nn
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa import prolog as P
 from k31dsl.ops.testing import device_for
 
 from hopper import Specialised, assert_compiles_for_hopper
+from model_draws import clear_draw
 
 SMS = 132
 
@@ -53,19 +51,7 @@ def test_sfa_split_choice(t, want):
     assert s == 1 or s * t * 16 * 512 * 4 <= 16 << 20
 
 
-def _forward_greedy(runner, ref, prompt, steps):
-    st = Step("prefill", [prompt], [0], [1], [[2]])
-    got, want = [runner.forward(st)], [ref.forward(st)]
-    tok, ctx = int(got[-1][-1].argmax()), len(prompt)
-    for _ in range(steps):
-        st = Step("decode", [[tok]], [ctx], [1], [[2]])
-        got.append(runner.forward(st))
-        want.append(ref.forward(st))
-        tok, ctx = int(got[-1][-1].argmax()), ctx + 1
-    return got, want
-
-
-def test_gpu_step_forms_match_reference(monkeypatch):
+def test_gpu_step_forms_match_reference(monkeypatch, rng):
     """The decode graph with the GPU tile choices, split-K linears (2 chunks) and split attention
     (2 segments) forced (the tiny preset is too small to choose them) on the Triton interpreter."""
     monkeypatch.setattr(assembler, "_PASSED", {})           # programs of this flavour stay here
@@ -81,13 +67,10 @@ def test_gpu_step_forms_match_reference(monkeypatch):
         return {"BM": 16, "BN": 32, "BK": 16, "SPLIT": 2 if m <= 16 else 1}
     monkeypatch.setattr(common, "gpu_linear_tiles", tiles)
     monkeypatch.setattr(dsa_layer, "sfa_split", lambda t, h, topk, bh: 2 if t <= 16 else 1)
-    seed = int(torch.randint(0, 2 ** 31, (1,)))
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, TINY.vocab_size, (12,), generator=gen).tolist()
-    weights = init_weights(TINY, seed)
+    seed, weights, prompt, plan, want = clear_draw(rng, TINY, 12, 1)     # the reference's greedy steps
     runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False,
                          device=device_for("triton"))
-    got, want = _forward_greedy(runner, ReferenceModel(TINY, weights, num_slots=3), prompt, 1)
+    got = [runner.forward(st) for st in plan]
     prog = runner._after_passes(common.ShapeClass("decode", 1, 1, 1))
     text = str(prog)
     assert "linear_rows_splitk" in text and "sparse_mla_attention_split" in text and "indexer_k_chain_parts" in text
@@ -96,7 +79,7 @@ def test_gpu_step_forms_match_reference(monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["numpy", "triton"])
-def test_decode_indexer_key_and_weight_chains_split_k(target):
+def test_decode_indexer_key_and_weight_chains_split_k(target, rng):
     """The decode form of the indexer's k chain (split-K projection into fp32 partials, then
     indexer_k_chain_parts) and head weights (split-K + linear_splitk_reduce with the HI^-1/2
     scale) against the fp64 prolog oracle, as ops/dsa/indexer_checks.py checks the fused chains."""
@@ -104,7 +87,7 @@ def test_decode_indexer_key_and_weight_chains_split_k(target):
     from k31dsl.ops.dsa import indexer_checks as C
     from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
     ref = load_oracle("dsa_indexer")
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    g = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 31)))
     t, dm, ql, h = 7, 160, 64, 16
     x, qr, wq, wk, lw, lb, wp, cos, sin, cache, slots = C.prolog_inputs(t, dm, ql, h, g)   # CPU: for the oracle
     dev = device_for(target)
@@ -171,10 +154,10 @@ def _scores_oracle(codes, q_scales, weights, cache, bt, ks, ke, n):
 
 @pytest.mark.parametrize("target", ["numpy", "triton"])
 @pytest.mark.parametrize("nq,bf16", [(1, False), (2, True), (4, False)])
-def test_indexer_scores_flat_forms(target, nq, bf16):
+def test_indexer_scores_flat_forms(target, nq, bf16, rng):
     """The step graph's indexer scoring (model/layers/dsa.py) with several tokens per program
     and the bf16-MMA form against fp64 scores (8 tokens of 2 sequences, 3 pages of 64)."""
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    g = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 31)))
     t, n, h, mp = 8, 4, 16, 3
     codes, qs, w, cache, bt, ks, ke = _score_inputs(g, t, n, h, 6, mp)
     dev = device_for(target)

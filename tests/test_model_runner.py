@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,8 +29,10 @@ from k31dsl.model.assembler import ModelRunner
 from k31dsl.model.config import TINY
 from k31dsl.model.reference import ReferenceModel
 from k31dsl.model.step import Step
-from k31dsl.model.weights import init_weights
 from k31dsl.ops.testing import device_for
+
+from model_draws import clear_draw
+from seeds import draw_seed
 
 TOL = 1e-2
 PROMPT_LEN, DECODE_STEPS = 16, 8     # 16: one prefill bucket for every test here (padding is tested by the chunked and batch tests)
@@ -49,10 +52,10 @@ def clear_margin(ref_row) -> bool:
 
 @pytest.fixture(scope="module")
 def model(request):
-    seed = int(torch.randint(0, 2 ** 31, (1,)))
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, TINY.vocab_size, (PROMPT_LEN,), generator=gen).tolist()
-    return {"weights": init_weights(TINY, seed), "prompt": prompt, "seed": seed}
+    """Weights and a prompt whose reference greedy run routes every token with a clear margin
+    (tests/model_draws.py); the seed is printed and replayable with K31_TEST_SEED."""
+    seed, weights, prompt, _, _ = clear_draw(np.random.default_rng(draw_seed()), TINY, PROMPT_LEN, DECODE_STEPS)
+    return {"weights": weights, "prompt": prompt, "seed": seed}
 
 
 def greedy_run(runner, prompt, steps, slot=1, page=2, reference=None):
@@ -217,3 +220,49 @@ def test_bad_steps_are_refused(model):
         runner.forward(Step("decode", [[999]], [0], [0], [[0]]))
     with pytest.raises(K31Error, match="no pending verify"):
         runner.commit(Step("verify", [[1, 2]], [0], [0], [[0]]), [1])
+
+
+def test_long_prefill_in_query_blocks_equals_one_block(model, monkeypatch, rng):
+    """A one-sequence prefill longer than a DSA query block runs its indexer, top-k and sparse
+    attention block after block (model/layers/dsa.py prefill_query_blocks): the logits equal the
+    one-block program's bit for bit (the same per-row scores, selections and attention), and a
+    block scores only its causal width."""
+    from k31dsl.model import assembler
+    from k31dsl.model.layers import dsa as dsa_layer
+    n = int(rng.integers(130, 250))                   # bucket 256 rows, 4 pages of 64 (> index_topk 32)
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 31)))
+    prompt = torch.randint(0, TINY.vocab_size, (n,), generator=gen).tolist()
+    step = Step("prefill", [prompt], [0], [0], [[0, 1, 2, 3]])
+    logits, programs = {}, {}
+    for block in (16384, 64):
+        monkeypatch.setattr(assembler, "_PASSED", {})     # the two programs share a shape class
+        monkeypatch.setattr(assembler, "_EXECUTABLES", {})
+        monkeypatch.setattr(dsa_layer, "QUERY_BLOCK", block)
+        runner = ModelRunner(TINY, model["weights"], "numpy", **SIZES)
+        logits[block] = runner.forward(step)
+        programs[block] = runner._after_passes(runner._shape_of(step, [0]))
+    assert torch.equal(logits[64], logits[16384]), f"seed {model['seed']}"
+    blocks = dsa_layer.prefill_query_blocks(runner._shape_of(step, [0]))
+    assert [b[:2] for b in blocks] == [(0, 64), (64, 64), (128, 64), (192, 64)]
+    assert blocks[0][2] == 192                        # rows 0..63 of >= 129 real tokens: keys < 192
+    widths = {t.storage: t.shape for t in programs[64].storages().values() if t.storage.endswith("idx_scores")}
+    assert sorted(set(widths.values())) == [(64, 192), (64, 256)], widths      # [rows, width] per block
+    assert "row_slice" in str(programs[64]) and "row_slice" not in str(programs[16384])
+
+
+@pytest.mark.parametrize("T,pages", [(256, 4), (256, 8), (512, 8), (1024, 16)])
+def test_prefill_query_blocks_cover_every_real_row(T, pages, monkeypatch):
+    """For every real token count m the bucket serves and every context end within the pages,
+    each real row's keys [0, position + 1) lie inside its block's width."""
+    from k31dsl.model.layers import dsa as dsa_layer
+    from k31dsl.model.layers.common import ShapeClass, prefill_bucket, prefill_min_tokens
+    monkeypatch.setattr(dsa_layer, "QUERY_BLOCK", 64)
+    blocks = dsa_layer.prefill_query_blocks(ShapeClass("prefill", 1, T, pages))
+    assert [r0 for r0, _, _ in blocks] == list(range(0, T, 64)) and sum(r for _, r, _ in blocks) == T
+    assert all(w % 64 == 0 and w <= pages * 64 for _, _, w in blocks)
+    for m in range(prefill_min_tokens(T), T + 1):
+        assert prefill_bucket(m) == T
+        for ctx in (0, pages * 64 - m):               # the earliest and the latest the pages allow
+            for r0, rows, width in blocks:
+                last = min(r0 + rows, m) - 1          # the block's last real row
+                assert last < r0 or ctx + last + 1 <= width, (m, ctx, r0)

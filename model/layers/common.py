@@ -51,6 +51,18 @@ def memo(*kdefs):
 linear_rows, linear_rows_splitk, linear_splitk_reduce = memo(_linear_rows, _linear_rows_splitk, _linear_splitk_reduce)
 
 
+def prefill_bucket(n: int) -> int:
+    """Prefill chunk buckets: 16, 32, 64, ... tokens (one compiled program serves every prompt
+    length up to the bucket; the padding rows come last, write no cache and are dropped from the
+    logits)."""
+    return max(16, next_pow2(n))
+
+
+def prefill_min_tokens(q_len: int) -> int:
+    """The fewest real tokens a prefill program of q_len rows serves (prefill_bucket's inverse)."""
+    return 1 if q_len <= 16 else q_len // 2 + 1
+
+
 @dataclass(frozen=True)
 class ShapeClass:
     """What a compiled step program is specialised for: the step kind, sequences (a decode batch

@@ -20,7 +20,7 @@ the query operands, the same fp8 dots and scale products as indexer_page_scores)
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.model.config import INDEX_DIM, KV_LORA, ROPE_DIM
+from k31dsl.model.config import INDEX_DIM, KV_LORA, PAGE, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_split, slots_of_positions_rows, \
     sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
@@ -28,7 +28,7 @@ from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query, indexe
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_k_chain_parts, indexer_q_chain
 from k31dsl.ops.dsa.topk import topk_segments
-from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce, linear_tiles, memo
+from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce, linear_tiles, memo, prefill_min_tokens
 
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
  mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
@@ -149,6 +149,35 @@ def new_caches(cfg, num_pages: int, device) -> dict:
     return out
 
 
+QUERY_BLOCK = 16384          # most query rows a DSA layer scores at once in a long prefill ...
+SCORE_ELEMENTS = 2 ** 31     # ... and most fp32 scores (8 GiB) one block may hold: rows x width
+
+
+def block_rows(width: int, most: int | None = None) -> int:
+    """Query rows per block of a prefill whose keys span `width` positions: at most `most`
+    (default QUERY_BLOCK) and at most SCORE_ELEMENTS // width, whole pages."""
+    most = min(QUERY_BLOCK, SCORE_ELEMENTS // width) if most is None else most
+    return max(PAGE, most // PAGE * PAGE)
+
+
+def prefill_query_blocks(shape) -> tuple:
+    """A one-sequence prefill of more than block_rows rows in query blocks (first row, rows, key
+    width), () otherwise. The step's m >= prefill_min_tokens(T) real tokens come first and are
+    the last of the context, which ends within max_pages pages, so row i sits at most at position
+    max_pages * 64 - m + i and a block ending at row e needs keys [0, max_pages * 64 - m + e)
+    only. The blocks run one after another with one block's scores alive at a time (instead of
+    [T, max_pages * 64] fp32), and a prompt prefilled from position 0 scores and scans about
+    the causal triangle, not the square (the same blocks as a context-parallel rank's,
+    model/distributed.py)."""
+    T, full = shape.q_len, shape.max_pages * PAGE
+    most = block_rows(full)
+    if shape.kind != "prefill" or shape.n_seqs != 1 or T <= most:
+        return ()
+    slack = full - prefill_min_tokens(T)
+    return tuple((r0, min(most, T - r0), min(full, -(-(slack + min(r0 + most, T)) // PAGE) * PAGE))
+                 for r0 in range(0, T, most))
+
+
 def add_dsa(g, l, x):
     """The DSA sublayer of layer l on x [T, d] -> [T, d]."""
     cfg, p = g.cfg, g.p
@@ -216,12 +245,13 @@ def add_dsa(g, l, x):
         iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
     if cp:
         icache = p.dist_all_gather(icache, gathered, name=f"l{l} indexer keys")
-    if not cp:
-        o = select_attend(g, l, qc, qs, iw, icache, big_q, (codes, scales, rope), g.ks, g.ke,
-                          g.shape.max_pages * 64, "")
-    else:        # context parallel: query blocks, each over its own causal width of the sequence
+    blocks = g.shape.blocks if cp else prefill_query_blocks(g.shape)
+    mla = (codes, scales, rope)
+    if not blocks:
+        o = select_attend(g, l, qc, qs, iw, icache, big_q, mla, g.ks, g.ke, g.shape.max_pages * 64, "")
+    else:        # query blocks, each over its own causal width of the sequence
         o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
-        for b, (row0, rows, width) in enumerate(g.shape.blocks):
+        for b, (row0, rows, width) in enumerate(blocks):
             # a block's slices also read `o` as placed so far (row_slice ignores the extra input):
             # the blocks run one after another and share one score buffer (on parallel streams
             # each would hold its own [rows, width] fp32 scores at once)
@@ -230,7 +260,7 @@ def add_dsa(g, l, x):
                                                           x.dtype)], start=row0)
                     for name, x in (("qc", qc), ("qs", qs), ("iw", iw), ("ks", g.ks), ("ke", g.ke), ("q", big_q))]
             bqc, bqs, biw, bks, bke, bq = part
-            ob = select_attend(g, l, bqc, bqs, biw, icache, bq, (codes, scales, rope), bks, bke, width, f"_q{b}")
+            ob = select_attend(g, l, bqc, bqs, biw, icache, bq, mla, bks, bke, width, f"_q{b}")
             o = p.host("row_put", [ob], [o], start=row0)
     y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
     y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=dot_bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
@@ -256,7 +286,8 @@ def select_attend(g, l, qc, qs, iw, icache, big_q, mla, ks, ke, width: int, tag:
     pos = g.tensor(f"l{l}{tag}_topk_pos", (T, topk), k.i32)
     no_idx = g.input(f"unread_topk_idx_{T}x{width}", (T, width), k.i32)   # parameters FINAL never reads
     no_val = g.input(f"unread_topk_val_{T}x{topk}", (T, topk), k.f32)
-    pos = p.call(topk_segments, scores, no_idx, no_val, pos, -(-width // kp) * kp, KP=kp, FINAL=True)
+    pos = p.call(topk_segments, scores, no_idx, no_val, pos, ke, -(-width // kp) * kp, KP=kp, FINAL=True,
+                 HAS_END=True)           # each row scans its own key range [0, ke), not the whole width
     slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
     slots = p.call(slots_of_positions_rows, pos, g.block_table, slots, n, BK=max(16, min(128, next_pow2(topk))))
     o = g.tensor(f"l{l}{tag}_mla_o", (T, H, KV_LORA), k.bf16)

@@ -140,6 +140,20 @@ def _check_topk(target: str, seed: int = 0) -> list[CaseResult]:
         n_bad = mismatches(got.astype(np.int64), want)
         out.append(CaseResult(f"scores=[{rows}, {length}], k={kk}, chunks={ch}", n_bad, 0, n_bad == 0,
                               "positions vs oracle (order, ties to the lower position, -1 padding)"))
+        # per-row ends (causal rows): what lies past a row's end must never be read, so it is
+        # garbage here (huge, NaN) that would win if it were
+        ends = torch.randint(0, length + 4, (rows,), generator=g, dtype=torch.int32)
+        ends[0] = length
+        lane = torch.arange(length)[None, :]
+        y = torch.where(lane < ends[:, None].long(), x, torch.full_like(x, 1e30))
+        y[:, -1:] = torch.where(ends[:, None] < length, float("nan"), y[:, -1:])
+        got = topk(y.to(dev), kk, sorted=bool(rows % 2), ends=ends.to(dev), chunks=ch, target=target).cpu().numpy()
+        want = ref.topk(np.where(lane.numpy() < ends[:, None].numpy(), x.double().numpy(), -np.inf), kk)
+        if not rows % 2:                               # unsorted: the same set in position order
+            want = np.where(want >= 0, np.sort(np.where(want >= 0, want, np.iinfo(np.int64).max), axis=1), -1)
+        n_bad = mismatches(got.astype(np.int64), want)
+        out.append(CaseResult(f"scores=[{rows}, {length}], k={kk}, chunks={ch}, per-row ends", n_bad, 0, n_bad == 0,
+                              "positions vs oracle over each row's [0, end) (past it: never read)"))
     return out
 
 

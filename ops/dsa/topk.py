@@ -104,16 +104,20 @@ TOPK_CONFIGS = [{"BL": 8192, "num_warps": 16}, {"BL": 4096, "num_warps": 8}, {"B
 
 @k.kernel(configs=TOPK_CONFIGS)
 def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"], out_v: k.Tensor[k.f32, "R", "M"],
-                  out_i: k.Tensor[k.i32, "R", "M"], seg: k.i32,
+                  out_i: k.Tensor[k.i32, "R", "M"], ends: k.Tensor[k.i32, "R"], seg: k.i32,
                   KP: k.constexpr = 16, HAS_IDX: k.constexpr = False, FINAL: k.constexpr = False,
-                  BL: k.constexpr = 4096):
+                  HAS_END: k.constexpr = False, BL: k.constexpr = 4096):
     # Program (r, sp) reduces vals[r, sp*seg : (sp+1)*seg] to its top KP (FINAL: top M), written
     # compacted in position order to out_*[r, sp*KP : sp*KP + KP] (-inf / -1 after the last).
     # Positions are the column (HAS_IDX=False) or idx's entry (then the lists in the segment are
     # in position order, as the previous level wrote them). FINAL: positions only, M columns.
+    # HAS_END: columns from ends[r] on count as -inf and are never read (a causal row's scan
+    # stops at its own key range: about half the scores of a prefill's [T, T] block).
     for r, sp in k.grid(vals.shape[0], k.cdiv(vals.shape[1], seg)):
         start = sp * seg
         n = k.minimum(seg, vals.shape[1] - start)
+        if HAS_END:
+            n = k.maximum(k.minimum(n, ends[r] - start), 0)
         if FINAL:
             K = out_i.shape[1]
             base = 0
@@ -169,11 +173,12 @@ def _bl(seg: int) -> int:
     return min(MAX_BL, max(16, next_pow2(seg)))
 
 
-def topk(scores, k_: int, *, sorted: bool = True, chunks: int | None = None, target: str | None = None):
+def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None = None, target: str | None = None):
     """Positions of the k largest valid scores of each row -> int32 [R, k] (see the module
     docstring for ties, order and -1 padding). scores: fp32 [R, L]. sorted=False returns the same
-    set in position order (one launch less). chunks overrides the stage-1 segment length in units
-    of KP (tests use it to force the multi-level path)."""
+    set in position order (one launch less). ends: optional int32 [R]; row r considers columns
+    [0, ends[r]) only (the rest is never read, as if -inf). chunks overrides the stage-1 segment
+    length in units of KP (tests use it to force the multi-level path)."""
     import torch
     target = resolve_target(target)
     require_tensor("topk", "scores", scores, (k.f32,))
@@ -182,6 +187,11 @@ def topk(scores, k_: int, *, sorted: bool = True, chunks: int | None = None, tar
     if not (isinstance(k_, int) and 1 <= k_ <= MAX_K):
         raise K31Error(f"topk: k={k_!r} must be an int in [1, {MAX_K}]")
     rows, length = scores.shape
+    if ends is not None:
+        require_tensor("topk", "ends", ends, (k.i32,))
+        if tuple(ends.shape) != (rows,) or ends.device != scores.device:
+            raise K31Error(f"topk: `ends` must be int32 [{rows}] on {scores.device}, got shape {list(ends.shape)} "
+                           f"on {ends.device}")
     out = torch.empty((rows, k_), dtype=torch.int32, device=scores.device)
     if rows == 0:
         return out
@@ -196,21 +206,23 @@ def topk(scores, k_: int, *, sorted: bool = True, chunks: int | None = None, tar
         return torch.empty(1, dtype=dtype, device=scores.device).expand(rows, n)
 
     res = out if not sorted else torch.empty_like(out)
+    lim = dict(HAS_END=ends is not None)
+    end = ends.contiguous() if ends is not None else torch.empty(1, dtype=torch.int32, device=scores.device).expand(rows)
     if length <= seg:
-        kern(x, unused(torch.int32, length), unused(torch.float32, k_), res, length, KP=kp, FINAL=True,
-             BL=_bl(length))
+        kern(x, unused(torch.int32, length), unused(torch.float32, k_), res, end, length, KP=kp, FINAL=True,
+             BL=_bl(length), **lim)
     else:
         ns = -(-length // seg)
         v1 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
         i1 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-        kern(x, unused(torch.int32, length), v1, i1, seg, KP=kp, BL=_bl(seg))
+        kern(x, unused(torch.int32, length), v1, i1, end, seg, KP=kp, BL=_bl(seg), **lim)
         while ns > GROUP:                # GROUP neighbouring lists -> one
             ns = -(-ns // GROUP)
             v2 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
             i2 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-            kern(v1, i1, v2, i2, GROUP * kp, KP=kp, HAS_IDX=True, BL=_bl(GROUP * kp))
+            kern(v1, i1, v2, i2, end, GROUP * kp, KP=kp, HAS_IDX=True, BL=_bl(GROUP * kp))
             v1, i1 = v2, i2
-        kern(v1, i1, unused(torch.float32, k_), res, ns * kp, KP=kp, HAS_IDX=True, FINAL=True, BL=_bl(ns * kp))
+        kern(v1, i1, unused(torch.float32, k_), res, end, ns * kp, KP=kp, HAS_IDX=True, FINAL=True, BL=_bl(ns * kp))
     if sorted:
         topk_order[target](x, res, out, BI=min(64, max(16, next_pow2(k_))), BJ=min(128, max(16, next_pow2(k_))))
     return out
