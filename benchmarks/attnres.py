@@ -316,7 +316,13 @@ def main(argv=None) -> int:
              "read+write 8, delta 2, O 4, h 2, y 2 B/elt (y only: 16; two kernels: +2 for re-reading h); "
              "'effective' uses 16 B/elt for every row (the issue's convention). decode rows: per-layer "
              "AttnRes update + RMSNorm step, launches per step.")
-    harness.write("attnres", results, cols + dcols[4:], rows + decode_rows, notes=notes)
+    from k31dsl.ops import attnres as ar
+    tuning = (harness.tuning_rows("attnres_prepare_rows", ar.prepare_kernel(target))
+              + harness.tuning_rows("attnres_update_rows", ar.attnres_update_rows[target])
+              + harness.tuning_rows("rmsnorm_row", ar.rmsnorm_row[target]))
+    results["tuning"] = tuning
+    harness.write("attnres", results, cols + dcols[4:], rows + decode_rows, notes=notes,
+                  extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)])
     print(f"copy ceiling: {results['ceiling']:.3f} TB/s")
     return 0
 

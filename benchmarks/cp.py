@@ -43,10 +43,10 @@ import harness  # noqa: E402
 # Prefill cost model (NOTES.md, "Context-parallel prefill"), its constants from the `small`
 # preset's H200 runs (run 7b / model_profile): per token of the linear part (GEMMs, MoE, KDA, norms)
 # LINEAR_MS; per causal (query, key) pair of indexer_scores_flat, all 4 DSA layers, PAIR_MS (5.6 ms
-# for the 8.4 M pairs of a 4K prefill); per (row x row width) element of topk_segments, which scans
-# a query's whole score row (the step's max_pages x 64 columns, not only its causal range), all 4
-# layers, TOPK_MS (0.72 ms per layer at 4K x 4K). 4K: 55.3 + 5.6 + 2.9 = 64 ms (measured 64.3);
-# 32K: 442 + 358 + 184 = 985 ms (measured 979).
+# for the 8.4 M pairs of a 4K prefill); per scanned score of topk_segments, all 4 layers, TOPK_MS
+# (0.72 ms per layer at 4K x 4K, fitted when every row scanned its whole score row; since HAS_END
+# a row scans its causal range [0, ke) only, i.e. the causal pairs again). Fit (whole rows):
+# 4K: 55.3 + 5.6 + 2.9 = 64 ms (measured 64.3); 32K: 442 + 358 + 184 = 985 ms (measured 979).
 LINEAR_MS, PAIR_MS, TOPK_MS = 1.35e-2, 6.67e-7, 1.72e-7
 ALLGATHER_GBS = 300.0        # assumed NCCL all-gather bandwidth per rank on H200 NVLink (GB/s received)
 ALLGATHER_LAT_MS = 0.05      # assumed per-call latency (a CP step makes ~6 gathers per KDA layer, 2 per DSA)
@@ -65,15 +65,13 @@ def auto_chunk(T: int) -> int:
 
 
 def single_model(T: int, chunk: int) -> dict:
-    """Predicted ms of the single-runner prefill in `chunk`-token chunks: each chunk a step whose
-    rows are `max_pages` = next_pow2(pages of its context + itself) x 64 wide (memory: planned_gb)."""
-    from k31dsl.model.config import pages_for
+    """Predicted ms of the single-runner prefill in `chunk`-token chunks: each chunk a step over its
+    context + itself (memory: planned_gb)."""
     ms = 0.0
     for c0 in range(0, T, chunk):
         n = min(chunk, T - c0)
-        width = _next_pow2(pages_for(c0 + n)) * 64
         pairs = n * c0 + n * (n + 1) // 2
-        ms += LINEAR_MS * n + PAIR_MS * pairs + TOPK_MS * n * width
+        ms += LINEAR_MS * n + (PAIR_MS + TOPK_MS) * pairs      # top-k: each row up to its own key end
     return {"chunk": chunk, "predicted_ms": ms}
 
 
@@ -95,7 +93,7 @@ def cp_model(cfg, T: int, P: int) -> dict:
         comm = (n_dsa * (dsa_bytes / (ALLGATHER_GBS * 1e9) * 1e3 + 2 * ALLGATHER_LAT_MS)
                 + n_kda * (kda_bytes / (ALLGATHER_GBS * 1e9) * 1e3 + 5 * ALLGATHER_LAT_MS))
     work = max(lay.indexer_work(r) for r in range(P))
-    ms = LINEAR_MS * rows + PAIR_MS * work + TOPK_MS * rows * width + comm
+    ms = LINEAR_MS * rows + (PAIR_MS + TOPK_MS) * work + comm         # top-k rows scan their causal range
     return {"chunk": lay.chunk, "rows": rows, "row_width": width, "predicted_ms": ms, "comm_ms": comm,
             "gather_bytes_per_dsa_layer": dsa_bytes,
             "gather_bytes_per_kda_layer": kda_bytes, "summary_bytes_per_piece_layer": summary}
@@ -500,7 +498,7 @@ def _notes(results) -> str:
             "gather ms/layer: one more prefill with Communicator(timed=True), a GPU sync around each gather. "
             "Indexer max/min: causal (query, key) pairs per rank, zigzag as run vs a contiguous split. Logits: "
             "last token vs the first 1-GPU figure (max abs diff / max abs). Predicted: the cost model of NOTES.md "
-            "'Context-parallel prefill' (linear + causal pairs + top-k row widths + gathers); 'planned GB/rank': "
+            "'Context-parallel prefill' (linear + causal pairs for the indexer and the top-k + gathers); 'planned GB/rank': "
             "the memory plan's arena of the rank's largest step + the runner's weights, caches and states "
             "(planned_gb).")
 

@@ -45,19 +45,47 @@ def environment() -> dict:
     return env
 
 
-def write(name: str, payload: dict, columns: list[str], rows: list[dict], notes: str = "") -> Path:
+def write(name: str, payload: dict, columns: list[str], rows: list[dict], notes: str = "",
+          extra: list[tuple[str, list[str], list[dict]]] = ()) -> Path:
+    """results/<name>.json (payload) and .md (notes, the table, then each (title, columns, rows)
+    of `extra` under its own heading)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2, default=float))
     lines = [f"# {name}", "", f"{payload.get('env', {})}", ""]
     if notes:
         lines += [notes, ""]
-    lines.append("| " + " | ".join(columns) + " |")
-    lines.append("|" + "---|" * len(columns))
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |")
+    lines += _table(columns, rows)
+    for title, cols, more in extra:
+        if more:
+            lines += ["", f"## {title}", ""] + _table(cols, more)
     path = RESULTS / f"{name}.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _table(columns: list[str], rows: list[dict]) -> list[str]:
+    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |" for r in rows])
+
+
+TUNING_COLUMNS = ["kernel", "call", "config", "ms", "vs chosen"]
+
+
+def tuning_rows(label: str, compiled) -> list[dict]:
+    """Every config the Triton autotuner timed for `compiled` (kdef["triton"] or a kernel from
+    .compile), per call it tuned: median ms (None: it could not run) and the ratio to the chosen
+    config. The tuner's pick alone hides how close the others came."""
+    rows = []
+    for key, log in getattr(compiled, "tune_log", {}).items():
+        shapes, fixed = key if isinstance(key, tuple) and len(key) == 2 else ((), ())
+        call = " ".join("x".join(map(str, f[0])) for f in shapes if isinstance(f, tuple) and f and isinstance(f[0], tuple))
+        call += "".join(f" {k}={v}" for k, v in fixed)
+        best = min((ms for _, ms in log if ms is not None), default=None)
+        for cfg, ms in sorted(log, key=lambda e: (e[1] is None, e[1] or 0.0)):
+            rows.append({"kernel": label, "call": call, "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
+                         "ms": ms if ms is not None else "failed",
+                         "vs chosen": ms / best if ms is not None and best else ""})
+    return rows
 
 
 def _fmt(v) -> str:

@@ -357,9 +357,12 @@ def main(argv=None) -> int:
     bad = check["oracle o err"] > 2e-2 or check["oracle state err"] > 2e-2
     if args.smoke:
         return 1 if bad else 0
+    from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+    tuning = (harness.tuning_rows("kda_chunk_prep", kda_chunk_prep["triton"])
+              + harness.tuning_rows("kda_chunk_state", kda_chunk_state["triton"]))
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
-               "rows": rows, "decode_rows": decode}
-    harness.write("kda", payload, COLUMNS, rows,
+               "rows": rows, "decode_rows": decode, "tuning": tuning}
+    harness.write("kda", payload, COLUMNS, rows, extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)],
                   notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, chunk 64, lower-bound gate -5 "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "

@@ -231,9 +231,11 @@ def main(argv=None) -> int:
         r["% copy ceiling"] = 100 * r["state TB/s"] / ceiling
     cols = COLUMNS[:4] + ["% copy ceiling"] + COLUMNS[4:]
     cp = [] if args.no_cp else cp_rows(h=args.heads, hv=args.heads)
+    from k31dsl.ops.kda.decode import kda_decode_step
+    tuning = harness.tuning_rows("kda_decode_step", kda_decode_step["triton"])
     payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "heads": args.heads, "K": 128, "V": 128,
-               "tuned_configs": tuned_configs(), "rows": rows, "cp_rows": cp}
-    harness.write("kda_decode", payload, cols, rows,
+               "tuned_configs": tuned_configs(), "rows": rows, "cp_rows": cp, "tuning": tuning}
+    harness.write("kda_decode", payload, cols, rows, extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)],
                   notes=f"KDA decode step, fp32 state pool [2N, {args.heads}, 128, 128], bf16 inputs, lower-bound "
                         f"gate -5, L2 norm in kernel; CUDA-graph replay medians (do_bench_cudagraph). State TB/s "
                         f"= 2 N HV K V 4 B / time (verify + commit: 3x, one read in the verify, read + write in "

@@ -272,7 +272,7 @@ def test_triton_autotunes_with_the_call_constexprs_merged(monkeypatch):
     monkeypatch.setattr(rt, "_check_devices", lambda *a: None)
     tuned = []
 
-    def fake_autotune(args, rest, passed):
+    def fake_autotune(args, rest, passed, key=None):
         tuned.append(dict(passed))
         return {"B": 64}
     monkeypatch.setattr(kern, "_autotune", fake_autotune)
@@ -286,6 +286,45 @@ def test_triton_autotunes_with_the_call_constexprs_merged(monkeypatch):
     assert len(kern._tuned) == 3
     assert {dict(key).get("B") for key in kern._launch} == {64, 32}
     assert not kern._tunable({"B": 16}) and kern._tunable({"T": k.f32, "NEG": False})
+
+
+def test_triton_autotune_logs_every_config(monkeypatch):
+    """The tuner keeps each config's time (None for one that cannot run) next to its choice, so a
+    benchmark can report the configs that lost. Timing is faked (it needs a GPU): the configs run
+    in the interpreter and do_bench returns a time per config."""
+    pytest.importorskip("triton")
+    import triton.testing
+    from k31dsl.targets.triton import runtime as rt
+    kern = rt.TritonKernel(scale_tuned, mode="interpret")
+    fake = {32: 2.0, 64: 1.5}
+
+    def do_bench(fn):
+        fn()                                     # the config really runs (on clones of the arguments)
+        b = scale_tuned.configs[len(calls)]["B"]
+        calls.append(b)
+        if b not in fake:
+            raise RuntimeError("out of resources")
+        return fake[b]
+    calls: list = []
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    x, y = torch.randn(100), torch.empty(100)
+    assert kern._autotune((x, y, 2.0), {}, {"T": k.f32}, key="k") == {"B": 64}
+    assert kern.tune_log["k"] == [({"B": 32}, 2.0), ({"B": 64}, 1.5)]
+    calls.clear()
+    fake.pop(32)
+    assert kern._autotune((x, y, 2.0), {}, {"T": k.f32}, key="k2") == {"B": 64}
+    assert kern.tune_log["k2"] == [({"B": 32}, None), ({"B": 64}, 1.5)]
+    # the benchmarks' table of it (benchmarks/harness.py): fastest first, ratio to the chosen one
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import harness
+    kern.tune_log = {((((100,), "torch.float32"), ((100,), "torch.float32"), "float"), (("T", k.f32),)):
+                     [({"B": 32}, 2.0), ({"B": 16}, None), ({"B": 64}, 1.5)]}
+    rows = harness.tuning_rows("scale", kern)
+    assert [(r["config"], r["ms"], r["vs chosen"]) for r in rows] == \
+        [("B=64", 1.5, 1.0), ("B=32", 2.0, 2.0 / 1.5), ("B=16", "failed", "")]
+    assert rows[0]["call"] == "100 100 T=k.f32"
 
 
 # ---------------------------------------------------------------- the op library

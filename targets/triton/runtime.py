@@ -55,6 +55,7 @@ class TritonKernel(CompiledKernel):
         self.mode = options.get("mode") or detect_mode()
         super().__init__(kdef, "triton", self._build, **options)
         self._tuned: dict = {}
+        self.tune_log: dict = {}     # shape key -> [(config, median ms or None if it could not run)]
 
     def _build(self, kernel: Kernel, **launch):
         return build(kernel, self.kdef, **{**self.options, **launch, "mode": self.mode})
@@ -89,7 +90,7 @@ class TritonKernel(CompiledKernel):
                 if not rest:                          # wrong calls fail as they would untuned
                     kernel = self.ir(**cx)
                     _check_devices(kernel, self.kdef, check_args(kernel, self.kdef, args, False), self.mode)
-                self._tuned[skey] = self._autotune(args, rest, cx)
+                self._tuned[skey] = self._autotune(args, rest, cx, skey)
             cx = {**cx, **self._tuned[skey]}
         if rest:                                      # parameters by keyword: the checked slow path
             return self._call_checked(args, rest, cx)
@@ -111,11 +112,12 @@ class TritonKernel(CompiledKernel):
             return (tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else type(a).__name__
         return tuple(facts(a) for a in args) + tuple((k, facts(v)) for k, v in sorted(kwargs.items()))
 
-    def _autotune(self, args, rest: dict, passed: dict) -> dict:
-        """The constexprs of the fastest config (timed with `passed` merged in), for this call."""
+    def _autotune(self, args, rest: dict, passed: dict, key=None) -> dict:
+        """The constexprs of the fastest config (timed with `passed` merged in), for this call.
+        Every config's time goes to tune_log[key] (benchmarks report the losers too)."""
         import torch
         import triton.testing
-        best, best_ms = None, float("inf")
+        best, best_ms, log = None, float("inf"), []
         for cfg in self.kdef.configs:
             cx = dict(cfg)                      # launch keys included: each config its own build
             clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
@@ -125,9 +127,12 @@ class TritonKernel(CompiledKernel):
             except K31Error:
                 raise
             except Exception:  # noqa: BLE001 - a config that cannot run (resources) just loses
+                log.append((cx, None))
                 continue
+            log.append((cx, float(ms)))
             if ms < best_ms:
                 best, best_ms = cx, ms
+        self.tune_log[key] = log
         if best is None:
             raise K31Error(f"{self.kdef.file}:{self.kdef.first_line}: no config of `{self.kdef.name}` "
                            "could run on this GPU", hint="add a config with smaller tiles or fewer stages")
