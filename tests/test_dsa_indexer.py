@@ -242,6 +242,8 @@ def test_lightning_indexer_bad_inputs(mutate, needle):
     (lambda: topk(torch.randn(2, 4), 0), "k=0"),
     (lambda: topk(torch.randn(2, 4), 5000), "k=5000"),
     (lambda: topk(torch.randn(2, 4).double(), 2), "dtype float64"),
+    (lambda: topk(torch.randn(2, 4), 2, ends=torch.tensor([1, 2, 3], dtype=torch.int32)), "`ends` must be int32 [2]"),
+    (lambda: topk(torch.randn(2, 4), 2, ends=torch.tensor([1, 2])), "ends"),
 ])
 def test_cache_and_topk_bad_inputs(call, needle):
     with pytest.raises(K31Error) as e:
