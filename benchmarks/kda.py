@@ -68,9 +68,10 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
                                 "cu_seqlens": cu}
 
 
-def ours(args, kw, target, chunk=CHUNK, variant=None):
+def ours(args, kw, target, chunk=CHUNK, variant=None, prep="sub"):
     from k31dsl.ops.kda import chunk_kda
-    return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target, _variant=variant)
+    return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target, _variant=variant,
+                             _prep=prep)
 
 
 def fla_fn(args, kw):
@@ -169,9 +170,11 @@ def smoke_rows():
     rows = []
     for name, (lens, heads, d) in {"smoke_T96_H2": ([96], 2, 32), "smoke_varlen_3": ([40, 9, 77], 2, 32)}.items():
         args, kw = make_inputs(lens, heads, d, "cpu", torch.bfloat16)
-        t0 = time.perf_counter()
-        ours(args, kw, "triton")()
-        rows.append({"shape": name, "impl": "k31dsl (interpreter)", "ms": 1e3 * (time.perf_counter() - t0)})
+        for prep in ("sub", "wide"):
+            t0 = time.perf_counter()
+            ours(args, kw, "triton", prep=prep)()
+            rows.append({"shape": name, "impl": f"k31dsl {prep} prep (interpreter)",
+                         "ms": 1e3 * (time.perf_counter() - t0)})
     return rows
 
 
@@ -222,6 +225,21 @@ def prefill_rows(names, budget: float, variants=True, save=None):
             more_rows.setdefault(name, []).append(r32)
             done(r32)
             del fn32
+            # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py), chunk 64 and 32, with its
+            # difference from the default path's outputs on this GPU
+            o_ref, s_ref = fn()
+            for chunk in (64, 32):
+                fnw = ours(args, kw, "triton", chunk, prep="wide")
+                t0 = time.time()
+                ow, sw = fnw()
+                rw = {"shape": name, "impl": f"k31dsl wide prep chunk {chunk}",
+                      "ms": harness.median_ms(fnw, warmup=5, rep=50), **(phase_ms(fnw) if DEVICE == "cuda" else {}),
+                      "o err vs fla": f"vs default path: o {rel_err(ow, o_ref):.2e}, state {rel_err(sw, s_ref):.2e}"}
+                log(f"k31dsl wide prep chunk {chunk} {name}: {rw['ms']:.3f} ms ({rw}; first call {time.time() - t0:.1f} s)")
+                more_rows.setdefault(name, []).append(rw)
+                done(rw)
+                del fnw, ow, sw
+            del o_ref, s_ref
         del args, kw, fn
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
@@ -293,8 +311,12 @@ def sm90_stats(specs=None) -> list[str]:
     prep = dict(XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, GATE=2, SAFE=True, PREC="bf16", SOLVE="tf32",
                 BC=16, BK=128, BVV=128)
     state = dict(MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128)
+    from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
+    wide = {n: prep[n] for n in ("XT", "GT", "BETAT", "MT", "PREC", "SOLVE", "BK", "BVV")}
     specs = specs or [("prep chunk 64", kda_chunk_prep, {**prep, "BT": 64}, 8, 1),
                       ("prep chunk 32", kda_chunk_prep, {**prep, "BT": 32}, 8, 1),
+                      *((f"wide prep chunk {bt}", kda_chunk_prep_wide, {**wide, "BT": bt}, nw, 1)
+                        for bt, nw in ((64, 8), (64, 16), (32, 4), (32, 8))),
                       *((f"state BV {bv}", kda_chunk_state, {**state, "BV": bv}, 4 if bv <= 32 else 8, 2)
                         for bv in (16, 32, 64, 128))]
     small = ("seq_chunks_", "cu_", "chunk_info_", "h0_size_0", "ht_size_0", "h0_size_1", "ht_size_1")

@@ -12,6 +12,7 @@ from k31dsl import K31Error
 from k31dsl.ops.kda import chunk_kda, kda_gate
 from k31dsl.ops.kda.chunk import make_inputs
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.gate import kda_gate_rows
 from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
 
@@ -150,6 +151,54 @@ def test_causality_bit_exact(gate):
         assert not torch.equal(o1[:, t:], o2[:, t:])
 
 
+WIDE_CASES = {  # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py): lower-bound gate, chunk 32 / 64
+    "wide_ragged_64": (1, 83, 1, 1, 16, 16, torch.float32, "lb", 64, 0, True),
+    "wide_gva_batch_32": (2, 45, 2, 4, 16, 32, torch.float32, "lb", 32, 0, False),
+    "wide_varlen_64": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
+    "wide_bf16_64": (1, 70, 1, 2, 32, 32, torch.bfloat16, "lb", 64, 0, True),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", sorted(WIDE_CASES))
+def test_wide_prep_matches_oracle(case, target):
+    B, T, H, HV, K, V, dtype, gate, chunk, ns, h0 = WIDE_CASES[case]
+    seed = _seed()
+    args, kw = make_inputs(torch.Generator().manual_seed(seed), B, T, H, HV, K, V, dtype, gate, ns, h0)
+    o, ht = _run(args, kw, target, chunk, _prep="wide")
+    want_o, want_s = load_oracle("kda").kda(*args, **kw)
+    _assert_close(o, want_o, TOL[dtype], f"{case} o", seed, FLOOR[dtype])
+    _assert_close(ht, want_s, TOL[dtype], f"{case} final state", seed, FLOOR[dtype])
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_wide_prep_at_the_strongest_decay(chunk):
+    """lb = -5 saturated on most steps: G falls to ~-300 within a chunk of 64, so the row factors
+    of the rows before a column block hit the exp(80) clamp and those after it underflow to 0;
+    the masked entries stay finite and the kept ones exact."""
+    seed = _seed()
+    args, kw = _extreme_inputs(torch.Generator().manual_seed(seed), "lb", T=150)
+    o, ht = _run(args, kw, "numpy", chunk, _prep="wide")
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"non-finite output (seed {seed})"
+    want_o, want_s = load_oracle("kda").kda(*args, **kw)
+    _assert_close(o, want_o, 2e-4, "extreme lb o (wide)", seed)
+    _assert_close(ht, want_s, 2e-4, "extreme lb state (wide)", seed)
+
+
+def test_wide_prep_is_causal_bit_exact():
+    seed = _seed()
+    args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 100, 1, 2, 16, 16, torch.float32, "lb", 0, True)
+    o1, _ = _run(args, kw, "numpy", 64, _prep="wide")
+    for t in (9, 30, 70):
+        pert = [a.clone() for a in args]
+        for a in pert[:3]:
+            a[:, t:] = a[:, t:] * 3.0 + 0.5
+        pert[4][:, t:] = 1.0 - pert[4][:, t:]
+        pert[3][:, t:] = pert[3][:, t:] * 40
+        o2, _ = _run(pert, kw, "numpy", 64, _prep="wide")
+        assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
+
+
 def test_outputs_without_final_state_and_defaults():
     gen = torch.Generator().manual_seed(_seed())
     args, kw = make_inputs(gen, 1, 20, 1, 1, 16, 16, torch.float32, "logdecay", 0, False)
@@ -202,6 +251,9 @@ def test_kda_gate_shapes_and_forms():
     (lambda a: chunk_kda(a[0][..., :12], a[1][..., :12], a[2], a[3][..., :12], a[4]), "K=12"),
     (lambda a: chunk_kda(a[0].to(torch.int32), *a[1:]), "dtype int32"),
     (lambda a: kda_gate(a[3], None, torch.zeros(5), -1.0), "dt_bias"),
+    (lambda a: chunk_kda(*a, chunk_size=64, _prep="wide"), "needs the lower-bound gate"),
+    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="wide"), "chunk_size=16"),
+    (lambda a: chunk_kda(*a, _prep="fast"), "not a prep kernel"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args, _ = make_inputs(torch.Generator().manual_seed(0), 1, 20, 1, 2, 16, 16, torch.float32, "lb", 0, False)
@@ -226,6 +278,8 @@ PREP_LB_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.b
                       PREC="bf16", SOLVE="tf32", BT=64, BC=16, BK=128, BVV=128)
 PREP_SOFTPLUS_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.f32, BETAT=k.f32, MT=k.bf16, GATE=1, SAFE=False,
                             PREC="bf16", SOLVE="tf32", BT=64, BC=16, BK=128, BVV=128)
+PREP_WIDE_GPU = GpuSpec(kda_chunk_prep_wide, XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, PREC="bf16", SOLVE="tf32",
+                        BT=64, BK=128, BVV=128)
 STATE_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128, BV=32)
 STATE_VFIRST_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, VFIRST=True,
                            BT=64, BK=128, BV=64)
@@ -236,5 +290,5 @@ def test_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
     # the softplus prep differs from PREP_LB_GPU only in its diagonal blocks (CUDA-core loops); it
     # compiles too but costs another minute of ptxas on 2 cores, so CI checks the benchmarked pair
-    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "STATE_GPU", "STATE_VFIRST_GPU"], tmp_path,
+    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "PREP_WIDE_GPU", "STATE_GPU", "STATE_VFIRST_GPU"], tmp_path,
                                index_types=("int32",))

@@ -10,6 +10,7 @@ from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import require_tensor, resolve_target
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.gate import GATE_LOWER, GATE_NONE, check_gate_params
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
@@ -120,7 +121,7 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size, v_fi
 
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
               use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, state_v_first=False,
-              target=None, _variant: str | None = None):
+              target=None, _variant: str | None = None, _prep: str = "sub"):
     """KDA forward, chunked -> (o [B, T, HV, V] like v, final_state fp32 [N, HV, K, V] or None).
 
     q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H); g [B, T, HV, K] the natural-log decay,
@@ -128,7 +129,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     kda_gate is applied in-kernel); beta [B, T, HV]; initial_state fp32 [N, HV, K, V]; varlen by
     cu_seqlens [N + 1] with B == 1. scale defaults to K^-0.5; q and k are L2-normalised in-kernel
     unless use_qk_l2norm=False. state_v_first=True: initial and final states are [N, HV, V, K]
-    (K contiguous, the layout kda_decode's state_v_first pool uses)."""
+    (K contiguous, the layout kda_decode's state_v_first pool uses). `_prep` ("sub" | "wide", for
+    measurements) picks the prep kernel: sub-chunk steps, or whole-chunk tiles (chunk_prep_wide.py;
+    lower-bound gate, chunk 32 or 64)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
@@ -137,6 +140,13 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     a_log, bias, mode, lb = check_gate_params(op, HV, K, A_log, dt_bias, lower_bound)
     mode = mode if gate_in else GATE_NONE
     scale = K ** -0.5 if scale is None else float(scale)
+    if _prep not in ("sub", "wide"):
+        raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint="'sub' or 'wide'")
+    if _prep == "wide" and (mode != GATE_LOWER or chunk_size not in (32, 64)):
+        raise K31Error(f"{op}: the wide prep kernel needs the lower-bound gate (a bounded decay per row) and "
+                       f"chunk_size 32 or 64, got {'no lower_bound' if mode != GATE_LOWER else ''}"
+                       f"{'' if mode != GATE_LOWER else f'chunk_size={chunk_size}'}",
+                       hint="pass lower_bound (with A_log / dt_bias), or use _prep='sub'")
     dev = q.device
     n = len(cu) - 1
     bt = chunk_size
@@ -167,9 +177,14 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         with _phase("prep"):
-            kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
-                                   GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec,
-                                   SOLVE=solve, KEEP=keep, BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
+            if _prep == "wide":
+                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale,
+                                            lb, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V,
+                                            **tiles_prep)
+            else:
+                kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
+                                       GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec,
+                                       SOLVE=solve, KEEP=keep, BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
     if nt or output_final_state:
         with _phase("state"):
             kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
@@ -210,11 +225,13 @@ def make_inputs(gen, B, T, H, HV, K, V, dtype, gate: str, n_seqs: int = 0, h0: b
     return (q, kk, v, g, beta), kw
 
 
-CHECK_CASES = [  # B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial state
-    (1, 37, 1, 2, 16, 16, "f32", "lb", 16, 0, True),
-    (2, 9, 2, 2, 16, 32, "f32", "softplus", 16, 0, False),
-    (1, 45, 1, 1, 16, 16, "f32", "logdecay", 32, 3, True),
-    (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False),
+CHECK_CASES = [  # B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial state, prep kernel
+    (1, 37, 1, 2, 16, 16, "f32", "lb", 16, 0, True, "sub"),
+    (2, 9, 2, 2, 16, 32, "f32", "softplus", 16, 0, False, "sub"),
+    (1, 45, 1, 1, 16, 16, "f32", "logdecay", 32, 3, True, "sub"),
+    (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False, "sub"),
+    (1, 83, 1, 2, 16, 16, "f32", "lb", 64, 2, True, "wide"),
+    (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False, "wide"),
 ]
 
 
@@ -226,22 +243,22 @@ def _check_chunk(target: str, seed: int = 0) -> list[CaseResult]:
     dev = device_for(target)
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for B, T, H, HV, K, V, dt, gate, bt, ns, h0 in CHECK_CASES:
+    for B, T, H, HV, K, V, dt, gate, bt, ns, h0, prep in CHECK_CASES:
         dtype = D.torch_dtype(D.from_name(dt))
         args, kw = make_inputs(gen, B, T, H, HV, K, V, dtype, gate, ns, h0)
         o, ht = chunk_kda(*(a.to(dev) for a in args), **{n: t.to(dev) if hasattr(t, "to") else t
                                                           for n, t in kw.items()},
-                          output_final_state=True, chunk_size=bt, target=target)
+                          output_final_state=True, chunk_size=bt, target=target, _prep=prep)
         want_o, want_s = ref.kda(*args, **kw)
         # f32: element-wise down to 0.1 max|want|; bf16 (operands kept in bf16 like fla): normwise
         tol, floor = (2e-4, 0.1) if dt == "f32" else (2e-2, 1.0)
-        name = f"B={B} T={T} H={H} HV={HV} K={K} V={V} {dt} gate={gate} chunk={bt} seqs={ns or B} h0={h0}"
+        name = f"B={B} T={T} H={H} HV={HV} K={K} V={V} {dt} gate={gate} chunk={bt} seqs={ns or B} h0={h0} prep={prep}"
         for what, got, want in (("o", o, want_o), ("final state", ht, want_s)):
             err = max_rel_err(to_f64(got), want, floor=floor * max(1e-3, float(np.abs(want).max())))
             out.append(CaseResult(f"{name}: {what}", err, tol, bool(err <= tol)))
     return out
 
 
-register(OpSpec(name="chunk_kda", module="kda", fn=chunk_kda, kernels=[kda_chunk_prep, kda_chunk_state],
+register(OpSpec(name="chunk_kda", module="kda", fn=chunk_kda, kernels=[kda_chunk_prep, kda_chunk_state, kda_chunk_prep_wide],
                 summary="KDA chunked prefill (gate + L2 norm in-kernel, anchored UT solve on chip, fp32 state; varlen, GVA)",
                 check=_check_chunk, tags=["kda"]))
