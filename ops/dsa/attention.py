@@ -205,41 +205,54 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
         part_lse[sg, t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("-inf"))
 
 
-@k.kernel(configs=[{"BH": 16}, {"BH": 64}])
+# A program per (query, head block, column block) and SB segments per load: the first version
+# (one program per query and head block, one [BH, 512] segment per loop step) had one load in
+# flight at a time and took 141 us per call at B = 1 (64 segments, one program; run 7a).
+# Configs by the caller's BH (sm_90a, ptxas): BH 16 at SB 4 / BD 128 / 4 warps 128 registers, no
+# spill (SB 8: 181); BH 64 needs SB x BD <= 128 per 4 warps (SB 4 / BD 128 spills 2.2 KB).
+COMBINE_CONFIGS = [{"SB": 4, "BD": 128, "num_warps": 4}, {"SB": 8, "BD": 128, "num_warps": 8},
+                   {"SB": 2, "BD": 64, "num_warps": 4}, {"SB": 4, "BD": 64, "num_warps": 8}]
+
+
+@k.kernel(configs=COMBINE_CONFIGS)
 def sparse_mla_attention_combine(part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"], part_lse: k.Tensor[k.f32, "NS", "T", "H"],
                                  o: k.Tensor[k.bf16, "T", "H", "DV"], lse: k.Tensor[k.f32, "T", "H"],
-                                 BH: k.constexpr = 16):
+                                 BH: k.constexpr = 16, SB: k.constexpr = 4, BD: k.constexpr = 128):
     # o = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse); lse = max + log sum w
-    # (a query without any valid index: o = 0, lse = +inf, as the unsplit kernel).
-    for t, hb in k.grid(o.shape[0], k.cdiv(o.shape[1], BH)):
+    # (a query without any valid index: o = 0, lse = +inf, as the unsplit kernel). Every column
+    # block's program computes the same weights and writes the same lse.
+    for t, hb, db in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], BD)):
         h0 = hb * BH
+        nsb = k.cdiv(part_o.shape[0], SB)
         mx = k.full((BH,), float("-inf"), k.f32)
-        for sg in range(part_o.shape[0]):
-            mx = k.maximum(mx, part_lse[sg, t, k.span(h0, BH, other=float("-inf"))])
+        for i in range(nsb):
+            ls = k.load(part_lse, (k.span(i * SB, SB), t, k.span(h0, BH)), other=float("-inf"))     # [SB, BH]
+            mx = k.maximum(mx, k.max(ls, axis=0))
         ms = k.where(mx == float("-inf"), 0.0, mx)
         den = k.zeros((BH,), k.f32)
-        a0 = k.zeros((BH, 128), k.f32)
-        a1 = k.zeros((BH, 128), k.f32)
-        a2 = k.zeros((BH, 128), k.f32)
-        a3 = k.zeros((BH, 128), k.f32)
-        for sg in range(part_o.shape[0]):
-            w = k.exp(part_lse[sg, t, k.span(h0, BH, other=float("-inf"))] - ms)[:, None]
-            den += k.sum(w, axis=1)
-            a0 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(0, 128)]
-            a1 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(128, 128)]
-            a2 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(256, 128)]
-            a3 += w * part_o[sg, t, k.span(h0, BH, other=0.0), k.span(384, 128)]
-        finish(o, lse, t, h0, ms, den, a0, a1, a2, a3, BH)
+        acc = k.zeros((BH, BD), k.f32)
+        for i in range(nsb):
+            w = k.exp(k.load(part_lse, (k.span(i * SB, SB), t, k.span(h0, BH)), other=float("-inf")) - ms[None, :])
+            den += k.sum(w, axis=0)
+            po = k.load(part_o, (k.span(i * SB, SB), t, k.span(h0, BH), k.span(db * BD, BD)), other=0.0)
+            acc += k.sum(w[:, :, None] * po, axis=0)
+        ok = den > 0.0
+        inv = 1.0 / k.where(ok, den, 1.0)
+        o[t, k.span(h0, BH), k.span(db * BD, BD)] = k.where(ok[:, None], acc * inv[:, None], 0.0).to(k.bf16)
+        lse[t, k.span(h0, BH)] = k.where(ok, ms + k.log(k.where(ok, den, 1.0)), float("inf"))
 
 
 def sfa_split(t: int, h: int, topk: int, bh: int, bk: int = 32, sm_count: int = SM_COUNT) -> int:
     """Index-list segments per (query, head block) for a GPU: 1 (the unsplit kernel) when the
     queries x head blocks fill the SMs; else enough segments for ~4 programs per SM, at least
-    one BK block each, with the fp32 partials (segments x T x H x 512 x 4 B) kept <= 16 MB."""
+    one BK block each, with the fp32 partials (segments x T x H x 512 x 4 B) kept within
+    max(16 MB, the records the step gathers: T x topk x 656 B). With 128 heads a query's partial
+    alone is 256 KB, so a fixed 16 MB never split a B = 64 decode step (128 programs on 132 SMs)."""
     programs = t * -(-h // bh)
     blocks = -(-topk // bk)
+    budget = max(16 << 20, t * topk * RECORD)
     split = 1
-    while split * 2 <= blocks and programs * split < 4 * sm_count and (split * 2) * t * h * LATENT * 4 <= 16 << 20:
+    while split * 2 <= blocks and programs * split * 2 <= 4 * sm_count and (split * 2) * t * h * LATENT * 4 <= budget:
         split *= 2
     return split
 
@@ -457,7 +470,8 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
     out = []
     for T, H, K, pages, qdt, scale, split in ((3, 5, 40, 3, torch.bfloat16, 0.135234, 1),
                                               (2, 20, 70, 2, torch.float32, 0.05, 1),
-                                              (3, 5, 100, 2, torch.bfloat16, 0.135234, 3)):
+                                              (3, 5, 100, 2, torch.bfloat16, 0.135234, 3),
+                                              (2, 5, 200, 4, torch.bfloat16, 0.1, 6)):     # 6 segments: 2 combine loads
         n = pages * PAGE
         cache = new_mla_cache(pages)
         mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
