@@ -79,7 +79,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=4096, help="prefill length to profile (0: none)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--sfa-prefetch", choices=["on", "off"], default="on",
+                    help="sparse attention's next-block gather prefetch in the step graph (model/layers/dsa.py "
+                         "SFA_PREFETCH); 'off' writes results/model_profile_sfa-prefetch-off.json")
     args = ap.parse_args(argv)
+    from k31dsl.model.layers import dsa as dsa_layer
+    dsa_layer.SFA_PREFETCH = args.sfa_prefetch == "on"
     cfg = K31Config.load(args.config)
     weights = {n: w.cuda() for n, w in cast_weights(init_weights(cfg, 0), cfg.dtype).items()}
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -112,7 +117,8 @@ def main(argv=None) -> int:
         out[f"decode_{b}"] = {"wall_ms": wall, "gpu_ms": gpu, "kernels": rows[:40]}
     res = Path(__file__).parent / "results"
     res.mkdir(exist_ok=True)
-    (res / "model_profile.json").write_text(json.dumps(out, indent=1))
+    tag = "" if args.sfa_prefetch == "on" else "_sfa-prefetch-off"
+    (res / f"model_profile{tag}.json").write_text(json.dumps(out, indent=1))
     return 0
 
 

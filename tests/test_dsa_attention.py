@@ -100,6 +100,25 @@ def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
     assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("split", [1, 3])
+def test_sfa_prefetch_changes_nothing(target, split):
+    """PREFETCH gathers block j + 1 before folding block j (the step graph's GPU form): the same
+    blocks are folded in the same order, so the results equal the plain loop's bit for bit, in the
+    unsplit kernel and in split segments (whose prefetch past their end reads the next segment's
+    first block and drops it)."""
+    g = _gen()
+    cache = _filled_cache(g, 3)
+    n = 3 * A.PAGE
+    q = torch.randn(3, 16, A.LATENT + A.ROPE, generator=g).bfloat16()
+    idx = torch.randint(-2, n + 3, (3, 150), generator=g, dtype=torch.int32)
+    idx[1, 70:] = -1                                             # a compacted list: -1 padding
+    runs = [A.sparse_mla_attention(q, cache, idx, 0.1, split=split, target=target, BK=16, PREFETCH=pf)
+            for pf in (False, True)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    _check_sfa(*runs[1], q, cache, idx, 0.1)
+
+
 def test_sfa_all_128_heads_fit_ascendc_ub():
     """The real head count on the emulated Ascend core: heads go in blocks of 32 there (BH = 64
     needs ~340 KB of the 192 KB UB), and the result still matches the fp64 oracle."""

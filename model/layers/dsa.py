@@ -149,6 +149,11 @@ def new_caches(cfg, num_pages: int, device) -> dict:
     return out
 
 
+# GPU: sparse attention gathers the next index block before folding the current one when the
+# head block is <= 32 (sm_90a, BH 16 BK 32 8 warps: 202 registers instead of 238, 25 barriers
+# instead of 32, no spill; BH 64 spills more with it). benchmarks/model_profile.py --sfa-prefetch off
+# measures the other side.
+SFA_PREFETCH = True
 QUERY_BLOCK = 16384          # most query rows a DSA layer scores at once in a long prefill ...
 SCORE_ELEMENTS = 2 ** 31     # ... and most fp32 scores (8 GiB) one block may hold: rows x width
 
@@ -294,13 +299,14 @@ def select_attend(g, l, qc, qs, iw, icache, big_q, mla, ks, ke, width: int, tag:
     lse = g.tensor(f"l{l}{tag}_mla_lse", (T, H), k.f32)
     bh = min(max(16, next_pow2(H)), max_head_block(g.target))
     split = sfa_split(T, H, topk, bh) if g.gpu else 1        # decode on a GPU: flash-decoding segments
+    prefetch = bool(g.gpu and SFA_PREFETCH and bh <= 32)
     if split > 1:
         part_o = g.tensor(f"l{l}{tag}_mla_part_o", (split, T, H, KV_LORA), k.f32)
         part_lse = g.tensor(f"l{l}{tag}_mla_part_lse", (split, T, H), k.f32)
         part_o, part_lse = p.call(sparse_mla_attention_split, big_q, codes, scales, rope, slots, part_o, part_lse,
-                                  cfg.sm_scale, BH=bh, BK=32)
+                                  cfg.sm_scale, BH=bh, BK=32, PREFETCH=prefetch)
         o, lse = p.call(sparse_mla_attention_combine, part_o, part_lse, o, lse, BH=bh)
     else:
         o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
-                        BK=32)
+                        BK=32, PREFETCH=prefetch)
     return o

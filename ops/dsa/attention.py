@@ -36,9 +36,12 @@ WRITE_CONFIGS = [{"BM": 4}, {"BM": 8}, {"BM": 16}, {"BM": 2}]
 # Hopper (128 heads -> 2 programs per query, the second reading the gathered rows from L2).
 # BH 16 (the small preset's 16 heads) needs 8 warps: 4 warps use 255 registers and spill
 # (36 B at BK 32, 684 B at BK 64); 8 warps: 242 registers, no spill at BK 32 (sm_90a, ptxas -v).
+# PREFETCH (the next block's gather before this block's dots): at BH 16 / BK 32 / 8 warps 202
+# registers instead of 238 and 25 barriers instead of 32; at BH 64 it spills more (816 B vs 600).
 SFA_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 8}, {"BH": 64, "BK": 64, "num_warps": 8},
                {"BH": 32, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 16, "num_warps": 4},
-               {"BH": 16, "BK": 32, "num_warps": 8}, {"BH": 32, "BK": 32, "num_warps": 8}]
+               {"BH": 16, "BK": 32, "num_warps": 8}, {"BH": 32, "BK": 32, "num_warps": 8},
+               {"BH": 16, "BK": 32, "num_warps": 8, "PREFETCH": True}, {"BH": 32, "BK": 32, "num_warps": 8, "PREFETCH": True}]
 SM_COUNT = 132                     # H200: the split heuristic's target of >= ~4 programs per SM
 
 
@@ -63,8 +66,22 @@ def fp8_tile_codes(xt, eps, BM, POW2):
 
 
 @k.func
+def gather_records(codes, scales, rope, indices, t, j0, n_slots, BK):
+    """The BK records of query t's indices [j0, j0 + BK): validity, E4M3 code tiles (as stored),
+    tile scales and rope keys; invalid lanes (-1, out of range, past the list) read zeros."""
+    idx = indices[t, k.span(j0, BK, other=-1)]
+    valid = (idx >= 0) & (idx < n_slots)
+    return (idx, valid, codes[idx, k.span(0, 128, other=0.0)], codes[idx, k.span(128, 128, other=0.0)],
+            codes[idx, k.span(256, 128, other=0.0)], codes[idx, k.span(384, 128, other=0.0)],
+            k.load(scales, (idx, 128), other=0.0), k.load(scales, (idx, 129), other=0.0),
+            k.load(scales, (idx, 130), other=0.0), k.load(scales, (idx, 131), other=0.0),
+            rope[idx, k.span(264, 64, other=0.0)])
+
+
+@k.func
 def online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, sm_scale, m, l, a0, a1, a2, a3):
-    """One block of BK gathered records folded into the running softmax state (m, l, a0..a3)."""
+    """One block of BK gathered records folded into the running softmax state (m, l, a0..a3);
+    each code tile widened as it arrives (the AscendC Unified Buffer holds BH 32 this way)."""
     c0 = codes[idx, k.span(0, 128, other=0.0)].to(k.bf16)
     c1 = codes[idx, k.span(128, 128, other=0.0)].to(k.bf16)
     c2 = codes[idx, k.span(256, 128, other=0.0)].to(k.bf16)
@@ -74,6 +91,14 @@ def online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, sm_sca
     s2 = k.load(scales, (idx, 130), other=0.0)
     s3 = k.load(scales, (idx, 131), other=0.0)
     kr = rope[idx, k.span(264, 64, other=0.0)]
+    return fold_records(ql0, ql1, ql2, ql3, qr, c0, c1, c2, c3, s0, s1, s2, s3, kr, valid, sm_scale, m, l, a0, a1, a2, a3)
+
+
+@k.func
+def fold_records(ql0, ql1, ql2, ql3, qr, c0, c1, c2, c3, s0, s1, s2, s3, kr, valid, sm_scale, m, l, a0, a1, a2, a3):
+    """Gathered records (code tiles c0..c3 as bf16: E4M3 -> bf16 is exact, their scales [BK],
+    rope keys) folded into the running softmax state. No dequantized row is built: the scales
+    multiply the score tile and the probability tile."""
     s = k.dot(ql0, c0.T) * s0[None, :] + k.dot(ql1, c1.T) * s1[None, :] + \
         k.dot(ql2, c2.T) * s2[None, :] + k.dot(ql3, c3.T) * s3[None, :] + k.dot(qr, kr.T)
     s = k.where(valid[None, :], s * sm_scale, float("-inf"))
@@ -145,6 +170,30 @@ def live_blocks(indices, t, n_slots, BK):
 
 
 @k.func
+def attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, first, count, n_slots, sm_scale,
+                  m, l, a0, a1, a2, a3, BK, PREFETCH):
+    """Index blocks first .. first + count - 1 of query t folded into the softmax state; with
+    PREFETCH the next block's gather is issued before the current block's dots."""
+    if PREFETCH:
+        nxt = gather_records(codes, scales, rope, indices, t, first * BK, n_slots, BK)
+        for j in range(count):
+            cur = nxt
+            # after the last block this gathers one block more (-1 padding or past the list: masked;
+            # in a split segment, the next segment's first block): read, never folded
+            nxt = gather_records(codes, scales, rope, indices, t, (first + j + 1) * BK, n_slots, BK)
+            _, valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = cur
+            m, l, a0, a1, a2, a3 = fold_records(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16),
+                                                c3.to(k.bf16), s0, s1, s2, s3, kr, valid, sm_scale, m, l, a0, a1, a2, a3)
+    else:
+        for j in range(count):
+            idx = indices[t, k.span((first + j) * BK, BK, other=-1)]
+            valid = (idx >= 0) & (idx < n_slots)
+            m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
+                                                sm_scale, m, l, a0, a1, a2, a3)
+    return m, l, a0, a1, a2, a3
+
+
+@k.func
 def empty_online_state(BH):
     """(running max, running sum, the four 128-column output accumulators) before any key."""
     return (k.full((BH,), float("-inf"), k.f32), k.zeros((BH,), k.f32), k.zeros((BH, 128), k.f32),
@@ -156,18 +205,18 @@ def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor
                              scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
                              indices: k.Tensor[k.i32, "T", "K"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                              lse: k.Tensor[k.f32, "T", "H"], sm_scale: k.f32,
-                             QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 32):
-    # One program: query t, heads [h0, h0 + BH), all its indices in blocks of BK.
+                             QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 32,
+                             PREFETCH: k.constexpr = False):
+    # One program: query t, heads [h0, h0 + BH), all its indices in blocks of BK. PREFETCH: the
+    # next block's records are gathered before this block's math (two gathers in flight).
     for t, hb in k.grid(q.shape[0], k.cdiv(q.shape[1], BH)):
         h0 = hb * BH
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
         m, l, a0, a1, a2, a3 = empty_online_state(BH)
         n_slots = codes.shape[0]
-        for j in range(live_blocks(indices, t, n_slots, BK)):
-            idx = indices[t, k.span(j * BK, BK, other=-1)]
-            valid = (idx >= 0) & (idx < n_slots)
-            m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
-                                                sm_scale, m, l, a0, a1, a2, a3)
+        m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, 0,
+                                             live_blocks(indices, t, n_slots, BK), n_slots, sm_scale,
+                                             m, l, a0, a1, a2, a3, BK, PREFETCH)
         finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
 
 
@@ -177,7 +226,7 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
                                indices: k.Tensor[k.i32, "T", "K"], part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"],
                                part_lse: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
                                QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64,
-                               BK: k.constexpr = 32):
+                               BK: k.constexpr = 32, PREFETCH: k.constexpr = False):
     # Flash-decoding: program (t, head block, segment s) folds index blocks
     # [s * per, (s + 1) * per) of query t (per = cdiv(live blocks, NS): the blocks up to the
     # last valid index are shared out; the last segments may be short or empty) and writes its
@@ -190,12 +239,9 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
         n_slots = codes.shape[0]
         live = live_blocks(indices, t, n_slots, BK)
         per = k.cdiv(live, part_o.shape[0])
-        for j in range(k.maximum(k.minimum(per, live - sg * per), 0)):
-            j0 = (sg * per + j) * BK
-            idx = indices[t, k.span(j0, BK, other=-1)]
-            valid = (idx >= 0) & (idx < n_slots)
-            m, l, a0, a1, a2, a3 = online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid,
-                                                sm_scale, m, l, a0, a1, a2, a3)
+        m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, sg * per,
+                                             k.maximum(k.minimum(per, live - sg * per), 0), n_slots, sm_scale,
+                                             m, l, a0, a1, a2, a3, BK, PREFETCH)
         ok = l > 0.0
         inv = 1.0 / k.where(ok, l, 1.0)
         part_o[sg, t, k.span(h0, BH), k.span(0, 128)] = a0 * inv[:, None]
