@@ -71,7 +71,7 @@ def gather_records(codes, scales, rope, indices, t, j0, n_slots, BK):
     tile scales and rope keys; invalid lanes (-1, out of range, past the list) read zeros."""
     idx = indices[t, k.span(j0, BK, other=-1)]
     valid = (idx >= 0) & (idx < n_slots)
-    return (idx, valid, codes[idx, k.span(0, 128, other=0.0)], codes[idx, k.span(128, 128, other=0.0)],
+    return (valid, codes[idx, k.span(0, 128, other=0.0)], codes[idx, k.span(128, 128, other=0.0)],
             codes[idx, k.span(256, 128, other=0.0)], codes[idx, k.span(384, 128, other=0.0)],
             k.load(scales, (idx, 128), other=0.0), k.load(scales, (idx, 129), other=0.0),
             k.load(scales, (idx, 130), other=0.0), k.load(scales, (idx, 131), other=0.0),
@@ -181,7 +181,7 @@ def attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, first
             # after the last block this gathers one block more (-1 padding or past the list: masked;
             # in a split segment, the next segment's first block): read, never folded
             nxt = gather_records(codes, scales, rope, indices, t, (first + j + 1) * BK, n_slots, BK)
-            _, valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = cur
+            valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = cur
             m, l, a0, a1, a2, a3 = fold_records(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16),
                                                 c3.to(k.bf16), s0, s1, s2, s3, kr, valid, sm_scale, m, l, a0, a1, a2, a3)
     else:
