@@ -266,3 +266,23 @@ def test_prefill_query_blocks_cover_every_real_row(T, pages, monkeypatch):
             for r0, rows, width in blocks:
                 last = min(r0 + rows, m) - 1          # the block's last real row
                 assert last < r0 or ctx + last + 1 <= width, (m, ctx, r0)
+
+
+def test_wide_kda_prep_in_the_step_graph(monkeypatch, rng):
+    """model/layers/kda.py KDA_PREP = "wide": the prefill graph calls the whole-chunk prep kernel
+    (one KDA chunk of 64 here) and its logits match the sub-chunk kernel's within the runner's
+    tolerance (the kernels agree to ~1e-5; the model's FP8 / MXFP8 quantisation points turn such
+    differences into one-code steps, hence TOL as against the reference)."""
+    from k31dsl.model import assembler
+    from k31dsl.model.layers import kda as kda_layer
+    seed, weights, prompt, plan, _ = clear_draw(rng, TINY, int(rng.integers(33, 64)), 0)    # bucket 64
+    out = {}
+    for prep in ("sub", "wide"):
+        monkeypatch.setattr(assembler, "_PASSED", {})
+        monkeypatch.setattr(assembler, "_EXECUTABLES", {})
+        monkeypatch.setattr(kda_layer, "KDA_PREP", prep)
+        runner = ModelRunner(TINY, weights, "numpy", **SIZES)
+        out[prep] = runner.forward(plan[0])
+        text = str(runner._after_passes(runner._shape_of(plan[0], [0])))
+        assert ("kda_chunk_prep_wide" in text) == (prep == "wide")
+    assert rel_err(out["wide"], out["sub"]) <= TOL, f"seed {seed}"

@@ -20,16 +20,22 @@ import k31dsl as k
 from k31dsl.ops.common import next_pow2
 from k31dsl.ops.kda.chunk import PREP_VARIANTS, DEFAULT_VARIANT, SUB_CHUNK
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.decode import kda_decode_step, kda_replay_prefix
 from k31dsl.ops.kda.gate import GATE_LOWER, GATE_SOFTPLUS
 from k31dsl.ops.nn import head_norm_gate_rows, short_conv_commit_rows, short_conv_rows
 from k31dsl.model.layers.common import memo
 
 (kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix, head_norm_gate_rows, short_conv_commit_rows,
- short_conv_rows) = memo(kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix, head_norm_gate_rows,
-                         short_conv_commit_rows, short_conv_rows)
+ short_conv_rows, kda_chunk_prep_wide) = memo(kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix,
+                                              head_norm_gate_rows, short_conv_commit_rows, short_conv_rows,
+                                              kda_chunk_prep_wide)
 
 CONV_NAMES = ("q", "k", "v")
+# The prefill's prep kernel: "sub" (sub-chunk steps, measured) or "wide" (whole-chunk tiles,
+# ops/kda/chunk_prep_wide.py; lower-bound gate at chunk 32/64, else "sub"). benchmarks/
+# model_profile.py --kda-prep wide measures the model with it.
+KDA_PREP = "sub"
 
 
 @k.kernel
@@ -142,6 +148,10 @@ def chunk_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int):
     outs = [g.tensor(f"l{l}_kda_{n}", shape, mt) for n, shape in shapes.items()]
     outs.append(g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32))
     gate, lb = gate_args(g.cfg)
+    if KDA_PREP == "wide" and gate == GATE_LOWER and bt in (32, 64):
+        return g.p.call(kda_chunk_prep_wide, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"),
+                        g.weight(f"l{l}_kda_dt_bias"), info, *outs, K ** -0.5, lb, L2=True, PREC=prec, SOLVE=solve,
+                        BK=K, BVV=V, BT=bt)
     return g.p.call(kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"),
                     info, *outs, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
                     SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt)
