@@ -52,19 +52,26 @@ CASES = {  # name: (B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial 
     "bf16_lb": (1, 45, 1, 2, 32, 32, torch.bfloat16, "lb", 32, 0, True),
     "f16_softplus_batch": (2, 21, 1, 2, 16, 16, torch.float16, "softplus", 16, 0, True),
 }
+WIDE_CASES = {  # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py): lower-bound gate, chunk 32 / 64
+    "wide_ragged_64": (1, 83, 1, 1, 16, 16, torch.float32, "lb", 64, 0, True),
+    "wide_gva_batch_32": (2, 45, 2, 4, 16, 32, torch.float32, "lb", 32, 0, False),
+    "wide_varlen_64": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
+    "wide_bf16_64": (1, 70, 1, 2, 32, 32, torch.bfloat16, "lb", 64, 0, True),
+}
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(WIDE_CASES))
 def test_chunk_kda_matches_oracle(case, target):
-    B, T, H, HV, K, V, dtype, gate, chunk, ns, h0 = CASES[case]
+    prep = "wide" if case in WIDE_CASES else "sub"
+    B, T, H, HV, K, V, dtype, gate, chunk, ns, h0 = {**CASES, **WIDE_CASES}[case]
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     args, kw = make_inputs(gen, B, T, H, HV, K, V, dtype, gate, ns, h0)
     if ns:
         lens = kw["cu_seqlens"].diff()
         assert len(lens) == ns and (lens % 2 == 1).all() and (lens > 0).all(), lens
-    o, ht = _run(args, kw, target, chunk)
+    o, ht = _run(args, kw, target, chunk, _prep=prep)
     assert o.shape == (B, T, HV, V) and o.dtype == dtype
     assert ht.shape == (ns or B, HV, K, V) and ht.dtype == torch.float32
     want_o, want_s = load_oracle("kda").kda(*args, **kw)
@@ -149,26 +156,6 @@ def test_causality_bit_exact(gate):
         o2, _ = _run(pert, kw, "numpy", 32)
         assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
         assert not torch.equal(o1[:, t:], o2[:, t:])
-
-
-WIDE_CASES = {  # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py): lower-bound gate, chunk 32 / 64
-    "wide_ragged_64": (1, 83, 1, 1, 16, 16, torch.float32, "lb", 64, 0, True),
-    "wide_gva_batch_32": (2, 45, 2, 4, 16, 32, torch.float32, "lb", 32, 0, False),
-    "wide_varlen_64": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
-    "wide_bf16_64": (1, 70, 1, 2, 32, 32, torch.bfloat16, "lb", 64, 0, True),
-}
-
-
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", sorted(WIDE_CASES))
-def test_wide_prep_matches_oracle(case, target):
-    B, T, H, HV, K, V, dtype, gate, chunk, ns, h0 = WIDE_CASES[case]
-    seed = _seed()
-    args, kw = make_inputs(torch.Generator().manual_seed(seed), B, T, H, HV, K, V, dtype, gate, ns, h0)
-    o, ht = _run(args, kw, target, chunk, _prep="wide")
-    want_o, want_s = load_oracle("kda").kda(*args, **kw)
-    _assert_close(o, want_o, TOL[dtype], f"{case} o", seed, FLOOR[dtype])
-    _assert_close(ht, want_s, TOL[dtype], f"{case} final state", seed, FLOOR[dtype])
 
 
 @pytest.mark.parametrize("chunk", [32, 64])

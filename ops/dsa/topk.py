@@ -202,12 +202,12 @@ def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None 
     x = scores.contiguous()
     kern = topk_segments[target]
 
-    def unused(dtype, n):            # a parameter the specialisation never touches (stride 0)
-        return torch.empty(1, dtype=dtype, device=scores.device).expand(rows, n)
+    def unused(dtype, *n):           # a parameter the specialisation never touches (stride 0)
+        return torch.empty(1, dtype=dtype, device=scores.device).expand(rows, *n)
 
     res = out if not sorted else torch.empty_like(out)
     lim = dict(HAS_END=ends is not None)
-    end = ends.contiguous() if ends is not None else torch.empty(1, dtype=torch.int32, device=scores.device).expand(rows)
+    end = ends.contiguous() if ends is not None else unused(torch.int32)
     if length <= seg:
         kern(x, unused(torch.int32, length), unused(torch.float32, k_), res, end, length, KP=kp, FINAL=True,
              BL=_bl(length), **lim)
