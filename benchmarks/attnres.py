@@ -278,6 +278,8 @@ def main(argv=None) -> int:
     ap.add_argument("--s", type=int, default=6)
     ap.add_argument("--decode", default="1,4,16,64")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile anchors")
+    ap.add_argument("--parts", default="prepare,update,decode",
+                    help="comma list of the sections to run (prepare, update, decode); results are written after each")
     ap.add_argument("--sm90-stats", action="store_true",
                     help="no GPU: registers/spills/shared memory of the 1-D row prepare configs compiled for sm_90, then exit")
     ap.add_argument("--sm90-all", action="store_true", help="with --sm90-stats: every prepare config")
@@ -296,33 +298,48 @@ def main(argv=None) -> int:
     if not args.smoke:
         results["ceiling"] = harness.copy_ceiling_tbs()
     rows, decode_rows = [], []
-    bench_prepare(timer, dev, target, args.n, args.t, args.d, args.s, compile_fn, rows, results)
-    bench_update(timer, dev, target, args.t, args.d, compile_fn, rows, results)
-    sizes = [int(x) for x in args.decode.split(",") if x]
-    dyn = None if compile_fn is None else (lambda f: torch.compile(f, dynamic=True))
-    bench_decode(timer, dev, target, sizes, args.d, dyn, decode_rows, results, args.smoke)
     cols = ["case", "impl", "median ms", "graph ms", "TB/s (graph)", "% copy ceiling (graph)",
             "effective TB/s (16 B/elt, graph)", "vs torch.compile (graph)", "max rel err vs eager", "bytes moved"]
     dcols = ["case", "impl", "median ms", "graph ms", "launches", "vs 2 kernels (graph)"]
-    harness.print_table(cols, rows)
-    print()
-    harness.print_table(dcols, decode_rows)
+
+    def save(section: str):
+        """Print the rows so far and (on a GPU) write the results: a time limit keeps what is done."""
+        print(f"--- after {section} ({time.strftime('%H:%M:%S')})", flush=True)
+        harness.print_table(cols, rows)
+        if decode_rows:
+            print()
+            harness.print_table(dcols, decode_rows)
+        if args.smoke:
+            return
+        from k31dsl.ops import attnres as ar
+        tuning = (harness.tuning_rows("attnres_prepare_rows", ar.prepare_kernel(target))
+                  + harness.tuning_rows("attnres_update_rows", ar.attnres_update_rows[target])
+                  + harness.tuning_rows("rmsnorm_row", ar.rmsnorm_row[target]))
+        results["rows"], results["decode_rows"], results["tuning"] = rows, decode_rows, tuning
+        notes = (f"copy ceiling {results['ceiling']:.3f} TB/s (bytes read + written, this run). `median ms`: "
+                 "do_bench median, host launch path included; `graph ms`: CUDA-graph replay. update bytes: partial "
+                 "read+write 8, delta 2, O 4, h 2, y 2 B/elt (y only: 16; two kernels: +2 for re-reading h); "
+                 "'effective' uses 16 B/elt for every row (the issue's convention). decode rows: per-layer "
+                 "AttnRes update + RMSNorm step, launches per step.")
+        harness.write("attnres", results, cols + dcols[4:], rows + decode_rows, notes=notes,
+                      extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)])
+        harness.print_table(harness.TUNING_COLUMNS, tuning)
+
+    parts = set(args.parts.split(","))
+    if "prepare" in parts:
+        bench_prepare(timer, dev, target, args.n, args.t, args.d, args.s, compile_fn, rows, results)
+        save("prepare")
+    if "update" in parts:
+        bench_update(timer, dev, target, args.t, args.d, compile_fn, rows, results)
+        save("update")
+    if "decode" in parts:
+        sizes = [int(x) for x in args.decode.split(",") if x]
+        dyn = None if compile_fn is None else (lambda f: torch.compile(f, dynamic=True))
+        bench_decode(timer, dev, target, sizes, args.d, dyn, decode_rows, results, args.smoke)
+        save("decode")
     if args.smoke:
         print("smoke run: tiny shapes in the Triton interpreter; nothing written")
         return 0
-    results["rows"], results["decode_rows"] = rows, decode_rows
-    notes = (f"copy ceiling {results['ceiling']:.3f} TB/s (bytes read + written, this run). `median ms`: "
-             "do_bench median, host launch path included; `graph ms`: CUDA-graph replay. update bytes: partial "
-             "read+write 8, delta 2, O 4, h 2, y 2 B/elt (y only: 16; two kernels: +2 for re-reading h); "
-             "'effective' uses 16 B/elt for every row (the issue's convention). decode rows: per-layer "
-             "AttnRes update + RMSNorm step, launches per step.")
-    from k31dsl.ops import attnres as ar
-    tuning = (harness.tuning_rows("attnres_prepare_rows", ar.prepare_kernel(target))
-              + harness.tuning_rows("attnres_update_rows", ar.attnres_update_rows[target])
-              + harness.tuning_rows("rmsnorm_row", ar.rmsnorm_row[target]))
-    results["tuning"] = tuning
-    harness.write("attnres", results, cols + dcols[4:], rows + decode_rows, notes=notes,
-                  extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)])
     print(f"copy ceiling: {results['ceiling']:.3f} TB/s")
     return 0
 

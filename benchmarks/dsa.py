@@ -92,6 +92,35 @@ def compare(fused, unfused):
     return diff_rows, rel, float((lse - ul).abs().max()) if torch.isfinite(ul).all() else float("nan")
 
 
+def stage_times(args, topk, length, target):
+    """CUDA-graph medians of the unfused bf16 path's four launches, each on the previous stage's
+    output: where the step's time goes."""
+    import harness
+    from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa.indexer import lightning_indexer
+    from k31dsl.ops.dsa.topk import topk as topk_op
+    q_codes, q_scales, w, idx_cache, mla_q, mla_cache, table, ks, ke = args
+    t = q_codes.shape[0]
+    stages = {
+        "indexer": lambda: lightning_indexer(q_codes, q_scales, idx_cache, table, w, ks, ke, length, mma="bf16",
+                                             target=target)}
+    scores = stages["indexer"]()
+    stages["topk"] = lambda: topk_op(scores, topk, sorted=False, target=target)
+    pos = stages["topk"]()
+    stages["slots"] = lambda: A.slots_of_positions(pos, table, t // table.shape[0], target=target)
+    slots = stages["slots"]()
+    stages["sfa"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, target=target)
+    split = A.sfa_split(t, mla_q.shape[1], topk, 64)
+    if split > 1:                       # flash-decoding form (the model's decode steps)
+        stages[f"sfa split{split}"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, split=split,
+                                                                    target=target)
+    out = {}
+    for name, fn in stages.items():
+        out[f"stage {name} graph ms"] = harness.graph_median_ms(fn)
+        print(f"  stage {name}: {out[f'stage {name} graph ms']:.4f} ms (graph)", flush=True)
+    return out
+
+
 def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | None, fused: bool = True,
               save=lambda row: None):
     """Correctness first, then timings; the unfused path and the anchors before the fused kernel
@@ -130,6 +159,8 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
     if timed:
         for name in ("eager", "compile", "unfused", "unfused bf16"):
             measure(name)
+        row.update(stage_times(args, topk, length, target))
+        save(row)
     if not fused:
         return row
     fus = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, target=target)
@@ -150,6 +181,18 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
         for name in ("fused", "fused bf16", f"fused split{SPLITS}", f"fused split{SPLITS} bf16"):
             measure(name)
     return row
+
+
+def tuning_tables() -> list[dict]:
+    """Every config the Triton autotuner timed for the unfused path's kernels."""
+    import importlib
+    import harness
+    A, I, K = (importlib.import_module(f"k31dsl.ops.dsa.{m}") for m in ("attention", "indexer", "topk"))
+    kernels = [("lightning_indexer_paged", I.lightning_indexer_paged), ("topk_segments", K.topk_segments),
+               ("sparse_mla_attention_fwd", A.sparse_mla_attention_fwd),
+               ("sparse_mla_attention_split", A.sparse_mla_attention_split),
+               ("sparse_mla_attention_combine", A.sparse_mla_attention_combine)]
+    return [r for label, kdef in kernels for r in harness.tuning_rows(label, kdef["triton"])]
 
 
 def main(argv=None) -> int:
@@ -175,10 +218,13 @@ def main(argv=None) -> int:
         cols = list(dict.fromkeys(c for r in rows + [row] for c in r))
         done = rows + ([row] if row not in rows else [])
         payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "rows": done}
+        tuning = tuning_tables()
         harness.write("dsa", payload, cols, done,
                       notes=f"one decode step, one layer; copy ceiling {ceiling:.3f} TB/s; floor = "
                             "B*(L*132 + 2048*656) bytes at that ceiling; `ms` do_bench median (Python launch "
-                            "included), `graph ms` CUDA-graph replay")
+                            "included), `graph ms` CUDA-graph replay; `stage` columns: the unfused bf16 "
+                            "path's launches timed one by one",
+                      extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)])
 
     for spec in args.shapes.split(","):
         b, length = (int(x) for x in spec.split("x"))
@@ -187,6 +233,9 @@ def main(argv=None) -> int:
         save(rows[-1])
     cols = list(dict.fromkeys(c for r in rows for c in r))
     harness.print_table(cols, rows)
+    for r in tuning_tables():
+        print(f"tuned {r['kernel']}: {r['config']}: {r['ms'] if isinstance(r['ms'], str) else round(r['ms'], 4)} ms "
+              f"(x{r['vs chosen'] if isinstance(r['vs chosen'], str) else round(r['vs chosen'], 2)})")
     return 0
 
 

@@ -3,7 +3,8 @@
 # fla-core, einops) without network, then run each named benchmark with its own time limit,
 # logging to $OUT and copying benchmarks/results/ there.
 #   bash benchmarks/gpu_run.sh "kda:240:--no-variants,--shapes=8192x96 dsa:200 attnres:120"
-# (name:limit[:args], the args comma-separated)
+# (name:limit[:args], the args comma-separated; a list inside one argument uses "+":
+#  kda:300:--shapes=T8192_H96+T32768_H12)
 set -uo pipefail
 OUT=${OUT:-/tmp/k31out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$OUT/install.log" 2>&1

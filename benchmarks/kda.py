@@ -68,7 +68,9 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
                                 "cu_seqlens": cu}
 
 
-def ours(args, kw, target, chunk=CHUNK, variant=None, prep="sub"):
+def ours(args, kw, target, chunk=None, variant=None, prep=None):
+    """chunk_kda on the inputs; chunk / prep None: chunk_kda's default_tiling (chunk 32 with the
+    whole-chunk prep under this benchmark's lower-bound gate)."""
     from k31dsl.ops.kda import chunk_kda
     return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target, _variant=variant,
                              _prep=prep)
@@ -215,31 +217,24 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         log(f"k31dsl {name}: {ms:.3f} ms (graph {gms:.3f} ms; per kernel {phases}), fla ref {FLA_REF_MS[name]} ms")
         ours_row[name] = r
         done(r)
-        if variants and name == "T8192_H96":      # chunk 32: prep without spills, twice the state steps
-            fn32 = ours(args, kw, "triton", 32)
+        # the sub-chunk prep kernel at chunk 64 on every shape (and at chunk 32, the whole-chunk prep
+        # at chunk 64 on T=8192 H=96), each with its difference from the default path's outputs
+        o_ref, s_ref = fn()
+        others = [("k31dsl sub prep chunk 64", 64, "sub")]          # the default before KDA run 9
+        if variants and name == "T8192_H96":
+            others += [("k31dsl sub prep chunk 32", 32, "sub"), ("k31dsl wide prep chunk 64", 64, "wide")]
+        for label, chunk, prep in others:
+            fnw = ours(args, kw, "triton", chunk, prep=prep)
             t0 = time.time()
-            fn32()
-            r32 = {"shape": name, "impl": "k31dsl chunk 32", "ms": harness.median_ms(fn32, warmup=5, rep=50),
-                   **(phase_ms(fn32) if DEVICE == "cuda" else {})}
-            log(f"k31dsl chunk 32 {name}: {r32['ms']:.3f} ms ({r32}; first call {time.time() - t0:.1f} s)")
-            more_rows.setdefault(name, []).append(r32)
-            done(r32)
-            del fn32
-            # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py), chunk 64 and 32, with its
-            # difference from the default path's outputs on this GPU
-            o_ref, s_ref = fn()
-            for chunk in (64, 32):
-                fnw = ours(args, kw, "triton", chunk, prep="wide")
-                t0 = time.time()
-                ow, sw = fnw()
-                rw = {"shape": name, "impl": f"k31dsl wide prep chunk {chunk}",
-                      "ms": harness.median_ms(fnw, warmup=5, rep=50), **(phase_ms(fnw) if DEVICE == "cuda" else {}),
-                      "o / state err vs default path": f"{rel_err(ow, o_ref):.2e} / {rel_err(sw, s_ref):.2e}"}
-                log(f"k31dsl wide prep chunk {chunk} {name}: {rw['ms']:.3f} ms ({rw}; first call {time.time() - t0:.1f} s)")
-                more_rows.setdefault(name, []).append(rw)
-                done(rw)
-                del fnw, ow, sw
-            del o_ref, s_ref
+            ow, sw = fnw()
+            rw = {"shape": name, "impl": label, "ms": harness.median_ms(fnw, warmup=5, rep=50),
+                  "graph ms": harness.graph_median_ms(fnw, rep=20), **(phase_ms(fnw) if DEVICE == "cuda" else {}),
+                  "o / state err vs default path": f"{rel_err(ow, o_ref):.2e} / {rel_err(sw, s_ref):.2e}"}
+            log(f"{label} {name}: {rw['ms']:.3f} ms ({rw}; first call {time.time() - t0:.1f} s)")
+            more_rows.setdefault(name, []).append(rw)
+            done(rw)
+            del fnw, ow, sw
+        del o_ref, s_ref
         del args, kw, fn
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
@@ -286,7 +281,7 @@ def prefill_rows(names, budget: float, variants=True, save=None):
             if elapsed() > budget:
                 log(f"budget spent: skipping {label}")
                 continue
-            fn = ours(args, kw, "triton", chunk, variant)
+            fn = ours(args, kw, "triton", chunk, variant, prep="sub")
             fn()
             r = {"shape": name, "impl": label, "ms": harness.median_ms(fn, warmup=5, rep=50), **phase_ms(fn)}
             if name in fla_ms:
@@ -343,7 +338,7 @@ COLUMNS = ["shape", "impl", "ms", "graph ms", "prep ms", "state ms", "fla ref ms
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="all", help="comma list of " + ", ".join(SHAPES))
+    ap.add_argument("--shapes", default="all", help="comma (or +) list of " + ", ".join(SHAPES))
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--no-variants", action="store_true", help="skip the chunk-32 / prep-numerics rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
@@ -359,7 +354,9 @@ def main(argv=None) -> int:
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import harness
-    names = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    names = list(SHAPES) if args.shapes == "all" else args.shapes.replace("+", ",").split(",")
+    if any(n not in SHAPES for n in names):
+        ap.error(f"--shapes: unknown {[n for n in names if n not in SHAPES]}; known: {', '.join(SHAPES)}")
     log("fp64 oracle check (small shape; compiles and autotunes our kernels) ...")
     check = oracle_check("cpu" if args.smoke else "cuda", "triton", args.smoke)
     log(f"fp64 oracle check: {check}")
@@ -380,12 +377,14 @@ def main(argv=None) -> int:
     if args.smoke:
         return 1 if bad else 0
     from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+    from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
     tuning = (harness.tuning_rows("kda_chunk_prep", kda_chunk_prep["triton"])
+              + harness.tuning_rows("kda_chunk_prep_wide", kda_chunk_prep_wide["triton"])
               + harness.tuning_rows("kda_chunk_state", kda_chunk_state["triton"]))
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
                "rows": rows, "decode_rows": decode, "tuning": tuning}
     harness.write("kda", payload, COLUMNS, rows, extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)],
-                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, chunk 64, lower-bound gate -5 "
+                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (chunk 32, whole-chunk prep) unless the row says otherwise, lower-bound gate -5 "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "
                         f"fp64 oracle check (small shape): {check}. Tuned: {tuned_configs()}. Decode rows: "

@@ -82,9 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sfa-prefetch", choices=["on", "off"], default="on",
                     help="sparse attention's next-block gather prefetch in the step graph (model/layers/dsa.py "
                          "SFA_PREFETCH); 'off' writes results/model_profile_sfa-prefetch-off.json")
-    ap.add_argument("--kda-prep", choices=["sub", "wide"], default="sub",
-                    help="the KDA prefill's prep kernel (model/layers/kda.py KDA_PREP); 'wide' writes "
-                         "results/model_profile_kda-prep-wide.json")
+    ap.add_argument("--kda-prep", choices=["auto", "sub", "wide"], default="auto",
+                    help="the KDA prefill's prep kernel (model/layers/kda.py KDA_PREP); 'sub' or 'wide' write "
+                         "results/model_profile_kda-prep-<it>.json")
     args = ap.parse_args(argv)
     from k31dsl.model.layers import dsa as dsa_layer, kda as kda_layer
     dsa_layer.SFA_PREFETCH = args.sfa_prefetch == "on"
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         out[f"decode_{b}"] = {"wall_ms": wall, "gpu_ms": gpu, "kernels": rows[:40]}
     res = Path(__file__).parent / "results"
     res.mkdir(exist_ok=True)
-    tag = ("" if args.sfa_prefetch == "on" else "_sfa-prefetch-off") + ("" if args.kda_prep == "sub" else "_kda-prep-wide")
+    tag = ("" if args.sfa_prefetch == "on" else "_sfa-prefetch-off") + ("" if args.kda_prep == "auto" else f"_kda-prep-{args.kda_prep}")
     (res / f"model_profile{tag}.json").write_text(json.dumps(out, indent=1))
     return 0
 

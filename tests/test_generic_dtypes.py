@@ -327,6 +327,42 @@ def test_triton_autotune_logs_every_config(monkeypatch):
     assert rows[0]["call"] == "100 100 T=k.f32"
 
 
+@k.kernel(configs=[{"B": 32, "num_warps": 4}, {"B": 64, "num_warps": 4}, {"B": 32, "num_warps": 2},
+                   {"B": 64, "NEG": True}])
+def scale_tiles(x: k.Tensor["T", "N"], y: k.Tensor["T", "N"], a: k.f32, T: k.constexpr,
+                NEG: k.constexpr = False, B: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], B)):
+        t = x[k.span(i * B, B, other=0.0)].to(k.f32) * a
+        if NEG:
+            t = -t
+        y[k.span(i * B, B)] = t.to(T)
+
+
+def test_triton_autotune_keeps_to_the_configs_a_call_fixes(monkeypatch):
+    """A call that fixes a tile size (chunk_kda's BT) tunes the rest among the configs that agree
+    with it; one that leaves a single config (or none) is not tuned."""
+    pytest.importorskip("triton")
+    import triton.testing
+    from k31dsl.targets.triton import runtime as rt
+    kern = rt.TritonKernel(scale_tiles, mode="interpret")
+    assert kern._candidates({"B": 32, "T": k.f32}) == [{"B": 32, "num_warps": 4}, {"B": 32, "num_warps": 2}]
+    assert kern._tunable({"B": 32}) and kern._tunable({})
+    assert kern._tunable({"B": 64}) and not kern._tunable({"B": 64, "NEG": False})
+    assert not kern._tunable({"B": 16}) and len(kern._candidates({"NEG": True})) == 4   # unset keys do not filter
+    assert not kern._tunable({"B": 32, "num_warps": 2})
+    timed = []
+
+    def do_bench(fn):
+        fn()
+        timed.append(1)
+        return {1: 3.0, 2: 1.0}[len(timed)]
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    x, y = torch.randn(100), torch.empty(100)
+    best = kern._autotune((x, y, -2.0), {}, {"B": 32, "T": k.f32}, key="k")
+    assert best == {"B": 32, "num_warps": 2} and len(timed) == 2
+    assert [c for c, _ in kern.tune_log["k"]] == [{"B": 32, "num_warps": 4}, {"B": 32, "num_warps": 2}]
+
+
 # ---------------------------------------------------------------- the op library
 
 def _variants(kdef):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.ops.common import next_pow2
-from k31dsl.ops.kda.chunk import PREP_VARIANTS, DEFAULT_VARIANT, SUB_CHUNK
+from k31dsl.ops.kda.chunk import PREP_VARIANTS, DEFAULT_VARIANT, SUB_CHUNK, default_tiling
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
 from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.decode import kda_decode_step, kda_replay_prefix
@@ -32,10 +32,10 @@ from k31dsl.model.layers.common import memo
                                               kda_chunk_prep_wide)
 
 CONV_NAMES = ("q", "k", "v")
-# The prefill's prep kernel: "sub" (sub-chunk steps, measured) or "wide" (whole-chunk tiles,
-# ops/kda/chunk_prep_wide.py; lower-bound gate at chunk 32/64, else "sub"). benchmarks/
-# model_profile.py --kda-prep wide measures the model with it.
-KDA_PREP = "sub"
+# The prefill's prep kernel: "auto" (chunk_kda's default_tiling: whole-chunk tiles at chunk 32
+# under the lower-bound gate, else sub-chunk steps), "sub" or "wide" (ops/kda/chunk_prep_wide.py;
+# lower-bound gate at chunk 32/64, else "sub"). benchmarks/model_profile.py --kda-prep compares them.
+KDA_PREP = "auto"
 
 
 @k.kernel
@@ -52,9 +52,10 @@ copy_state_rows = memo(copy_state_rows)
 
 
 def chunk_size(t: int) -> int:
-    """chunk_kda's chunk for a prefill of t tokens: the smallest of 16/32/64 that holds it (fewer
-    padded rows under the interpreter), else 64."""
-    return min(64, max(16, next_pow2(t)))
+    """chunk_kda's chunk for a prefill of t tokens: the smallest of 16/32 that holds it (fewer
+    padded rows under the interpreter), else 32 (measured on an H200 at T=8192 H=96: 2.81 ms at
+    chunk 32 against 3.13 at 64 with the sub-chunk prep, 2.12 with the whole-chunk one)."""
+    return min(32, max(16, next_pow2(t)))
 
 
 def kda_dims(cfg):
@@ -148,7 +149,8 @@ def chunk_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int):
     outs = [g.tensor(f"l{l}_kda_{n}", shape, mt) for n, shape in shapes.items()]
     outs.append(g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32))
     gate, lb = gate_args(g.cfg)
-    if KDA_PREP == "wide" and gate == GATE_LOWER and bt in (32, 64):
+    prep = default_tiling(gate == GATE_LOWER, bt)[1] if KDA_PREP == "auto" else KDA_PREP
+    if prep == "wide" and gate == GATE_LOWER and bt in (32, 64):
         return g.p.call(kda_chunk_prep_wide, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"),
                         g.weight(f"l{l}_kda_dt_bias"), info, *outs, K ** -0.5, lb, L2=True, PREC=prec, SOLVE=solve,
                         BK=K, BVV=V, BT=bt)

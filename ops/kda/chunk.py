@@ -119,9 +119,23 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size, v_fi
     return B, T, H, K, HV, V, cu
 
 
+def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None) -> tuple:
+    """(chunk size, prep kernel) for what a call leaves open. Measured on an H200 (benchmarks/NOTES.md,
+    KDA run 8, bf16, K = V = 128): with the lower-bound gate the whole-chunk prep at chunk 32 beats
+    the sub-chunk prep at chunk 64 on all four benchmark shapes (T=8192 H=96 3.13 -> 2.12 ms,
+    varlen 8x8192 23.6 -> 15.5 ms, T=32768 H=12 2.49 -> 2.26 ms, T=131072 H=12 9.84 -> 8.90 ms); at
+    chunk 64 the whole-chunk prep spills and loses (4.27 vs 2.45 ms of prep). Other gates need the
+    sub-chunk prep (the whole-chunk one relies on a bounded per-row decay), at chunk 64."""
+    if chunk_size is None:
+        chunk_size = 32 if lower_bound_gate and prep in (None, "wide") else 64
+    if prep is None:
+        prep = "wide" if lower_bound_gate and chunk_size == 32 else "sub"
+    return chunk_size, prep
+
+
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              use_qk_l2norm=True, chunk_size=64, A_log=None, dt_bias=None, lower_bound=None, state_v_first=False,
-              target=None, _variant: str | None = None, _prep: str = "sub"):
+              use_qk_l2norm=True, chunk_size=None, A_log=None, dt_bias=None, lower_bound=None, state_v_first=False,
+              target=None, _variant: str | None = None, _prep: str | None = None):
     """KDA forward, chunked -> (o [B, T, HV, V] like v, final_state fp32 [N, HV, K, V] or None).
 
     q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H); g [B, T, HV, K] the natural-log decay,
@@ -129,14 +143,18 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     kda_gate is applied in-kernel); beta [B, T, HV]; initial_state fp32 [N, HV, K, V]; varlen by
     cu_seqlens [N + 1] with B == 1. scale defaults to K^-0.5; q and k are L2-normalised in-kernel
     unless use_qk_l2norm=False. state_v_first=True: initial and final states are [N, HV, V, K]
-    (K contiguous, the layout kda_decode's state_v_first pool uses). `_prep` ("sub" | "wide", for
-    measurements) picks the prep kernel: sub-chunk steps, or whole-chunk tiles (chunk_prep_wide.py;
-    lower-bound gate, chunk 32 or 64)."""
+    (K contiguous, the layout kda_decode's state_v_first pool uses). chunk_size 16/32/64, by
+    default `default_tiling`'s choice. `_prep` ("sub" | "wide", for measurements; default the
+    same function's) picks the prep kernel: sub-chunk steps, or whole-chunk tiles
+    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
-    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size, state_v_first)
     gate_in = A_log is not None or dt_bias is not None or lower_bound is not None
+    if chunk_size is None or _prep is None:
+        lower = gate_in and lower_bound is not None
+        chunk_size, _prep = default_tiling(lower, chunk_size, _prep)
+    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size, state_v_first)
     a_log, bias, mode, lb = check_gate_params(op, HV, K, A_log, dt_bias, lower_bound)
     mode = mode if gate_in else GATE_NONE
     scale = K ** -0.5 if scale is None else float(scale)
@@ -169,11 +187,11 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     # sub-chunks); `_variant` picks another for measurements (benchmarks/kda.py)
     prep_prec, solve, keep = PREP_VARIANTS[_variant or DEFAULT_VARIANT] if mt != torch.float32 else \
         ("ieee", "ieee", D.f32)
-    # On a GPU at chunk 64 the state kernel's BV and launch options are autotuned per shape over its
-    # configs; elsewhere (interpreter, numpy, chunk 16/32) they are passed.
-    tuned = target == "triton" and dev.type == "cuda" and bt == 64 and V >= 64
-    tiles_prep = {"BT": bt}         # prep: launch options per chunk size from its configs, no tuning
-    tiles_state = {} if tuned else {"BT": bt, "BV": min(32, V)}
+    # On a GPU the state kernel's BV and launch options are autotuned per shape over its configs of
+    # this chunk size (chunk 32 and 64 have some); elsewhere (interpreter, numpy, chunk 16) passed.
+    tuned = target == "triton" and dev.type == "cuda" and bt in (32, 64) and V >= 64
+    tiles_prep = {"BT": bt}         # prep: the configs of this chunk size (tuned where there are two)
+    tiles_state = {"BT": bt} if tuned else {"BT": bt, "BV": min(32, V)}
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         with _phase("prep"):

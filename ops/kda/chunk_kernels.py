@@ -211,7 +211,20 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
 STATE_CONFIGS = [{"BT": 64, "BV": 64, "num_warps": 8, "num_stages": 2},
                  {"BT": 64, "BV": 128, "num_warps": 8, "num_stages": 2},
                  {"BT": 64, "BV": 32, "num_warps": 4, "num_stages": 2},
-                 {"BT": 64, "BV": 16, "num_warps": 4, "num_stages": 2}]
+                 {"BT": 64, "BV": 16, "num_warps": 4, "num_stages": 2},
+                 {"BT": 64, "BV": 16, "num_warps": 4, "num_stages": 3},
+                 {"BT": 64, "BV": 32, "num_warps": 4, "num_stages": 3},
+                 # chunk 32 (the whole-chunk prep's size): half the operand tiles, twice the steps.
+                 # KDA run 9 (H200): at HV = 96 BV 64 / 2 stages won (0.70 ms at T=8192), at HV = 12
+                 # the deepest pipeline did (BV 32: 3 stages 1.53 ms, 2 stages 2.12 ms at T=32768),
+                 # so few-head shapes are load-latency bound: deeper ones are candidates too.
+                 {"BT": 32, "BV": 64, "num_warps": 4, "num_stages": 2},
+                 {"BT": 32, "BV": 64, "num_warps": 4, "num_stages": 3},
+                 {"BT": 32, "BV": 128, "num_warps": 8, "num_stages": 2},
+                 {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 3},
+                 {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 4},
+                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 3},
+                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 4}]
 
 
 @k.kernel(configs=STATE_CONFIGS)

@@ -30,7 +30,8 @@ from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.ops.kda.chunk_kernels import PRECISIONS, l2norm_rows, mm, row_of
 from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 
-WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1}]
+WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1},
+                {"BT": 32, "num_warps": 8, "num_stages": 1}]
 
 
 @k.kernel(configs=WIDE_CONFIGS)

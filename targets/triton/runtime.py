@@ -2,8 +2,9 @@
 its launcher. On a GPU a kernel with several `configs` is autotuned: each config, merged with the
 constexprs the call fixes (passed by keyword, or dtypes bound from its tensors), is timed once per
 (argument-shape key, fixed constexprs) with triton.testing.do_bench (on clones of the arguments, so
-that outputs are written once) and the fastest is remembered. A call that fixes a constexpr some
-config sets is not tuned. Elsewhere the first config is used."""
+that outputs are written once) and the fastest is remembered. Only the configs that agree with what
+the call fixes are candidates; with fewer than two there is nothing to tune and the first matching
+config's launch options apply, as everywhere off the GPU."""
 from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
@@ -100,11 +101,15 @@ class TritonKernel(CompiledKernel):
             self._fast[key] = launch.raw
         return launch.raw(*args)
 
+    def _candidates(self, passed: dict) -> list[dict]:
+        """The configs a call leaves open: those agreeing with every constexpr and launch key the
+        call fixed (passed, or a dtype bound from a tensor). A kernel whose tile size is fixed by
+        its caller (chunk_kda's BT) still has the rest of each matching config tuned."""
+        return [cfg for cfg in self.kdef.configs if all(passed.get(k, v) == v for k, v in cfg.items())]
+
     def _tunable(self, passed: dict) -> bool:
-        """Autotune when there are configs to choose from and none of them sets a constexpr the
-        call fixed (passed, or a dtype bound from a tensor): those are merged into every config."""
-        configs = self.kdef.configs
-        return len(configs) >= 2 and not any(k in passed for cfg in configs for k in cfg if k not in LAUNCH_KEYS)
+        """Autotune when at least two configs agree with what the call fixed."""
+        return len(self._candidates(passed)) >= 2
 
     @staticmethod
     def _shape_key(args, kwargs):
@@ -118,20 +123,20 @@ class TritonKernel(CompiledKernel):
         import torch
         import triton.testing
         best, best_ms, log = None, float("inf"), []
-        for cfg in self.kdef.configs:
-            cx = dict(cfg)                      # launch keys included: each config its own build
+        for cfg in self._candidates(passed):
+            cx = {**passed, **cfg}              # launch keys included: each config its own build
             clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in rest.items()}
             try:
-                ms = triton.testing.do_bench(lambda: CompiledKernel.__call__(self, *clones, **kw, **passed, **cx))
+                ms = triton.testing.do_bench(lambda: CompiledKernel.__call__(self, *clones, **kw, **cx))
             except K31Error:
                 raise
             except Exception:  # noqa: BLE001 - a config that cannot run (resources) just loses
-                log.append((cx, None))
+                log.append((dict(cfg), None))
                 continue
-            log.append((cx, float(ms)))
+            log.append((dict(cfg), float(ms)))
             if ms < best_ms:
-                best, best_ms = cx, ms
+                best, best_ms = dict(cfg), ms
         self.tune_log[key] = log
         if best is None:
             raise K31Error(f"{self.kdef.file}:{self.kdef.first_line}: no config of `{self.kdef.name}` "
