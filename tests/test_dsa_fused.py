@@ -131,6 +131,18 @@ def test_unfused_matches_oracle():
     check_step(decode_step(g, [150, 40], 2), 16, 0.1, "numpy", F.li_sfa_unfused)
 
 
+@pytest.mark.parametrize("target, split", [("numpy", 3), ("triton", 2)])
+def test_unfused_with_split_attention_matches_oracle(target, split):
+    """li_sfa_unfused(sfa_split=N): the attention in N index-list segments plus the combine (the
+    form a GPU takes for steps of few queries) gives the oracle's step too; a bad N is refused."""
+    g = _gen()
+    args = decode_step(g, [150, 40], 2) if target == "numpy" else decode_step(g, [100, 20], 1)
+    check_step(args, 16, 0.1, target, F.li_sfa_unfused, sfa_split=split)
+    for bad in (0, 2.0, True):
+        with pytest.raises(K31Error, match="sfa_split must be an int"):
+            F.li_sfa_unfused(*args, 16, 0.1, sfa_split=bad, target=target)
+
+
 def test_fused_without_indices_and_dispatch():
     g = _gen()
     args = decode_step(g, [100, 20], 1)

@@ -44,15 +44,18 @@ def test_prefill_linear_tiles():
     assert cfg["num_warps"] == 8 and cfg["num_stages"] == 3
 
 
-@pytest.mark.parametrize("t,h,bh,want", [(1, 16, 16, 64), (2, 16, 16, 64), (64, 16, 16, 8), (256, 16, 16, 2),
-                                         (4096, 16, 16, 1), (64, 128, 64, 4), (32, 128, 64, 4), (300, 128, 64, 1)])
+@pytest.mark.parametrize("t,h,bh,want", [(1, 16, 16, 64), (2, 16, 16, 64), (64, 16, 16, 8), (66, 16, 16, 8),
+                                         (67, 16, 16, 1), (256, 16, 16, 1), (4096, 16, 16, 1), (64, 128, 64, 1),
+                                         (32, 128, 64, 4), (300, 128, 64, 1)])
 def test_sfa_split_choice(t, h, bh, want):
-    """Segments so that the programs stay <= ~4 per SM (132 SMs), each >= one 32-index block, and
-    the fp32 partials <= max(16 MB, the gathered records): B = 64 and 32 decode steps of 128 heads
-    (the DSA benchmark's) split 4 ways although one query's partial is 256 KB."""
+    """No split once the programs fill half the SMs (132); below that, segments so that the programs
+    stay <= ~4 per SM, each >= one 32-index block, and the fp32 partials <= max(16 MB, the gathered
+    records): the DSA benchmark's B = 32 decode step of 128 heads splits 4 ways although one
+    query's partial is 256 KB, its B = 64 step (128 programs) not at all."""
     s = A.sfa_split(t, h, 2048, bh)
     assert s == want
-    assert s == 1 or (t * -(-h // bh) * s <= 4 * 132 and s * t * h * 512 * 4 <= max(16 << 20, t * 2048 * 656))
+    assert s == 1 or (2 * t * -(-h // bh) <= 132 and t * -(-h // bh) * s <= 4 * 132
+                      and s * t * h * 512 * 4 <= max(16 << 20, t * 2048 * 656))
 
 
 def test_gpu_step_forms_match_reference(monkeypatch, rng):

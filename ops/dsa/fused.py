@@ -390,24 +390,30 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
 
 def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
                    topk: int, sm_scale, *, return_indices: bool = False, max_len: int | None = None,
-                   mma: str = "fp8", target: str | None = None):
+                   mma: str = "fp8", sfa_split: int | None = None, target: str | None = None):
     """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits [T, max_len]
     to global memory) -> topk -> slots_of_positions -> sparse_mla_attention. max_len (default:
     max(ke), a host sync) bounds the logits' width; mma as lightning_indexer's. Positions come
-    out in position order (topk sorted=False: attention needs the set only)."""
+    out in position order (topk sorted=False: attention needs the set only). sfa_split: the
+    attention's index-list segments (default: attention.sfa_split's choice on a GPU, else 1)."""
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
     op = "li_sfa_unfused"
     t, b, ks32, ke32 = _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache,
                                       block_table, ks, ke, topk, sm_scale)
+    if sfa_split is not None and (isinstance(sfa_split, bool) or not isinstance(sfa_split, int) or sfa_split < 1):
+        raise K31Error(f"{op}: sfa_split must be an int >= 1 (or None: chosen per GPU), got {sfa_split!r}")
     if max_len is None:
         max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
     scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32, max_len,
                                mma=mma, target=target)
     pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
     slots = A.slots_of_positions(pos, block_table, t // b, target=target)
-    o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, target=target)
+    if sfa_split is None:
+        gpu = target == "triton" and mla_q.is_cuda
+        sfa_split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target)) if gpu else 1
+    o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, split=sfa_split, target=target)
     return (o, lse, pos) if return_indices else (o, lse)
 
 
