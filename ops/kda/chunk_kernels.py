@@ -224,7 +224,9 @@ STATE_CONFIGS = [{"BT": 64, "BV": 64, "num_warps": 8, "num_stages": 2},
                  {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 3},
                  {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 4},
                  {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 3},
-                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 4}]
+                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 4},
+                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 5},       # not yet timed (run 11
+                 {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 5}]       # picked 4 at HV = 12)
 
 
 @k.kernel(configs=STATE_CONFIGS)
