@@ -279,3 +279,21 @@ def test_kernels_compile_for_hopper(tmp_path):
     # compiles too but costs another minute of ptxas on 2 cores, so CI checks the benchmarked pair
     assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "PREP_WIDE_GPU", "STATE_GPU", "STATE_VFIRST_GPU"], tmp_path,
                                index_types=("int32",))
+
+
+def test_default_tiling_is_the_measured_choice():
+    """chunk_kda with chunk_size / prep left open: the whole-chunk prep at chunk 32 under the
+    lower-bound gate (bit-for-bit the explicit call on numpy), the sub-chunk prep at 64 for the
+    other gates; an explicit chunk or prep is kept."""
+    from k31dsl.ops.kda.chunk import default_tiling
+    assert default_tiling(True) == (32, "wide") and default_tiling(False) == (64, "sub")
+    assert default_tiling(True, 64) == (64, "sub") and default_tiling(True, 16) == (16, "sub")
+    assert default_tiling(True, None, "sub") == (64, "sub") and default_tiling(True, None, "wide") == (32, "wide")
+    seed = _seed()
+    g = torch.Generator().manual_seed(seed)
+    for gate in ("lb", "softplus"):
+        args, kw = make_inputs(g, 1, 45, 2, 2, 16, 16, torch.float32, gate)
+        chunk, prep = (32, "wide") if gate == "lb" else (64, "sub")
+        o, s = chunk_kda(*args, **kw, output_final_state=True, target="numpy")
+        o2, s2 = _run(args, kw, "numpy", chunk, _prep=prep)
+        assert torch.equal(o, o2) and torch.equal(s, s2), f"{gate} (seed {seed})"
