@@ -291,11 +291,16 @@ def test_codegen_dot_of_a_transpose_and_in_place_accumulator():
 
 
 def test_attention_scores_match_reference(rng):
+    """p = exp(...) is rounded to bf16 before the second dot. The two targets' exp may differ in
+    the last f32 bit, which now and then moves that rounding by one bf16 step (seed 1016826580:
+    30 of 672 outputs off by up to 2^-6, 5.8e-4 of max |o|), so the check is normwise at one bf16
+    step (2^-8) of max |o| rather than element-wise at f32 precision."""
     m, n, d = 21, 35, 32
     q = torch.from_numpy(rng.standard_normal((m, d)).astype(np.float32)).to(torch.bfloat16)
     kv = torch.from_numpy(rng.standard_normal((n, d)).astype(np.float32)).to(torch.bfloat16)
     got = run_both(attn_scores, {"q": q, "kv": kv}, {"o": torch.zeros(m, d)})
-    compare(got, rtol=2e-5, atol=1e-4)
+    want, have = got["numpy"]["o"].double(), got["ascendc"]["o"].double()
+    assert float((have - want).abs().max()) <= 2.0 ** -8 * float(want.abs().max())
 
 
 def test_call_errors_name_the_parameter():
