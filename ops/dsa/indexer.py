@@ -262,8 +262,13 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
 
 def _li_config(n: int) -> dict:
     """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB for decode: all n <= 4
-    tokens of a sequence share each key page they load. Prefill (n > 4) passes neither, so the
-    Triton runtime autotunes over LI_CONFIGS on a GPU (the first config elsewhere)."""
+    tokens of a sequence share each key page they load. One token per sequence leaves PB to the
+    Triton runtime, which on a GPU tunes between the two NQ = 1 configs (elsewhere the first, PB
+    2): on sm_90a (bf16 scoring, 4 warps) PB 2 takes 179 registers (two programs per SM) and PB 1
+    128 (four), and the B=64 decode step's indexer ran at 3.4x its byte floor with PB 2.
+    Prefill (n > 4) fixes nothing: the runtime tunes over every config."""
+    if n == 1:
+        return {"NQ": 1}
     if n <= 4:
         nq = next_pow2(n)
         return {"NQ": nq, "PB": 1 if nq == 4 else 2}
