@@ -322,7 +322,7 @@ def main(argv=None) -> int:
                  "'effective' uses 16 B/elt for every row (the issue's convention). decode rows: per-layer "
                  "AttnRes update + RMSNorm step, launches per step.")
         harness.write("attnres", results, cols + dcols[4:], rows + decode_rows, notes=notes,
-                      extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)])
+                      extra=harness.tuning_section(tuning))
         harness.print_table(harness.TUNING_COLUMNS, tuning)
 
     parts = set(args.parts.split(","))

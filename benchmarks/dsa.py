@@ -110,7 +110,7 @@ def stage_times(args, topk, length, target):
     stages["slots"] = lambda: A.slots_of_positions(pos, table, t // table.shape[0], target=target)
     slots = stages["slots"]()
     stages["sfa"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, target=target)
-    split = A.sfa_split(t, mla_q.shape[1], topk, 64)
+    split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target))   # li_sfa_unfused's choice
     if split > 1:                       # flash-decoding form (the model's decode steps)
         stages[f"sfa split{split}"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, split=split,
                                                                     target=target)
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
                             "B*(L*132 + 2048*656) bytes at that ceiling; `ms` do_bench median (Python launch "
                             "included), `graph ms` CUDA-graph replay; `stage` columns: the unfused bf16 "
                             "path's launches timed one by one",
-                      extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)])
+                      extra=harness.tuning_section(tuning))
 
     for spec in args.shapes.split(","):
         b, length = (int(x) for x in spec.split("x"))
@@ -233,9 +233,7 @@ def main(argv=None) -> int:
         save(rows[-1])
     cols = list(dict.fromkeys(c for r in rows for c in r))
     harness.print_table(cols, rows)
-    for r in tuning_tables():
-        print(f"tuned {r['kernel']}: {r['config']}: {r['ms'] if isinstance(r['ms'], str) else round(r['ms'], 4)} ms "
-              f"(x{r['vs chosen'] if isinstance(r['vs chosen'], str) else round(r['vs chosen'], 2)})")
+    harness.print_table(harness.TUNING_COLUMNS, tuning_tables())
     return 0
 
 

@@ -71,6 +71,11 @@ def _table(columns: list[str], rows: list[dict]) -> list[str]:
 TUNING_COLUMNS = ["kernel", "call", "config", "ms", "vs chosen"]
 
 
+def tuning_section(rows: list[dict]) -> list[tuple[str, list[str], list[dict]]]:
+    """`write(extra=...)` for tuning_rows: every config the tuner timed, under its own heading."""
+    return [("Autotuner: every config it timed", TUNING_COLUMNS, rows)]
+
+
 def tuning_rows(label: str, compiled) -> list[dict]:
     """Every config the Triton autotuner timed for `compiled` (kdef["triton"] or a kernel from
     .compile), per call it tuned: median ms (None: it could not run) and the ratio to the chosen

@@ -383,7 +383,7 @@ def main(argv=None) -> int:
               + harness.tuning_rows("kda_chunk_state", kda_chunk_state["triton"]))
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
                "rows": rows, "decode_rows": decode, "tuning": tuning}
-    harness.write("kda", payload, COLUMNS, rows, extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)],
+    harness.write("kda", payload, COLUMNS, rows, extra=harness.tuning_section(tuning),
                   notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (chunk 32, whole-chunk prep) unless the row says otherwise, lower-bound gate -5 "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "

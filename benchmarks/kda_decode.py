@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     tuning = harness.tuning_rows("kda_decode_step", kda_decode_step["triton"])
     payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "heads": args.heads, "K": 128, "V": 128,
                "tuned_configs": tuned_configs(), "rows": rows, "cp_rows": cp, "tuning": tuning}
-    harness.write("kda_decode", payload, cols, rows, extra=[("Autotuner: every config it timed", harness.TUNING_COLUMNS, tuning)],
+    harness.write("kda_decode", payload, cols, rows, extra=harness.tuning_section(tuning),
                   notes=f"KDA decode step, fp32 state pool [2N, {args.heads}, 128, 128], bf16 inputs, lower-bound "
                         f"gate -5, L2 norm in kernel; CUDA-graph replay medians (do_bench_cudagraph). State TB/s "
                         f"= 2 N HV K V 4 B / time (verify + commit: 3x, one read in the verify, read + write in "

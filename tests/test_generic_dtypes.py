@@ -327,15 +327,9 @@ def test_triton_autotune_logs_every_config(monkeypatch):
     assert rows[0]["call"] == "100 100 T=k.f32"
 
 
-@k.kernel(configs=[{"B": 32, "num_warps": 4}, {"B": 64, "num_warps": 4}, {"B": 32, "num_warps": 2},
-                   {"B": 64, "NEG": True}])
-def scale_tiles(x: k.Tensor["T", "N"], y: k.Tensor["T", "N"], a: k.f32, T: k.constexpr,
-                NEG: k.constexpr = False, B: k.constexpr = 16):
-    for i in k.grid(k.cdiv(x.shape[0], B)):
-        t = x[k.span(i * B, B, other=0.0)].to(k.f32) * a
-        if NEG:
-            t = -t
-        y[k.span(i * B, B)] = t.to(T)
+# scale_tuned's body under configs that also set launch keys and a second constexpr
+scale_tiles = k.kernel(configs=[{"B": 32, "num_warps": 4}, {"B": 64, "num_warps": 4}, {"B": 32, "num_warps": 2},
+                                {"B": 64, "NEG": True}])(scale_tuned.fn)
 
 
 def test_triton_autotune_keeps_to_the_configs_a_call_fixes(monkeypatch):

@@ -433,14 +433,14 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int = 1, target:
     c, s, r = cache_views(cache)
     kw = dict(config)
     cap = max_head_block(target)
+    bh = min(max(16, 1 << (H - 1).bit_length()), cap)     # the smallest head block holding H, within cap
     if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs
-        kw["BH"] = min(max(16, 1 << (H - 1).bit_length()), cap)
+        kw["BH"] = bh
     if split > 1:
         part_o = torch.empty((split, T, H, LATENT), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((split, T, H), dtype=torch.float32, device=q.device)
         sparse_mla_attention_split[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
-        sparse_mla_attention_combine[target](part_o, part_lse, o, lse,       # its own head tiling
-                                             BH=kw.get("BH", min(max(16, 1 << (H - 1).bit_length()), cap)))
+        sparse_mla_attention_combine[target](part_o, part_lse, o, lse, BH=kw.get("BH", bh))   # own tiling
         return o, lse
     sparse_mla_attention_fwd[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
     return o, lse

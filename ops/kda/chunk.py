@@ -152,8 +152,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     target = resolve_target(target)
     gate_in = A_log is not None or dt_bias is not None or lower_bound is not None
     if chunk_size is None or _prep is None:
-        lower = gate_in and lower_bound is not None
-        chunk_size, _prep = default_tiling(lower, chunk_size, _prep)
+        chunk_size, _prep = default_tiling(lower_bound is not None, chunk_size, _prep)
     B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size, state_v_first)
     a_log, bias, mode, lb = check_gate_params(op, HV, K, A_log, dt_bias, lower_bound)
     mode = mode if gate_in else GATE_NONE
