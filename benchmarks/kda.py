@@ -94,7 +94,7 @@ def fla_fn(args, kw):
 
 
 def phase_ms(fn, rep: int = 30) -> dict:
-    """Median GPU time of each kernel launch inside one chunk_kda call ("prep", "state"), from CUDA
+    """Median GPU time of each kernel launch inside one chunk_kda call ("prep", "merge", "state"), from CUDA
     events that chunk_kda's private `_PHASE_HOOK` puts around each launch (fn already warm)."""
     import contextlib
     import statistics
@@ -172,9 +172,9 @@ def smoke_rows():
     rows = []
     for name, (lens, heads, d) in {"smoke_T96_H2": ([96], 2, 32), "smoke_varlen_3": ([40, 9, 77], 2, 32)}.items():
         args, kw = make_inputs(lens, heads, d, "cpu", torch.bfloat16)
-        for prep in ("sub", "wide"):
+        for prep, chunk in (("sub", None), ("wide", None), ("pair", 64)):
             t0 = time.perf_counter()
-            ours(args, kw, "triton", prep=prep)()
+            ours(args, kw, "triton", chunk, prep=prep)()
             rows.append({"shape": name, "impl": f"k31dsl {prep} prep (interpreter)",
                          "ms": 1e3 * (time.perf_counter() - t0)})
     return rows
@@ -220,7 +220,12 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         # the sub-chunk prep kernel at chunk 64 on every shape (and at chunk 32, the whole-chunk prep
         # at chunk 64 on T=8192 H=96), each with its difference from the default path's outputs
         o_ref, s_ref = fn()
-        others = [("k31dsl sub prep chunk 64", 64, "sub")]          # the default before KDA run 9
+        from k31dsl.ops.kda.chunk import default_tiling
+        tiling = default_tiling(True, None, None, heads * len(lens))
+        r["tiling"] = f"chunk {tiling[0]}, {tiling[1]} prep"
+        # the default before KDA run 9, and whichever of wide-32 / pair-64 is not the default here
+        others = [("k31dsl sub prep chunk 64", 64, "sub")] + [
+            (f"k31dsl {p} prep chunk {c}", c, p) for c, p in ((32, "wide"), (64, "pair")) if (c, p) != tiling]
         if variants and name == "T8192_H96":
             others += [("k31dsl sub prep chunk 32", 32, "sub"), ("k31dsl wide prep chunk 64", 64, "wide")]
         for label, chunk, prep in others:
@@ -332,7 +337,7 @@ def sm90_stats(specs=None) -> list[str]:
     return out
 
 
-COLUMNS = ["shape", "impl", "ms", "graph ms", "prep ms", "state ms", "fla ref ms", "speed-up vs fla", "vs fla ref", "TFLOP/s (paper model)",
+COLUMNS = ["shape", "impl", "tiling", "ms", "graph ms", "prep ms", "merge ms", "state ms", "fla ref ms", "speed-up vs fla", "vs fla ref", "TFLOP/s (paper model)",
            "TFLOP/s (full tiles)", "o err vs fla", "state err vs fla", "o / state err vs default path"]
 
 
@@ -377,14 +382,16 @@ def main(argv=None) -> int:
     if args.smoke:
         return 1 if bad else 0
     from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+    from k31dsl.ops.kda.chunk_pair import kda_chunk_pair_merge
     from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
     tuning = (harness.tuning_rows("kda_chunk_prep", kda_chunk_prep["triton"])
               + harness.tuning_rows("kda_chunk_prep_wide", kda_chunk_prep_wide["triton"])
+              + harness.tuning_rows("kda_chunk_pair_merge", kda_chunk_pair_merge["triton"])
               + harness.tuning_rows("kda_chunk_state", kda_chunk_state["triton"]))
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
                "rows": rows, "decode_rows": decode, "tuning": tuning}
     harness.write("kda", payload, COLUMNS, rows, extra=harness.tuning_section(tuning),
-                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (chunk 32, whole-chunk prep) unless the row says otherwise, lower-bound gate -5 "
+                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: chunk 32 whole-chunk prep, or with few heads its halves paired into chunk 64) unless the row says otherwise, lower-bound gate -5 "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "
                         f"fp64 oracle check (small shape): {check}. Tuned: {tuned_configs()}. Decode rows: "

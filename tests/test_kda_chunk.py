@@ -12,6 +12,7 @@ from k31dsl import K31Error
 from k31dsl.ops.kda import chunk_kda, kda_gate
 from k31dsl.ops.kda.chunk import make_inputs
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.chunk_pair import kda_chunk_pair_merge
 from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.gate import kda_gate_rows
 from k31dsl.ops.testing import load_oracle, max_rel_err, to_f64
@@ -58,13 +59,20 @@ WIDE_CASES = {  # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py): lowe
     "wide_varlen_64": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
     "wide_bf16_64": (1, 70, 1, 2, 32, 32, torch.bfloat16, "lb", 64, 0, True),
 }
+PAIR_CASES = {  # chunk-32 whole-chunk halves paired into chunk 64 (ops/kda/chunk_pair.py)
+    "pair_ragged": (1, 83, 1, 1, 16, 16, torch.float32, "lb", 64, 0, True),
+    "pair_below_half": (1, 21, 1, 2, 16, 16, torch.float32, "lb", 64, 0, False),
+    "pair_varlen": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
+    "pair_gva_batch_bf16": (2, 70, 2, 4, 32, 32, torch.bfloat16, "lb", 64, 0, True),
+}
+PREP_OF = {**{c: "sub" for c in CASES}, **{c: "wide" for c in WIDE_CASES}, **{c: "pair" for c in PAIR_CASES}}
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", sorted(CASES) + sorted(WIDE_CASES))
+@pytest.mark.parametrize("case", sorted(PREP_OF))
 def test_chunk_kda_matches_oracle(case, target):
-    prep = "wide" if case in WIDE_CASES else "sub"
-    B, T, H, HV, K, V, dtype, gate, chunk, ns, h0 = {**CASES, **WIDE_CASES}[case]
+    prep = PREP_OF[case]
+    B, T, H, HV, K, V, dtype, gate, chunk, ns, h0 = {**CASES, **WIDE_CASES, **PAIR_CASES}[case]
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     args, kw = make_inputs(gen, B, T, H, HV, K, V, dtype, gate, ns, h0)
@@ -158,31 +166,32 @@ def test_causality_bit_exact(gate):
         assert not torch.equal(o1[:, t:], o2[:, t:])
 
 
-@pytest.mark.parametrize("chunk", [32, 64])
-def test_wide_prep_at_the_strongest_decay(chunk):
+@pytest.mark.parametrize("chunk, prep", [(32, "wide"), (64, "wide"), (64, "pair")])
+def test_wide_prep_at_the_strongest_decay(chunk, prep):
     """lb = -5 saturated on most steps: G falls to ~-300 within a chunk of 64, so the row factors
     of the rows before a column block hit the exp(80) clamp and those after it underflow to 0;
     the masked entries stay finite and the kept ones exact."""
     seed = _seed()
     args, kw = _extreme_inputs(torch.Generator().manual_seed(seed), "lb", T=150)
-    o, ht = _run(args, kw, "numpy", chunk, _prep="wide")
+    o, ht = _run(args, kw, "numpy", chunk, _prep=prep)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"non-finite output (seed {seed})"
     want_o, want_s = load_oracle("kda").kda(*args, **kw)
-    _assert_close(o, want_o, 2e-4, "extreme lb o (wide)", seed)
-    _assert_close(ht, want_s, 2e-4, "extreme lb state (wide)", seed)
+    _assert_close(o, want_o, 2e-4, f"extreme lb o ({prep})", seed)
+    _assert_close(ht, want_s, 2e-4, f"extreme lb state ({prep})", seed)
 
 
-def test_wide_prep_is_causal_bit_exact():
+@pytest.mark.parametrize("prep", ["wide", "pair"])
+def test_wide_prep_is_causal_bit_exact(prep):
     seed = _seed()
     args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 100, 1, 2, 16, 16, torch.float32, "lb", 0, True)
-    o1, _ = _run(args, kw, "numpy", 64, _prep="wide")
+    o1, _ = _run(args, kw, "numpy", 64, _prep=prep)
     for t in (9, 30, 70):
         pert = [a.clone() for a in args]
         for a in pert[:3]:
             a[:, t:] = a[:, t:] * 3.0 + 0.5
         pert[4][:, t:] = 1.0 - pert[4][:, t:]
         pert[3][:, t:] = pert[3][:, t:] * 40
-        o2, _ = _run(pert, kw, "numpy", 64, _prep="wide")
+        o2, _ = _run(pert, kw, "numpy", 64, _prep=prep)
         assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
 
 
@@ -241,6 +250,7 @@ def test_kda_gate_shapes_and_forms():
     (lambda a: chunk_kda(*a, chunk_size=64, _prep="wide"), "needs the lower-bound gate"),
     (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="wide"), "chunk_size=16"),
     (lambda a: chunk_kda(*a, _prep="fast"), "not a prep kernel"),
+    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=32, _prep="pair"), "chunk_size 64, got chunk_size=32"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args, _ = make_inputs(torch.Generator().manual_seed(0), 1, 20, 1, 2, 16, 16, torch.float32, "lb", 0, False)
@@ -270,6 +280,7 @@ PREP_WIDE_GPU = GpuSpec(kda_chunk_prep_wide, XT=k.bf16, GT=k.bf16, BETAT=k.bf16,
 STATE_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128, BV=32)
 STATE_VFIRST_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, VFIRST=True,
                            BT=64, BK=128, BV=64)
+PAIR_MERGE_GPU = GpuSpec(kda_chunk_pair_merge, MT=k.bf16, PREC="tf32", BT=32, BK=128, BVV=128)
 GATE_GPU = GpuSpec(kda_gate_rows, XT=k.bf16, MODE=2, BM=16, BK=128)
 
 
@@ -277,23 +288,29 @@ def test_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
     # the softplus prep differs from PREP_LB_GPU only in its diagonal blocks (CUDA-core loops); it
     # compiles too but costs another minute of ptxas on 2 cores, so CI checks the benchmarked pair
-    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "PREP_WIDE_GPU", "STATE_GPU", "STATE_VFIRST_GPU"], tmp_path,
+    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "PREP_WIDE_GPU", "STATE_GPU", "STATE_VFIRST_GPU",
+                                                  "PAIR_MERGE_GPU"], tmp_path,
                                index_types=("int32",))
 
 
 def test_default_tiling_is_the_measured_choice():
-    """chunk_kda with chunk_size / prep left open: the whole-chunk prep at chunk 32 under the
-    lower-bound gate (bit-for-bit the explicit call on numpy), the sub-chunk prep at 64 for the
-    other gates; an explicit chunk or prep is kept."""
-    from k31dsl.ops.kda.chunk import default_tiling
+    """chunk_kda with chunk_size / prep left open: under the lower-bound gate the whole-chunk prep
+    at chunk 32, or with few (head, sequence) pairs its halves paired into chunk 64 (bit-for-bit the
+    explicit call on numpy); the sub-chunk prep at 64 for the other gates; an explicit chunk or prep
+    is kept."""
+    from k31dsl.ops.kda.chunk import PAIR_MAX_HEADS, default_tiling
     assert default_tiling(True) == (32, "wide") and default_tiling(False) == (64, "sub")
+    assert default_tiling(True, None, None, PAIR_MAX_HEADS) == (64, "pair")
+    assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (32, "wide")
+    assert default_tiling(False, None, None, 1) == (64, "sub")
     assert default_tiling(True, 64) == (64, "sub") and default_tiling(True, 16) == (16, "sub")
     assert default_tiling(True, None, "sub") == (64, "sub") and default_tiling(True, None, "wide") == (32, "wide")
+    assert default_tiling(True, None, "pair", 96) == (64, "pair")
     seed = _seed()
     g = torch.Generator().manual_seed(seed)
-    for gate in ("lb", "softplus"):
-        args, kw = make_inputs(g, 1, 45, 2, 2, 16, 16, torch.float32, gate)
-        chunk, prep = (32, "wide") if gate == "lb" else (64, "sub")
+    for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (32, "wide")),
+                                  ("lb", 4, PAIR_MAX_HEADS // 2, (32, "wide")), ("softplus", 2, 1, (64, "sub"))):
+        args, kw = make_inputs(g, batch, 45 if batch == 1 else 5, 2, hv, 16, 16, torch.float32, gate)
         o, s = chunk_kda(*args, **kw, output_final_state=True, target="numpy")
-        o2, s2 = _run(args, kw, "numpy", chunk, _prep=prep)
-        assert torch.equal(o, o2) and torch.equal(s, s2), f"{gate} (seed {seed})"
+        o2, s2 = _run(args, kw, "numpy", want[0], _prep=want[1])
+        assert torch.equal(o, o2) and torch.equal(s, s2), f"{gate} HV={hv} B={batch} (seed {seed})"

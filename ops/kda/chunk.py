@@ -10,6 +10,7 @@ from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import require_tensor, resolve_target
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.chunk_pair import kda_chunk_pair_merge
 from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.gate import GATE_LOWER, GATE_NONE, check_gate_params
 from k31dsl.ops.registry import CaseResult, OpSpec, register
@@ -119,17 +120,31 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size, v_fi
     return B, T, H, K, HV, V, cu
 
 
-def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None) -> tuple:
-    """(chunk size, prep kernel) for what a call leaves open. Measured on an H200 (benchmarks/NOTES.md,
-    KDA run 8, bf16, K = V = 128): with the lower-bound gate the whole-chunk prep at chunk 32 beats
-    the sub-chunk prep at chunk 64 on all four benchmark shapes (T=8192 H=96 3.13 -> 2.12 ms,
-    varlen 8x8192 23.6 -> 15.5 ms, T=32768 H=12 2.49 -> 2.26 ms, T=131072 H=12 9.84 -> 8.90 ms); at
-    chunk 64 the whole-chunk prep spills and loses (4.27 vs 2.45 ms of prep). Other gates need the
-    sub-chunk prep (the whole-chunk one relies on a bounded per-row decay), at chunk 64."""
-    if chunk_size is None:
-        chunk_size = 32 if lower_bound_gate and prep in (None, "wide") else 64
+# Pairing (chunk_pair.py) pays when the state kernel's chain of dependent steps is the critical
+# path: few (head, sequence) pairs, so few programs per SM. At or below this many pairs it is the default.
+PAIR_MAX_HEADS = 16
+PREPS = ("sub", "wide", "pair")
+
+
+def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs=None) -> tuple:
+    """(chunk size, prep kernel) for what a call leaves open; head_seqs = HV x sequences. Measured
+    on an H200 (benchmarks/NOTES.md, KDA run 8, bf16, K = V = 128): with the lower-bound gate the
+    whole-chunk prep at chunk 32 beats the sub-chunk prep at chunk 64 on all four benchmark shapes
+    (T=8192 H=96 3.13 -> 2.12 ms, varlen 8x8192 23.6 -> 15.5 ms, T=32768 H=12 2.49 -> 2.26 ms,
+    T=131072 H=12 9.84 -> 8.90 ms); at chunk 64 the whole-chunk prep spills and loses (4.27 vs 2.45
+    ms of prep). With few heads the state kernel's step count dominates, so there the chunk-32 prep
+    halves are paired into chunk 64 ("pair"). Other gates need the sub-chunk prep (the whole-chunk
+    one relies on a bounded per-row decay), at chunk 64."""
     if prep is None:
-        prep = "wide" if lower_bound_gate and chunk_size == 32 else "sub"
+        few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
+        if not lower_bound_gate:
+            prep = "sub"
+        elif chunk_size is None and few:
+            prep = "pair"
+        else:
+            prep = "wide" if chunk_size in (None, 32) else "sub"
+    if chunk_size is None:
+        chunk_size = 32 if prep == "wide" else 64
     return chunk_size, prep
 
 
@@ -144,25 +159,28 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     cu_seqlens [N + 1] with B == 1. scale defaults to K^-0.5; q and k are L2-normalised in-kernel
     unless use_qk_l2norm=False. state_v_first=True: initial and final states are [N, HV, V, K]
     (K contiguous, the layout kda_decode's state_v_first pool uses). chunk_size 16/32/64, by
-    default `default_tiling`'s choice. `_prep` ("sub" | "wide", for measurements; default the
-    same function's) picks the prep kernel: sub-chunk steps, or whole-chunk tiles
-    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64)."""
+    default `default_tiling`'s choice. `_prep` ("sub" | "wide" | "pair", for measurements; default
+    the same function's) picks the prep kernel: sub-chunk steps, whole-chunk tiles
+    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or whole-chunk halves of 32 paired
+    into chunk 64 (chunk_pair.py; lower-bound gate)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
     gate_in = A_log is not None or dt_bias is not None or lower_bound is not None
+    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens,
+                                          64 if chunk_size is None else chunk_size, state_v_first)
     if chunk_size is None or _prep is None:
-        chunk_size, _prep = default_tiling(lower_bound is not None, chunk_size, _prep)
-    B, T, H, K, HV, V, cu = _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size, state_v_first)
+        chunk_size, _prep = default_tiling(lower_bound is not None, chunk_size, _prep, HV * (len(cu) - 1))
     a_log, bias, mode, lb = check_gate_params(op, HV, K, A_log, dt_bias, lower_bound)
     mode = mode if gate_in else GATE_NONE
     scale = K ** -0.5 if scale is None else float(scale)
-    if _prep not in ("sub", "wide"):
-        raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint="'sub' or 'wide'")
-    if _prep == "wide" and (mode != GATE_LOWER or chunk_size not in (32, 64)):
-        raise K31Error(f"{op}: the wide prep kernel needs the lower-bound gate (a bounded decay per row) and "
-                       f"chunk_size 32 or 64, got {'no lower_bound' if mode != GATE_LOWER else ''}"
-                       f"{'' if mode != GATE_LOWER else f'chunk_size={chunk_size}'}",
+    if _prep not in PREPS:
+        raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint=f"one of {PREPS}")
+    sizes = (64,) if _prep == "pair" else (32, 64)
+    if _prep != "sub" and (mode != GATE_LOWER or chunk_size not in sizes):
+        raise K31Error(f"{op}: the {_prep} prep kernel needs the lower-bound gate (a bounded decay per row) and "
+                       f"chunk_size {' or '.join(map(str, sizes))}, got "
+                       f"{'no lower_bound' if mode != GATE_LOWER else f'chunk_size={chunk_size}'}",
                        hint="pass lower_bound (with A_log / dt_bias), or use _prep='sub'")
     dev = q.device
     n = len(cu) - 1
@@ -175,6 +193,8 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     u = torch.empty(nt1, HV, bt, V, dtype=mt, device=dev)
     aqk = torch.empty(nt1, HV, bt, bt, dtype=mt, device=dev)
     gam = torch.empty(nt1, HV, K, dtype=torch.float32, device=dev)
+    # pair: the prep writes chunk-32 halves into the chunk-64 tensors as [NT, 2 HV, 32, *] views
+    gam_half = torch.empty(nt1, HV, 2, K, dtype=torch.float32, device=dev) if _prep == "pair" else None
     o = torch.empty(B * T, HV, V, dtype=v.dtype, device=dev)
     ht_shape = (n, HV, V, K) if state_v_first else (n, HV, K, V)
     ht = torch.empty(ht_shape, dtype=torch.float32, device=dev) if output_final_state else \
@@ -194,7 +214,13 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         with _phase("prep"):
-            if _prep == "wide":
+            if _prep == "pair":
+                half = bt // 2
+                views = [t.view(nt1, HV * 2, half, t.shape[-1]) for t in (w, u, qg, kb, aqk)]
+                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *views,
+                                            gam_half.view(nt1, HV * 2, K), scale, lb, L2=bool(use_qk_l2norm),
+                                            PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K, BVV=V, BT=half)
+            elif _prep == "wide":
                 kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale,
                                             lb, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V,
                                             **tiles_prep)
@@ -202,6 +228,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
                 kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
                                        GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec,
                                        SOLVE=solve, KEEP=keep, BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
+    if nt and _prep == "pair":
+        with _phase("merge"):
+            kda_chunk_pair_merge[target](w, u, qg, kb, aqk, gam_half, gam, PREC=prec, BT=bt // 2, BK=K, BVV=V)
     if nt or output_final_state:
         with _phase("state"):
             kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,
@@ -249,6 +278,7 @@ CHECK_CASES = [  # B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial s
     (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False, "sub"),
     (1, 83, 1, 2, 16, 16, "f32", "lb", 64, 2, True, "wide"),
     (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False, "wide"),
+    (1, 99, 1, 2, 16, 16, "f32", "lb", 64, 2, True, "pair"),
 ]
 
 
@@ -276,6 +306,7 @@ def _check_chunk(target: str, seed: int = 0) -> list[CaseResult]:
     return out
 
 
-register(OpSpec(name="chunk_kda", module="kda", fn=chunk_kda, kernels=[kda_chunk_prep, kda_chunk_state, kda_chunk_prep_wide],
+register(OpSpec(name="chunk_kda", module="kda", fn=chunk_kda, kernels=[kda_chunk_prep, kda_chunk_state, kda_chunk_prep_wide,
+                                                                  kda_chunk_pair_merge],
                 summary="KDA chunked prefill (gate + L2 norm in-kernel, anchored UT solve on chip, fp32 state; varlen, GVA)",
                 check=_check_chunk, tags=["kda"]))

@@ -39,33 +39,37 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
                         v: k.Tensor["XT", "T", "HV", "V"], g: k.Tensor["GT", "T", "HV", "K"],
                         beta: k.Tensor["BETAT", "T", "HV"], a_log: k.Tensor[k.f32, "HV"],
                         dt_bias: k.Tensor[k.f32, "HV", "K"], chunk_info: k.Tensor[k.i32, "NT", "2"],
-                        w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", "NT", "HV", "BT", "V"],
-                        qg: k.Tensor["MT", "NT", "HV", "BT", "K"], kb: k.Tensor["MT", "NT", "HV", "BT", "K"],
-                        aqk: k.Tensor["MT", "NT", "HV", "BT", "BT"], gam: k.Tensor[k.f32, "NT", "HV", "K"],
+                        w: k.Tensor["MT", "NT", "HO", "BT", "K"], u: k.Tensor["MT", "NT", "HO", "BT", "V"],
+                        qg: k.Tensor["MT", "NT", "HO", "BT", "K"], kb: k.Tensor["MT", "NT", "HO", "BT", "K"],
+                        aqk: k.Tensor["MT", "NT", "HO", "BT", "BA"], gam: k.Tensor[k.f32, "NT", "HO", "K"],
                         scale: k.f32, lb: k.f32,
                         XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                         BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
-                        L2: k.constexpr = True, PREC: k.constexpr[PRECISIONS] = "bf16",
+                        L2: k.constexpr = True, PAIR: k.constexpr = False, PREC: k.constexpr[PRECISIONS] = "bf16",
                         SOLVE: k.constexpr[PRECISIONS] = "tf32",
                         BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
+    NH = 2 if PAIR else 1           # PAIR: chunk_info maps chunks of 2 BT; each program one half
     assert BC == 16 and NC <= 4, "16-row diagonal blocks, at most 4 per chunk (N^4 = 0)"
-    for n, hv in k.grid(chunk_info.shape[0], v.shape[1]):
-        t0 = chunk_info[n, 0]
+    for nh, hv0 in k.grid(chunk_info.shape[0] * NH, v.shape[1]):
+        n = nh // NH
+        half = nh % NH
+        hv = hv0 * NH + half        # output head: the outputs are [NT, HV * NH, BT, *] views (module doc)
+        t0 = chunk_info[n, 0] + half * BT
         t1 = chunk_info[n, 1]
-        h = hv // (v.shape[1] // q.shape[1])
+        h = hv0 // (v.shape[1] // q.shape[1])
         rid = k.arange(0, BT)
         live = (t0 + rid) < t1                 # rows past the sequence end read 0 and do not decay
         # loads in order of use (v last): the score loop is the register peak
         qc = k.load(q, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
         kc = k.load(kk, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-        graw = k.load(g, (k.span(t0, BT), hv, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-        bc = k.load(beta, (k.span(t0, BT), hv), mask=live, other=0.0).to(k.f32)
+        graw = k.load(g, (k.span(t0, BT), hv0, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+        bc = k.load(beta, (k.span(t0, BT), hv0), mask=live, other=0.0).to(k.f32)
         if L2:
             qc = l2norm_rows(qc)
             kc = l2norm_rows(kc)
         qc = qc * scale
-        a = k.where(live[:, None], gate_value(graw, a_log[hv], dt_bias[hv, k.span(0, BK)][None, :], lb, GATE_LOWER),
+        a = k.where(live[:, None], gate_value(graw, a_log[hv0], dt_bias[hv0, k.span(0, BK)][None, :], lb, GATE_LOWER),
                     0.0)
         gc = k.cumsum(a, axis=0)                                   # G_i (<= 0, falling)
         # G_i - P(i), P(i) = G of the row before i's block: the cumsum inside each block
@@ -97,7 +101,7 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
         lower = rid[:, None] >= rid[None, :]
         aq = k.where(lower, aq, 0.0)
         ak = k.where(rid[:, None] > rid[None, :], ak * bc[:, None], 0.0)
-        aqk[n, hv, k.span(0, BT), k.span(0, BT)] = aq.to(MT)
+        aqk[n, hv, k.span(0, BT), k.span(half * BT, BT)] = aq.to(MT)
         # (I + Akk)^-1 = (I - N)(I + N^2)(I + D)^-1 with N = (I + D)^-1 L_off (block-nilpotent)
         eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
         dg = k.where(same, ak, 0.0)
@@ -108,5 +112,5 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
         nn = mm(dinv, k.where(same, 0.0, ak), SOLVE)
         ainv = mm(mm(eye - nn, eye + mm(nn, nn, SOLVE), SOLVE), dinv, SOLVE)
         w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, bc[:, None] * kc * k.exp(gc), SOLVE).to(MT)   # Ainv beta Kt
-        vc = k.load(v, (k.span(t0, BT), hv, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
+        vc = k.load(v, (k.span(t0, BT), hv0, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
         u[n, hv, k.span(0, BT), k.span(0, BVV)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)

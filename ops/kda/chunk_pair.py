@@ -1,0 +1,48 @@
+"""`kda_chunk_pair_merge`: two consecutive half-chunks of the whole-chunk prep (BT rows each) become
+the operands of one chunk of 2 BT rows, so kda_chunk_state walks half as many dependent steps.
+
+Why (benchmarks/NOTES.md, KDA run 9): with few heads the state kernel is a chain of per-chunk steps
+of ~1.3 µs each whatever the chunk size, so chunk 64 halves it (T=32768 H=12: 0.92 ms at chunk 64
+against 1.37 at chunk 32); but the whole-chunk prep only fits the chip at chunk 32 (at 64 it spills,
+4.27 ms). So the prep runs at chunk 32 in PAIR mode, writing each half straight into the chunk-64
+tensors viewed as [NT, 2 HV, 32, *] (a contiguous reshape: head hv's halves are "heads" 2hv, 2hv+1),
+and this kernel folds the first half a into the second half b (research/kda.md §2.1; the state
+step vn = U - W S, O = Qt S + tril(Aqk) vn, S' = gam S + Kb^T vn, applied to a then b):
+
+  S_mid = gam_a S + Kb_a^T vn_a, vn_a = U_a - W_a S, so with X = W_b Kb_a^T (BT x BT)
+  vn_b = U_b - W_b S_mid = (U_b - X U_a) - (W_b diag(gam_a) - X W_a) S
+  O_b  = Qt_b S_mid + tril(Aqk_b) vn_b = (Qt_b diag(gam_a)) S + [Qt_b Kb_a^T | tril(Aqk_b)] vn
+  S'   = gam_b gam_a S + (Kb_a diag(gam_b))^T vn_a + Kb_b^T vn_b
+
+i.e. in place: W_b, U_b, Qt_b and Kb_a rewritten, the Aqk block [b rows, a columns] filled, gamma of
+the pair = gam_a gam_b. Every factor is bounded (gamma <= 1, Kb and Qt rows decayed), so no anchor
+question arises; a half past its sequence's end is all zeros with gamma 1 and merges to a no-op."""
+
+import k31dsl as k
+from k31dsl.ops.kda.chunk_kernels import DOT_PRECISIONS
+
+
+# sm_90a (bf16, K = V = 128): 4 warps 222 registers, 8 warps 162, no spill; the GPU tunes between them
+@k.kernel(configs=[{"num_warps": 4, "num_stages": 1}, {"num_warps": 8, "num_stages": 1}])
+def kda_chunk_pair_merge(w: k.Tensor["MT", "NT", "HV", "BT2", "K"], u: k.Tensor["MT", "NT", "HV", "BT2", "V"],
+                         qg: k.Tensor["MT", "NT", "HV", "BT2", "K"], kb: k.Tensor["MT", "NT", "HV", "BT2", "K"],
+                         aqk: k.Tensor["MT", "NT", "HV", "BT2", "BT2"], gam_half: k.Tensor[k.f32, "NT", "HV", "2", "K"],
+                         gam: k.Tensor[k.f32, "NT", "HV", "K"],
+                         MT: k.constexpr[k.bf16, k.f32] = k.bf16, PREC: k.constexpr[DOT_PRECISIONS] = "tf32",
+                         BT: k.constexpr = 32, BK: k.constexpr = 128, BVV: k.constexpr = 128):
+    for n, hv in k.grid(w.shape[0], w.shape[1]):
+        ga = gam_half[n, hv, 0, k.span(0, BK)]
+        gb = gam_half[n, hv, 1, k.span(0, BK)]
+        kba = kb[n, hv, k.span(0, BT), k.span(0, BK)].to(k.f32)
+        wb = w[n, hv, k.span(BT, BT), k.span(0, BK)].to(k.f32)
+        qgb = qg[n, hv, k.span(BT, BT), k.span(0, BK)].to(k.f32)
+        x = k.dot(wb, kba.T, precision=PREC)                       # W_b Kb_a^T
+        aqk[n, hv, k.span(BT, BT), k.span(0, BT)] = k.dot(qgb, kba.T, precision=PREC).to(MT)
+        wa = w[n, hv, k.span(0, BT), k.span(0, BK)].to(k.f32)
+        w[n, hv, k.span(BT, BT), k.span(0, BK)] = (wb * ga[None, :] - k.dot(x, wa, precision=PREC)).to(MT)
+        ua = u[n, hv, k.span(0, BT), k.span(0, BVV)].to(k.f32)
+        ub = u[n, hv, k.span(BT, BT), k.span(0, BVV)].to(k.f32)
+        u[n, hv, k.span(BT, BT), k.span(0, BVV)] = (ub - k.dot(x, ua, precision=PREC)).to(MT)
+        qg[n, hv, k.span(BT, BT), k.span(0, BK)] = (qgb * ga[None, :]).to(MT)
+        kb[n, hv, k.span(0, BT), k.span(0, BK)] = (kba * gb[None, :]).to(MT)
+        gam[n, hv, k.span(0, BK)] = ga * gb
