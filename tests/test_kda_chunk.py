@@ -195,19 +195,6 @@ def test_wide_prep_is_causal_bit_exact(prep):
         assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("chunk, prep", [(32, "wide"), (64, "pair")])
-def test_wide_prep_several_chunks_per_program(chunk, prep, target):
-    """CPP chunks per program of the whole-chunk prep (a runtime loop the GPU pipelines), with a
-    chunk count no multiple of CPP (the tail program redoes the last chunk): bit-for-bit the
-    one-chunk-per-program outputs."""
-    seed = _seed()
-    args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 151, 1, 2, 16, 16, torch.float32, "lb", 3, True)
-    o1, s1 = _run(args, kw, target, chunk, _prep=prep)
-    o3, s3 = _run(args, kw, target, chunk, _prep=prep, _prep_tiles={"CPP": 3})
-    assert torch.equal(o1, o3) and torch.equal(s1, s3), f"seed {seed}"
-
-
 def test_outputs_without_final_state_and_defaults():
     gen = torch.Generator().manual_seed(_seed())
     args, kw = make_inputs(gen, 1, 20, 1, 1, 16, 16, torch.float32, "logdecay", 0, False)

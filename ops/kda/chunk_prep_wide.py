@@ -30,13 +30,8 @@ from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.ops.kda.chunk_kernels import PRECISIONS, l2norm_rows, mm, row_of
 from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 
-# sm_90a, bf16, K = V = 128, chunk 32: one chunk per program 8 warps 181 registers (one program per
-# SM: load, math and store never overlap, 3.6x the byte floor at T=8192 H=96); CPP 2-4 chunks per
-# program at 2 stages pipelines the next chunk's loads through cp.async (255 registers + 88 B spill)
 WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1},
-                {"BT": 32, "num_warps": 8, "num_stages": 1},
-                {"BT": 32, "CPP": 2, "num_warps": 8, "num_stages": 2},
-                {"BT": 32, "CPP": 4, "num_warps": 8, "num_stages": 2}]
+                {"BT": 32, "num_warps": 8, "num_stages": 1}]
 
 
 @k.kernel(configs=WIDE_CONFIGS)
@@ -50,77 +45,72 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
                         scale: k.f32, lb: k.f32,
                         XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                         BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
-                        L2: k.constexpr = True, PAIR: k.constexpr = False, CPP: k.constexpr = 1, PREC: k.constexpr[PRECISIONS] = "bf16",
+                        L2: k.constexpr = True, PAIR: k.constexpr = False, PREC: k.constexpr[PRECISIONS] = "bf16",
                         SOLVE: k.constexpr[PRECISIONS] = "tf32",
                         BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
     NH = 2 if PAIR else 1           # PAIR: chunk_info maps chunks of 2 BT; each program one half
     assert BC == 16 and NC <= 4, "16-row diagonal blocks, at most 4 per chunk (N^4 = 0)"
-    for blk0, hv0 in k.grid(k.cdiv(chunk_info.shape[0] * NH, CPP), v.shape[1]):
-        # CPP chunks per program, a runtime loop: with num_stages >= 2 Triton's pipeliner issues the
-        # next chunk's loads (cp.async) under this chunk's math; the tail program redoes the last
-        # chunk (the same values stored twice) rather than branch around the stores
-        for j in range(CPP):
-            nh = k.minimum(blk0 * CPP + j, chunk_info.shape[0] * NH - 1)
-            n = nh // NH
-            half = nh % NH
-            hv = hv0 * NH + half        # output head: the outputs are [NT, HV * NH, BT, *] views (module doc)
-            t0 = chunk_info[n, 0] + half * BT
-            t1 = chunk_info[n, 1]
-            h = hv0 // (v.shape[1] // q.shape[1])
-            rid = k.arange(0, BT)
-            live = (t0 + rid) < t1                 # rows past the sequence end read 0 and do not decay
-            # loads in order of use (v last): the score loop is the register peak
-            qc = k.load(q, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-            kc = k.load(kk, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-            graw = k.load(g, (k.span(t0, BT), hv0, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
-            bc = k.load(beta, (k.span(t0, BT), hv0), mask=live, other=0.0).to(k.f32)
-            if L2:
-                qc = l2norm_rows(qc)
-                kc = l2norm_rows(kc)
-            qc = qc * scale
-            a = k.where(live[:, None], gate_value(graw, a_log[hv0], dt_bias[hv0, k.span(0, BK)][None, :], lb, GATE_LOWER),
-                        0.0)
-            gc = k.cumsum(a, axis=0)                                   # G_i (<= 0, falling)
-            # G_i - P(i), P(i) = G of the row before i's block: the cumsum inside each block
-            lc = k.reshape(k.cumsum(k.reshape(a, (NC, BC, BK)), axis=1), (BT, BK))
-            blk = rid // BC
-            same = blk[:, None] == blk[None, :]
-            # the diagonal blocks in one product: row i anchored at P(i), a past row (exp(G_i - P) <= 1,
-            # exp(P - G_j) <= exp(16 |lb|) for j in the block); products across blocks are finite and masked
-            qs, ks, cold = qc * k.exp(lc), kc * k.exp(lc), kc * k.exp(-lc)
-            if PREC == "bf16":                                         # operands narrowed at once: fewer live registers
-                qs, ks, cold = qs.to(k.bf16), ks.to(k.bf16), cold.to(k.bf16)
-            aq = k.where(same, mm(qs, cold.T, PREC), 0.0)
-            ak = k.where(same, mm(ks, cold.T, PREC), 0.0)
-            eg = k.exp(gc)                                              # exp(G_i) <= 1
-            glast = row_of(gc, rid, BT - 1)
-            qg[n, hv, k.span(0, BT), k.span(0, BK)] = (qc * eg).to(MT)
-            kb[n, hv, k.span(0, BT), k.span(0, BK)] = (kc * k.exp(glast[None, :] - gc)).to(MT)
-            gam[n, hv, k.span(0, BK)] = k.exp(glast)
-            for c in k.static_range(NC - 1):
-                e = row_of(gc, rid, c * BC + BC - 1)                   # E_c: G at block c's last row
-                # rows after block c x columns of block c, anchored at E_c (a past row for those rows)
-                rowf = k.where((blk > c)[:, None], k.exp(k.minimum(gc - e[None, :], 0.0)), 0.0)   # <= 1
-                col = k.where((blk == c)[:, None], kc * k.exp(k.minimum(e[None, :] - gc, 0.0)), 0.0)   # <= 1
-                qs, ks = qc * rowf, kc * rowf
-                if PREC == "bf16":
-                    qs, ks, col = qs.to(k.bf16), ks.to(k.bf16), col.to(k.bf16)
-                aq += mm(qs, col.T, PREC)
-                ak += mm(ks, col.T, PREC)
-            lower = rid[:, None] >= rid[None, :]
-            aq = k.where(lower, aq, 0.0)
-            ak = k.where(rid[:, None] > rid[None, :], ak * bc[:, None], 0.0)
-            aqk[n, hv, k.span(0, BT), k.span(half * BT, BT)] = aq.to(MT)
-            # (I + Akk)^-1 = (I - N)(I + N^2)(I + D)^-1 with N = (I + D)^-1 L_off (block-nilpotent)
-            eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
-            dg = k.where(same, ak, 0.0)
-            d2 = mm(dg, dg, SOLVE)
-            d4 = mm(d2, d2, SOLVE)
-            d8 = mm(d4, d4, SOLVE)
-            dinv = mm(mm(mm(eye - dg, eye + d2, SOLVE), eye + d4, SOLVE), eye + d8, SOLVE)
-            nn = mm(dinv, k.where(same, 0.0, ak), SOLVE)
-            ainv = mm(mm(eye - nn, eye + mm(nn, nn, SOLVE), SOLVE), dinv, SOLVE)
-            w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, bc[:, None] * kc * k.exp(gc), SOLVE).to(MT)   # Ainv beta Kt
-            vc = k.load(v, (k.span(t0, BT), hv0, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
-            u[n, hv, k.span(0, BT), k.span(0, BVV)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)
+    for nh, hv0 in k.grid(chunk_info.shape[0] * NH, v.shape[1]):
+        n = nh // NH
+        half = nh % NH
+        hv = hv0 * NH + half        # output head: the outputs are [NT, HV * NH, BT, *] views (module doc)
+        t0 = chunk_info[n, 0] + half * BT
+        t1 = chunk_info[n, 1]
+        h = hv0 // (v.shape[1] // q.shape[1])
+        rid = k.arange(0, BT)
+        live = (t0 + rid) < t1                 # rows past the sequence end read 0 and do not decay
+        # loads in order of use (v last): the score loop is the register peak
+        qc = k.load(q, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+        kc = k.load(kk, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+        graw = k.load(g, (k.span(t0, BT), hv0, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+        bc = k.load(beta, (k.span(t0, BT), hv0), mask=live, other=0.0).to(k.f32)
+        if L2:
+            qc = l2norm_rows(qc)
+            kc = l2norm_rows(kc)
+        qc = qc * scale
+        a = k.where(live[:, None], gate_value(graw, a_log[hv0], dt_bias[hv0, k.span(0, BK)][None, :], lb, GATE_LOWER),
+                    0.0)
+        gc = k.cumsum(a, axis=0)                                   # G_i (<= 0, falling)
+        # G_i - P(i), P(i) = G of the row before i's block: the cumsum inside each block
+        lc = k.reshape(k.cumsum(k.reshape(a, (NC, BC, BK)), axis=1), (BT, BK))
+        blk = rid // BC
+        same = blk[:, None] == blk[None, :]
+        # the diagonal blocks in one product: row i anchored at P(i), a past row (exp(G_i - P) <= 1,
+        # exp(P - G_j) <= exp(16 |lb|) for j in the block); products across blocks are finite and masked
+        qs, ks, cold = qc * k.exp(lc), kc * k.exp(lc), kc * k.exp(-lc)
+        if PREC == "bf16":                                         # operands narrowed at once: fewer live registers
+            qs, ks, cold = qs.to(k.bf16), ks.to(k.bf16), cold.to(k.bf16)
+        aq = k.where(same, mm(qs, cold.T, PREC), 0.0)
+        ak = k.where(same, mm(ks, cold.T, PREC), 0.0)
+        eg = k.exp(gc)                                              # exp(G_i) <= 1
+        glast = row_of(gc, rid, BT - 1)
+        qg[n, hv, k.span(0, BT), k.span(0, BK)] = (qc * eg).to(MT)
+        kb[n, hv, k.span(0, BT), k.span(0, BK)] = (kc * k.exp(glast[None, :] - gc)).to(MT)
+        gam[n, hv, k.span(0, BK)] = k.exp(glast)
+        for c in k.static_range(NC - 1):
+            e = row_of(gc, rid, c * BC + BC - 1)                   # E_c: G at block c's last row
+            # rows after block c x columns of block c, anchored at E_c (a past row for those rows)
+            rowf = k.where((blk > c)[:, None], k.exp(k.minimum(gc - e[None, :], 0.0)), 0.0)   # <= 1
+            col = k.where((blk == c)[:, None], kc * k.exp(k.minimum(e[None, :] - gc, 0.0)), 0.0)   # <= 1
+            qs, ks = qc * rowf, kc * rowf
+            if PREC == "bf16":
+                qs, ks, col = qs.to(k.bf16), ks.to(k.bf16), col.to(k.bf16)
+            aq += mm(qs, col.T, PREC)
+            ak += mm(ks, col.T, PREC)
+        lower = rid[:, None] >= rid[None, :]
+        aq = k.where(lower, aq, 0.0)
+        ak = k.where(rid[:, None] > rid[None, :], ak * bc[:, None], 0.0)
+        aqk[n, hv, k.span(0, BT), k.span(half * BT, BT)] = aq.to(MT)
+        # (I + Akk)^-1 = (I - N)(I + N^2)(I + D)^-1 with N = (I + D)^-1 L_off (block-nilpotent)
+        eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
+        dg = k.where(same, ak, 0.0)
+        d2 = mm(dg, dg, SOLVE)
+        d4 = mm(d2, d2, SOLVE)
+        d8 = mm(d4, d4, SOLVE)
+        dinv = mm(mm(mm(eye - dg, eye + d2, SOLVE), eye + d4, SOLVE), eye + d8, SOLVE)
+        nn = mm(dinv, k.where(same, 0.0, ak), SOLVE)
+        ainv = mm(mm(eye - nn, eye + mm(nn, nn, SOLVE), SOLVE), dinv, SOLVE)
+        w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, bc[:, None] * kc * k.exp(gc), SOLVE).to(MT)   # Ainv beta Kt
+        vc = k.load(v, (k.span(t0, BT), hv0, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
+        u[n, hv, k.span(0, BT), k.span(0, BVV)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)
