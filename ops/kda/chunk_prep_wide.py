@@ -30,6 +30,11 @@ from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.ops.kda.chunk_kernels import PRECISIONS, l2norm_rows, mm, row_of
 from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 
+# KDA run 13 (H200, bf16, K = V = 128, chunk 32): 4 warps (255 registers + 40 B spill, two programs
+# per SM) 1.434 ms at T=8192 H=96 against 2.631 at 8 warps (181 registers, one per SM): the prep is
+# latency-bound per program, so programs per SM decide. A runtime loop over 2-4 chunks per program
+# at 2 stages (the next chunk's loads under this one's math) lost at 8 warps (2.80 ms) and spills
+# 280 B at 4, so it was taken out again.
 WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1},
                 {"BT": 32, "num_warps": 8, "num_stages": 1}]
 
