@@ -150,7 +150,7 @@ def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs
 
 def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
               use_qk_l2norm=True, chunk_size=None, A_log=None, dt_bias=None, lower_bound=None, state_v_first=False,
-              target=None, _variant: str | None = None, _prep: str | None = None, _prep_tiles: dict | None = None):
+              target=None, _variant: str | None = None, _prep: str | None = None):
     """KDA forward, chunked -> (o [B, T, HV, V] like v, final_state fp32 [N, HV, K, V] or None).
 
     q, k [B, T, H, K]; v [B, T, HV, V] (HV a multiple of H); g [B, T, HV, K] the natural-log decay,
@@ -162,8 +162,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     default `default_tiling`'s choice. `_prep` ("sub" | "wide" | "pair", for measurements; default
     the same function's) picks the prep kernel: sub-chunk steps, whole-chunk tiles
     (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or whole-chunk halves of 32 paired
-    into chunk 64 (chunk_pair.py; lower-bound gate). `_prep_tiles` fixes more of the whole-chunk
-    prep's constexprs (KSPLIT: tests and measurements)."""
+    into chunk 64 (chunk_pair.py; lower-bound gate)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
@@ -220,12 +219,11 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
                 views = [t.view(nt1, HV * 2, half, t.shape[-1]) for t in (w, u, qg, kb, aqk)]
                 kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *views,
                                             gam_half.view(nt1, HV * 2, K), scale, lb, L2=bool(use_qk_l2norm),
-                                            PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K, BVV=V, BT=half,
-                                            **(_prep_tiles or {}))
+                                            PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K, BVV=V, BT=half)
             elif _prep == "wide":
                 kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale,
                                             lb, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V,
-                                            **tiles_prep, **(_prep_tiles or {}))
+                                            **tiles_prep)
             else:
                 kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
                                        GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec,

@@ -27,7 +27,7 @@ relative: far below the bf16 rounding of the outputs."""
 
 import k31dsl as k
 from k31dsl.ops.common import FLOAT_INPUTS
-from k31dsl.ops.kda.chunk_kernels import L2_EPS, PRECISIONS, mm, row_of
+from k31dsl.ops.kda.chunk_kernels import PRECISIONS, l2norm_rows, mm, row_of
 from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 
 # KDA run 13 (H200, bf16, K = V = 128, chunk 32): 4 warps (255 registers + 40 B spill, two programs
@@ -35,24 +35,8 @@ from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 # latency-bound per program, so programs per SM decide. A runtime loop over 2-4 chunks per program
 # at 2 stages (the next chunk's loads under this one's math) lost at 8 warps (2.80 ms) and spills
 # 280 B at 4, so it was taken out again.
-# KSPLIT walks the channels in slices (sm_90a, chunk 32: KSPLIT 1 at 4 warps 255 registers + 16 B
-# spill, 2 at 4 warps 255 + 16, 4 at 4 warps 185 and at 2 warps 248 (four programs per SM)).
 WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1},
-                {"BT": 32, "num_warps": 8, "num_stages": 1}, {"BT": 32, "KSPLIT": 2, "num_warps": 4, "num_stages": 1},
-                {"BT": 32, "KSPLIT": 4, "num_warps": 4, "num_stages": 1},
-                {"BT": 32, "KSPLIT": 4, "num_warps": 2, "num_stages": 1}]
-
-
-@k.func
-def channel_tiles(q, kk, g, a_log, dt_bias, t0, h, hv0, live, c0, lb, BT, BKH):
-    """Channels [c0, c0 + BKH) of the chunk: raw q, k (f32) and the gate's log decay a (0 past
-    the sequence end)."""
-    qc = k.load(q, (k.span(t0, BT), h, k.span(c0, BKH)), mask=live[:, None], other=0.0).to(k.f32)
-    kc = k.load(kk, (k.span(t0, BT), h, k.span(c0, BKH)), mask=live[:, None], other=0.0).to(k.f32)
-    graw = k.load(g, (k.span(t0, BT), hv0, k.span(c0, BKH)), mask=live[:, None], other=0.0).to(k.f32)
-    a = k.where(live[:, None], gate_value(graw, a_log[hv0], dt_bias[hv0, k.span(c0, BKH)][None, :], lb, GATE_LOWER),
-                0.0)
-    return qc, kc, a
+                {"BT": 32, "num_warps": 8, "num_stages": 1}]
 
 
 @k.kernel(configs=WIDE_CONFIGS)
@@ -66,15 +50,12 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
                         scale: k.f32, lb: k.f32,
                         XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                         BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
-                        L2: k.constexpr = True, PAIR: k.constexpr = False, KSPLIT: k.constexpr = 1, PREC: k.constexpr[PRECISIONS] = "bf16",
+                        L2: k.constexpr = True, PAIR: k.constexpr = False, PREC: k.constexpr[PRECISIONS] = "bf16",
                         SOLVE: k.constexpr[PRECISIONS] = "tf32",
                         BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
-    BKH = BK // KSPLIT
-    BVH = max(BVV // KSPLIT, min(16, BVV))      # U's slices: no dot narrower than 16
     NH = 2 if PAIR else 1           # PAIR: chunk_info maps chunks of 2 BT; each program one half
     assert BC == 16 and NC <= 4, "16-row diagonal blocks, at most 4 per chunk (N^4 = 0)"
-    assert BK % KSPLIT == 0, "channel slices of equal width"
     for nh, hv0 in k.grid(chunk_info.shape[0] * NH, v.shape[1]):
         n = nh // NH
         half = nh % NH
@@ -84,60 +65,44 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
         h = hv0 // (v.shape[1] // q.shape[1])
         rid = k.arange(0, BT)
         live = (t0 + rid) < t1                 # rows past the sequence end read 0 and do not decay
+        # loads in order of use (v last): the score loop is the register peak
+        qc = k.load(q, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+        kc = k.load(kk, (k.span(t0, BT), h, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
+        graw = k.load(g, (k.span(t0, BT), hv0, k.span(0, BK)), mask=live[:, None], other=0.0).to(k.f32)
         bc = k.load(beta, (k.span(t0, BT), hv0), mask=live, other=0.0).to(k.f32)
+        if L2:
+            qc = l2norm_rows(qc)
+            kc = l2norm_rows(kc)
+        qc = qc * scale
+        a = k.where(live[:, None], gate_value(graw, a_log[hv0], dt_bias[hv0, k.span(0, BK)][None, :], lb, GATE_LOWER),
+                    0.0)
+        gc = k.cumsum(a, axis=0)                                   # G_i (<= 0, falling)
+        # G_i - P(i), P(i) = G of the row before i's block: the cumsum inside each block
+        lc = k.reshape(k.cumsum(k.reshape(a, (NC, BC, BK)), axis=1), (BT, BK))
         blk = rid // BC
         same = blk[:, None] == blk[None, :]
-        # KSPLIT: the [BT, K] tiles are walked in KSPLIT channel slices (fewer live registers, more
-        # programs per SM); the scores are sums over channels, so slices add up, and everything else
-        # is per channel. The L2 norms need whole rows first; W needs Ainv, so its slices reload
-        # their q/k/g channels (L2-resident) and recompute the gate.
-        rq = k.full((BT,), 1.0, k.f32)
-        rk = k.full((BT,), 1.0, k.f32)
-        if L2 and KSPLIT > 1:
-            sq = k.zeros((BT,), k.f32)
-            sk = k.zeros((BT,), k.f32)
-            for ks in k.static_range(KSPLIT):
-                qc, kc, a = channel_tiles(q, kk, g, a_log, dt_bias, t0, h, hv0, live, ks * BKH, lb, BT, BKH)
-                sq += k.sum(qc * qc, axis=1)
-                sk += k.sum(kc * kc, axis=1)
-            rq = k.rsqrt(sq + L2_EPS)
-            rk = k.rsqrt(sk + L2_EPS)
-        aq = k.zeros((BT, BT), k.f32)
-        ak = k.zeros((BT, BT), k.f32)
-        for ks in k.static_range(KSPLIT):
-            qc, kc, a = channel_tiles(q, kk, g, a_log, dt_bias, t0, h, hv0, live, ks * BKH, lb, BT, BKH)
-            if L2 and KSPLIT == 1:                                 # whole rows at hand: no norm pass
-                rq = k.rsqrt(k.sum(qc * qc, axis=1) + L2_EPS)
-                rk = k.rsqrt(k.sum(kc * kc, axis=1) + L2_EPS)
-            qc = qc * (rq * scale)[:, None]
-            kc = kc * rk[:, None]
-            gc = k.cumsum(a, axis=0)                                   # G_i (<= 0, falling)
-            # G_i - P(i), P(i) = G of the row before i's block: the cumsum inside each block
-            lc = k.reshape(k.cumsum(k.reshape(a, (NC, BC, BKH)), axis=1), (BT, BKH))
-            # the diagonal blocks in one product: row i anchored at P(i), a past row (exp(G_i - P) <= 1,
-            # exp(P - G_j) <= exp(16 |lb|) for j in the block); products across blocks are finite and masked
-            qs, kx, cold = qc * k.exp(lc), kc * k.exp(lc), kc * k.exp(-lc)
-            if PREC == "bf16":                                     # operands narrowed at once: fewer live registers
-                qs, kx, cold = qs.to(k.bf16), kx.to(k.bf16), cold.to(k.bf16)
-            aq += k.where(same, mm(qs, cold.T, PREC), 0.0)
-            ak += k.where(same, mm(kx, cold.T, PREC), 0.0)
-            eg = k.exp(gc)                                          # exp(G_i) <= 1
-            if KSPLIT == 1:                                         # beta Kt, kept for W (no reload)
-                rw_kept = bc[:, None] * kc * eg
-            glast = row_of(gc, rid, BT - 1)
-            qg[n, hv, k.span(0, BT), k.span(ks * BKH, BKH)] = (qc * eg).to(MT)
-            kb[n, hv, k.span(0, BT), k.span(ks * BKH, BKH)] = (kc * k.exp(glast[None, :] - gc)).to(MT)
-            gam[n, hv, k.span(ks * BKH, BKH)] = k.exp(glast)
-            for c in k.static_range(NC - 1):
-                e = row_of(gc, rid, c * BC + BC - 1)               # E_c: G at block c's last row
-                # rows after block c x columns of block c, anchored at E_c (a past row for those rows)
-                rowf = k.where((blk > c)[:, None], k.exp(k.minimum(gc - e[None, :], 0.0)), 0.0)   # <= 1
-                col = k.where((blk == c)[:, None], kc * k.exp(k.minimum(e[None, :] - gc, 0.0)), 0.0)   # <= 1
-                qs, kx = qc * rowf, kc * rowf
-                if PREC == "bf16":
-                    qs, kx, col = qs.to(k.bf16), kx.to(k.bf16), col.to(k.bf16)
-                aq += mm(qs, col.T, PREC)
-                ak += mm(kx, col.T, PREC)
+        # the diagonal blocks in one product: row i anchored at P(i), a past row (exp(G_i - P) <= 1,
+        # exp(P - G_j) <= exp(16 |lb|) for j in the block); products across blocks are finite and masked
+        qs, ks, cold = qc * k.exp(lc), kc * k.exp(lc), kc * k.exp(-lc)
+        if PREC == "bf16":                                         # operands narrowed at once: fewer live registers
+            qs, ks, cold = qs.to(k.bf16), ks.to(k.bf16), cold.to(k.bf16)
+        aq = k.where(same, mm(qs, cold.T, PREC), 0.0)
+        ak = k.where(same, mm(ks, cold.T, PREC), 0.0)
+        eg = k.exp(gc)                                              # exp(G_i) <= 1
+        glast = row_of(gc, rid, BT - 1)
+        qg[n, hv, k.span(0, BT), k.span(0, BK)] = (qc * eg).to(MT)
+        kb[n, hv, k.span(0, BT), k.span(0, BK)] = (kc * k.exp(glast[None, :] - gc)).to(MT)
+        gam[n, hv, k.span(0, BK)] = k.exp(glast)
+        for c in k.static_range(NC - 1):
+            e = row_of(gc, rid, c * BC + BC - 1)                   # E_c: G at block c's last row
+            # rows after block c x columns of block c, anchored at E_c (a past row for those rows)
+            rowf = k.where((blk > c)[:, None], k.exp(k.minimum(gc - e[None, :], 0.0)), 0.0)   # <= 1
+            col = k.where((blk == c)[:, None], kc * k.exp(k.minimum(e[None, :] - gc, 0.0)), 0.0)   # <= 1
+            qs, ks = qc * rowf, kc * rowf
+            if PREC == "bf16":
+                qs, ks, col = qs.to(k.bf16), ks.to(k.bf16), col.to(k.bf16)
+            aq += mm(qs, col.T, PREC)
+            ak += mm(ks, col.T, PREC)
         lower = rid[:, None] >= rid[None, :]
         aq = k.where(lower, aq, 0.0)
         ak = k.where(rid[:, None] > rid[None, :], ak * bc[:, None], 0.0)
@@ -151,13 +116,6 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
         dinv = mm(mm(mm(eye - dg, eye + d2, SOLVE), eye + d4, SOLVE), eye + d8, SOLVE)
         nn = mm(dinv, k.where(same, 0.0, ak), SOLVE)
         ainv = mm(mm(eye - nn, eye + mm(nn, nn, SOLVE), SOLVE), dinv, SOLVE)
-        for ks in k.static_range(KSPLIT):                          # W = Ainv beta Kt, by channel slices
-            if KSPLIT == 1:
-                rw = rw_kept
-            else:
-                qc, kc, a = channel_tiles(q, kk, g, a_log, dt_bias, t0, h, hv0, live, ks * BKH, lb, BT, BKH)
-                rw = (bc * rk)[:, None] * kc * k.exp(k.cumsum(a, axis=0))
-            w[n, hv, k.span(0, BT), k.span(ks * BKH, BKH)] = mm(ainv, rw, SOLVE).to(MT)
-        for vs in k.static_range(BVV // BVH):                     # U = Ainv beta V, by value slices
-            vc = k.load(v, (k.span(t0, BT), hv0, k.span(vs * BVH, BVH)), mask=live[:, None], other=0.0).to(k.f32)
-            u[n, hv, k.span(0, BT), k.span(vs * BVH, BVH)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)
+        w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, bc[:, None] * kc * k.exp(gc), SOLVE).to(MT)   # Ainv beta Kt
+        vc = k.load(v, (k.span(t0, BT), hv0, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
+        u[n, hv, k.span(0, BT), k.span(0, BVV)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)
