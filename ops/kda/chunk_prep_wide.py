@@ -34,7 +34,8 @@ from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 # per SM) 1.434 ms at T=8192 H=96 against 2.631 at 8 warps (181 registers, one per SM): the prep is
 # latency-bound per program, so programs per SM decide. A runtime loop over 2-4 chunks per program
 # at 2 stages (the next chunk's loads under this one's math) lost at 8 warps (2.80 ms) and spills
-# 280 B at 4, so it was taken out again.
+# 280 B at 4, so it was taken out again. So was walking the channels in 2 or 4 slices per program
+# (KDA run 15: 185 registers at 4 slices, but the extra passes cost 1.6x / 2.6x: 2.30 / 3.76 ms).
 WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1},
                 {"BT": 32, "num_warps": 8, "num_stages": 1}]
 
