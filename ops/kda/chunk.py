@@ -194,7 +194,8 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     aqk = torch.empty(nt1, HV, bt, bt, dtype=mt, device=dev)
     gam = torch.empty(nt1, HV, K, dtype=torch.float32, device=dev)
     # pair: the prep writes chunk-32 halves into the chunk-64 tensors as [NT, 2 HV, 32, *] views
-    gam_half = torch.empty(nt1, HV, 2, K, dtype=torch.float32, device=dev) if _prep == "pair" else None
+    gam_half = torch.empty(nt1, HV * 2, K, dtype=torch.float32, device=dev) if _prep == "pair" else None
+    halves = [t.view(nt1, HV * 2, bt // 2, t.shape[-1]) for t in (w, u, qg, kb, aqk)] if _prep == "pair" else None
     o = torch.empty(B * T, HV, V, dtype=v.dtype, device=dev)
     ht_shape = (n, HV, V, K) if state_v_first else (n, HV, K, V)
     ht = torch.empty(ht_shape, dtype=torch.float32, device=dev) if output_final_state else \
@@ -215,11 +216,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         with _phase("prep"):
             if _prep == "pair":
-                half = bt // 2
-                views = [t.view(nt1, HV * 2, half, t.shape[-1]) for t in (w, u, qg, kb, aqk)]
-                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *views,
-                                            gam_half.view(nt1, HV * 2, K), scale, lb, L2=bool(use_qk_l2norm),
-                                            PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K, BVV=V, BT=half)
+                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *halves, gam_half, scale, lb,
+                                            L2=bool(use_qk_l2norm), PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K,
+                                            BVV=V, BT=bt // 2)
             elif _prep == "wide":
                 kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale,
                                             lb, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V,
@@ -230,7 +229,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
                                        SOLVE=solve, KEEP=keep, BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
     if nt and _prep == "pair":
         with _phase("merge"):
-            kda_chunk_pair_merge[target](w, u, qg, kb, aqk, gam_half, gam, PREC=prec, BT=bt // 2, BK=K, BVV=V)
+            kda_chunk_pair_merge[target](*halves, gam_half, gam, PREC=prec, BT=bt // 2, BK=K, BVV=V)
     if nt or output_final_state:
         with _phase("state"):
             kda_chunk_state[target](w, u, qg, kb, aqk, gam, seq_chunks, cu_t, h0, ht, o,

@@ -26,27 +26,31 @@ from k31dsl.ops.kda.chunk_kernels import DOT_PRECISIONS
 # 8 warps 134 (one); with fp32 tiles 4 warps took 222 and 0.222 ms at T=32768 H=12 (KDA run 13:
 # 1.9x its 500 MB byte floor), 8 warps 0.350. The GPU tunes between the two.
 @k.kernel(configs=[{"num_warps": 4, "num_stages": 1}, {"num_warps": 8, "num_stages": 1}])
-def kda_chunk_pair_merge(w: k.Tensor["MT", "NT", "HV", "BT2", "K"], u: k.Tensor["MT", "NT", "HV", "BT2", "V"],
-                         qg: k.Tensor["MT", "NT", "HV", "BT2", "K"], kb: k.Tensor["MT", "NT", "HV", "BT2", "K"],
-                         aqk: k.Tensor["MT", "NT", "HV", "BT2", "BT2"], gam_half: k.Tensor[k.f32, "NT", "HV", "2", "K"],
+def kda_chunk_pair_merge(w: k.Tensor["MT", "NT", "H2", "BT", "K"], u: k.Tensor["MT", "NT", "H2", "BT", "V"],
+                         qg: k.Tensor["MT", "NT", "H2", "BT", "K"], kb: k.Tensor["MT", "NT", "H2", "BT", "K"],
+                         aqk: k.Tensor["MT", "NT", "H2", "BT", "BA"], gam_half: k.Tensor[k.f32, "NT", "H2", "K"],
                          gam: k.Tensor[k.f32, "NT", "HV", "K"],
                          MT: k.constexpr[k.bf16, k.f32] = k.bf16, PREC: k.constexpr[DOT_PRECISIONS] = "tf32",
                          BT: k.constexpr = 32, BK: k.constexpr = 128, BVV: k.constexpr = 128):
-    # tiles stay in MT (bf16 on the GPU: half the registers, four programs per SM) and feed the
-    # dots as they are, X rounded to MT like the state kernel rounds S: fp32 accumulation throughout
-    for n, hv in k.grid(w.shape[0], w.shape[1]):
-        ga = gam_half[n, hv, 0, k.span(0, BK)]
-        gb = gam_half[n, hv, 1, k.span(0, BK)]
-        kba = kb[n, hv, k.span(0, BT), k.span(0, BK)]
-        wb = w[n, hv, k.span(BT, BT), k.span(0, BK)]
-        qgb = qg[n, hv, k.span(BT, BT), k.span(0, BK)]
+    # operands in the prep's layout: head hv's halves are rows 2 hv (a) and 2 hv + 1 (b) of H2 = 2 HV
+    # (the chunk-64 tensors seen as [NT, 2 HV, 32, *]); Aqk's rows of b hold columns a | b.
+    # Tiles stay in MT (bf16 on the GPU: half the registers) and feed the dots as they are, X
+    # rounded to MT like the state kernel rounds S: fp32 accumulation throughout.
+    for n, hv in k.grid(w.shape[0], gam.shape[1]):
+        a = 2 * hv
+        b = a + 1
+        ga = gam_half[n, a, k.span(0, BK)]
+        gb = gam_half[n, b, k.span(0, BK)]
+        kba = kb[n, a, k.span(0, BT), k.span(0, BK)]
+        wb = w[n, b, k.span(0, BT), k.span(0, BK)]
+        qgb = qg[n, b, k.span(0, BT), k.span(0, BK)]
         x = k.dot(wb, kba.T, precision=PREC).to(MT)                 # W_b Kb_a^T
-        aqk[n, hv, k.span(BT, BT), k.span(0, BT)] = k.dot(qgb, kba.T, precision=PREC).to(MT)
-        qg[n, hv, k.span(BT, BT), k.span(0, BK)] = (qgb.to(k.f32) * ga[None, :]).to(MT)
-        kb[n, hv, k.span(0, BT), k.span(0, BK)] = (kba.to(k.f32) * gb[None, :]).to(MT)
-        wa = w[n, hv, k.span(0, BT), k.span(0, BK)]
-        w[n, hv, k.span(BT, BT), k.span(0, BK)] = (wb.to(k.f32) * ga[None, :] - k.dot(x, wa, precision=PREC)).to(MT)
-        ua = u[n, hv, k.span(0, BT), k.span(0, BVV)]
-        ub = u[n, hv, k.span(BT, BT), k.span(0, BVV)].to(k.f32)
-        u[n, hv, k.span(BT, BT), k.span(0, BVV)] = (ub - k.dot(x, ua, precision=PREC)).to(MT)
+        aqk[n, b, k.span(0, BT), k.span(0, BT)] = k.dot(qgb, kba.T, precision=PREC).to(MT)
+        qg[n, b, k.span(0, BT), k.span(0, BK)] = (qgb.to(k.f32) * ga[None, :]).to(MT)
+        kb[n, a, k.span(0, BT), k.span(0, BK)] = (kba.to(k.f32) * gb[None, :]).to(MT)
+        wa = w[n, a, k.span(0, BT), k.span(0, BK)]
+        w[n, b, k.span(0, BT), k.span(0, BK)] = (wb.to(k.f32) * ga[None, :] - k.dot(x, wa, precision=PREC)).to(MT)
+        ua = u[n, a, k.span(0, BT), k.span(0, BVV)]
+        ub = u[n, b, k.span(0, BT), k.span(0, BVV)].to(k.f32)
+        u[n, b, k.span(0, BT), k.span(0, BVV)] = (ub - k.dot(x, ua, precision=PREC)).to(MT)
         gam[n, hv, k.span(0, BK)] = ga * gb
