@@ -39,13 +39,13 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 
 # BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
-# GPU run 1 (H200, K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at
-# N = 64 / 256, fla 3.28 / 2.62); at N <= 16 its do_bench timings are host-bound noise (it picked
-# BV=128 at N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner.
-# BV 64 at 8 warps (the tuner times each config's own build): sm_90a [V,K] 128 registers, two
-# programs (16 warps) per SM against 237 registers at 4 warps; [K,V] 186 (one per SM).
+# One config per BV: the Triton runtime takes num_warps from the first config whose constexprs
+# match, so two configs that differ only in num_warps would be timed as one. GPU run 1 (H200,
+# K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at N = 64 / 256,
+# fla 3.28 / 2.62); at N <= 16 its do_bench timings are host-bound noise (it picked BV=128 at
+# N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner.
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
-                  {"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 8}]
+                  {"BV": 128, "num_warps": 8}]
 ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
 SMALL_GRID = 8192       # programs at BV=64 below which BV is picked, not tuned (132 SMs x ~62)
 
