@@ -43,7 +43,9 @@ L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 # match, so two configs that differ only in num_warps would be timed as one. GPU run 1 (H200,
 # K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at N = 64 / 256,
 # fla 3.28 / 2.62); at N <= 16 its do_bench timings are host-bound noise (it picked BV=128 at
-# N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner.
+# N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner. BV 64 at
+# 8 warps ([V,K]: 128 registers, two programs per SM) lost at every N in KDA run 16 (N = 64: 0.243
+# vs 0.229 ms), so occupancy is not what holds decode at 3.5 TB/s.
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
                   {"BV": 128, "num_warps": 8}]
 ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
