@@ -39,9 +39,7 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 
 # BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
-# One config per BV: the Triton runtime takes num_warps from the first config whose constexprs
-# match, so two configs that differ only in num_warps would be timed as one. GPU run 1 (H200,
-# K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at N = 64 / 256,
+# GPU run 1 (H200, K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at N = 64 / 256,
 # fla 3.28 / 2.62); at N <= 16 its do_bench timings are host-bound noise (it picked BV=128 at
 # N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner. BV 64 at
 # 8 warps ([V,K]: 128 registers, two programs per SM) lost at every N in KDA run 16 (N = 64: 0.243
