@@ -225,7 +225,8 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         r["tiling"] = f"chunk {tiling[0]}, {tiling[1]} prep"
         # the default before KDA run 9, and whichever of wide-32 / pair-64 is not the default here
         others = [("k31dsl sub prep chunk 64", 64, "sub")] + [
-            (f"k31dsl {p} prep chunk {c}", c, p) for c, p in ((32, "wide"), (64, "pair")) if (c, p) != tiling]
+            (f"k31dsl {p} prep chunk {c}", c, p) for c, p in ((32, "wide"), (64, "pair"), (32, "pair"))
+            if (c, p) != tiling]
         if variants and name == "T8192_H96":
             others += [("k31dsl sub prep chunk 32", 32, "sub"), ("k31dsl wide prep chunk 64", 64, "wide")]
         for label, chunk, prep in others:

@@ -64,6 +64,8 @@ PAIR_CASES = {  # chunk-32 whole-chunk halves paired into chunk 64 (ops/kda/chun
     "pair_below_half": (1, 21, 1, 2, 16, 16, torch.float32, "lb", 64, 0, False),
     "pair_varlen": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
     "pair_gva_batch_bf16": (2, 70, 2, 4, 32, 32, torch.bfloat16, "lb", 64, 0, True),
+    "pair_16_varlen": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 32, 3, True),
+    "pair_16_bf16": (1, 45, 1, 2, 32, 32, torch.bfloat16, "lb", 32, 0, True),
 }
 PREP_OF = {**{c: "sub" for c in CASES}, **{c: "wide" for c in WIDE_CASES}, **{c: "pair" for c in PAIR_CASES}}
 
@@ -166,7 +168,7 @@ def test_causality_bit_exact(gate):
         assert not torch.equal(o1[:, t:], o2[:, t:])
 
 
-@pytest.mark.parametrize("chunk, prep", [(32, "wide"), (64, "wide"), (64, "pair")])
+@pytest.mark.parametrize("chunk, prep", [(32, "wide"), (64, "wide"), (64, "pair"), (32, "pair")])
 def test_wide_prep_at_the_strongest_decay(chunk, prep):
     """lb = -5 saturated on most steps: G falls to ~-300 within a chunk of 64, so the row factors
     of the rows before a column block hit the exp(80) clamp and those after it underflow to 0;
@@ -250,7 +252,7 @@ def test_kda_gate_shapes_and_forms():
     (lambda a: chunk_kda(*a, chunk_size=64, _prep="wide"), "needs the lower-bound gate"),
     (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="wide"), "chunk_size=16"),
     (lambda a: chunk_kda(*a, _prep="fast"), "not a prep kernel"),
-    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=32, _prep="pair"), "chunk_size 64, got chunk_size=32"),
+    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="pair"), "chunk_size 32 or 64, got chunk_size=16"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args, _ = make_inputs(torch.Generator().manual_seed(0), 1, 20, 1, 2, 16, 16, torch.float32, "lb", 0, False)

@@ -161,8 +161,8 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     (K contiguous, the layout kda_decode's state_v_first pool uses). chunk_size 16/32/64, by
     default `default_tiling`'s choice. `_prep` ("sub" | "wide" | "pair", for measurements; default
     the same function's) picks the prep kernel: sub-chunk steps, whole-chunk tiles
-    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or whole-chunk halves of 32 paired
-    into chunk 64 (chunk_pair.py; lower-bound gate)."""
+    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or whole-chunk halves paired into
+    one chunk (chunk_pair.py; lower-bound gate, chunk 32 or 64 from halves of 16 or 32)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
@@ -176,7 +176,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     scale = K ** -0.5 if scale is None else float(scale)
     if _prep not in PREPS:
         raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint=f"one of {PREPS}")
-    sizes = (64,) if _prep == "pair" else (32, 64)
+    sizes = (32, 64)                # pair: halves of 16 or 32 rows
     if _prep != "sub" and (mode != GATE_LOWER or chunk_size not in sizes):
         raise K31Error(f"{op}: the {_prep} prep kernel needs the lower-bound gate (a bounded decay per row) and "
                        f"chunk_size {' or '.join(map(str, sizes))}, got "

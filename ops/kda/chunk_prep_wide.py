@@ -36,8 +36,11 @@ from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 # at 2 stages (the next chunk's loads under this one's math) lost at 8 warps (2.80 ms) and spills
 # 280 B at 4, so it was taken out again. So was walking the channels in 2 or 4 slices per program
 # (KDA run 15: 185 registers at 4 slices, but the extra passes cost 1.6x / 2.6x: 2.30 / 3.76 ms).
+# Chunk 16 (the halves of a paired chunk 32; one diagonal block, no off-diagonal products): 4 warps
+# 130 registers (three programs per SM), 2 warps 242 (four).
 WIDE_CONFIGS = [{"BT": 64, "num_warps": 8, "num_stages": 1}, {"BT": 32, "num_warps": 4, "num_stages": 1},
-                {"BT": 32, "num_warps": 8, "num_stages": 1}]
+                {"BT": 32, "num_warps": 8, "num_stages": 1}, {"BT": 16, "num_warps": 4, "num_stages": 1},
+                {"BT": 16, "num_warps": 2, "num_stages": 1}]
 
 
 @k.kernel(configs=WIDE_CONFIGS)
