@@ -69,8 +69,8 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
 
 
 def ours(args, kw, target, chunk=None, variant=None, prep=None):
-    """chunk_kda on the inputs; chunk / prep None: chunk_kda's default_tiling (chunk 32 with the
-    whole-chunk prep under this benchmark's lower-bound gate)."""
+    """chunk_kda on the inputs; chunk / prep None: chunk_kda's default_tiling (paired whole-chunk
+    prep halves under this benchmark's lower-bound gate)."""
     from k31dsl.ops.kda import chunk_kda
     return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target, _variant=variant,
                              _prep=prep)
@@ -392,7 +392,7 @@ def main(argv=None) -> int:
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
                "rows": rows, "decode_rows": decode, "tuning": tuning}
     harness.write("kda", payload, COLUMNS, rows, extra=harness.tuning_section(tuning),
-                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: chunk 32 whole-chunk prep, or with few heads its halves paired into chunk 64) unless the row says otherwise, lower-bound gate -5 "
+                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: whole-chunk prep halves paired, of 16 into chunk 32, or with few heads of 32 into chunk 64; chunk_kda's default_tiling) unless the row says otherwise, lower-bound gate -5 "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "
                         f"fp64 oracle check (small shape): {check}. Tuned: {tuned_configs()}. Decode rows: "

@@ -296,22 +296,23 @@ def test_kernels_compile_for_hopper(tmp_path):
 
 
 def test_default_tiling_is_the_measured_choice():
-    """chunk_kda with chunk_size / prep left open: under the lower-bound gate the whole-chunk prep
-    at chunk 32, or with few (head, sequence) pairs its halves paired into chunk 64 (bit-for-bit the
-    explicit call on numpy); the sub-chunk prep at 64 for the other gates; an explicit chunk or prep
-    is kept."""
+    """chunk_kda with chunk_size / prep left open: under the lower-bound gate whole-chunk prep
+    halves paired (halves of 32 into chunk 64 for few (head, sequence) pairs, of 16 into chunk 32
+    otherwise; bit-for-bit the explicit call on numpy); the sub-chunk prep at 64 for the other
+    gates; an explicit chunk keeps the unpaired kernels, an explicit prep is kept."""
     from k31dsl.ops.kda.chunk import PAIR_MAX_HEADS, default_tiling
-    assert default_tiling(True) == (32, "wide") and default_tiling(False) == (64, "sub")
+    assert default_tiling(True) == (32, "pair") and default_tiling(False) == (64, "sub")
     assert default_tiling(True, None, None, PAIR_MAX_HEADS) == (64, "pair")
-    assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (32, "wide")
+    assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (32, "pair")
     assert default_tiling(False, None, None, 1) == (64, "sub")
-    assert default_tiling(True, 64) == (64, "sub") and default_tiling(True, 16) == (16, "sub")
+    assert default_tiling(True, 32) == (32, "wide") and default_tiling(True, 64, None, 1) == (64, "sub")
+    assert default_tiling(True, 16) == (16, "sub")
     assert default_tiling(True, None, "sub") == (64, "sub") and default_tiling(True, None, "wide") == (32, "wide")
-    assert default_tiling(True, None, "pair", 96) == (64, "pair")
+    assert default_tiling(True, None, "pair", 96) == (32, "pair") and default_tiling(True, None, "pair", 2) == (64, "pair")
     seed = _seed()
     g = torch.Generator().manual_seed(seed)
-    for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (32, "wide")),
-                                  ("lb", 4, PAIR_MAX_HEADS // 2, (32, "wide")), ("softplus", 2, 1, (64, "sub"))):
+    for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (32, "pair")),
+                                  ("lb", 4, PAIR_MAX_HEADS // 2, (32, "pair")), ("softplus", 2, 1, (64, "sub"))):
         args, kw = make_inputs(g, batch, 45 if batch == 1 else 5, 2, hv, 16, 16, torch.float32, gate)
         o, s = chunk_kda(*args, **kw, output_final_state=True, target="numpy")
         o2, s2 = _run(args, kw, "numpy", want[0], _prep=want[1])

@@ -120,31 +120,33 @@ def _check_inputs(q, kk, v, g, beta, initial_state, cu_seqlens, chunk_size, v_fi
     return B, T, H, K, HV, V, cu
 
 
-# Pairing (chunk_pair.py) pays when the state kernel's chain of dependent steps is the critical
-# path: few (head, sequence) pairs, so few programs per SM. At or below this many pairs it is the default.
+# Pairing (chunk_pair.py): two whole-chunk prep halves merged into one chunk. With few (head,
+# sequence) pairs the state kernel's chain of dependent steps is the critical path, so halves of 32
+# make chunk 64 (half the steps); otherwise halves of 16 make chunk 32 (the chunk-16 prep fits
+# three programs per SM). At or below this many pairs chunk 64 is the default.
 PAIR_MAX_HEADS = 16
 PREPS = ("sub", "wide", "pair")
 
 
 def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs=None) -> tuple:
     """(chunk size, prep kernel) for what a call leaves open; head_seqs = HV x sequences. Measured
-    on an H200 (benchmarks/NOTES.md, KDA run 8, bf16, K = V = 128): with the lower-bound gate the
-    whole-chunk prep at chunk 32 beats the sub-chunk prep at chunk 64 on all four benchmark shapes
-    (T=8192 H=96 3.13 -> 2.12 ms, varlen 8x8192 23.6 -> 15.5 ms, T=32768 H=12 2.49 -> 2.26 ms,
-    T=131072 H=12 9.84 -> 8.90 ms); at chunk 64 the whole-chunk prep spills and loses (4.27 vs 2.45
-    ms of prep). With few heads the state kernel's step count dominates, so there the chunk-32 prep
-    halves are paired into chunk 64 ("pair"). Other gates need the sub-chunk prep (the whole-chunk
-    one relies on a bounded per-row decay), at chunk 64."""
+    on an H200 (benchmarks/NOTES.md, KDA runs 13-17, bf16, K = V = 128, lower-bound gate): paired
+    halves beat one whole-chunk prep per chunk everywhere: at T=8192 H=96 chunk 32 from halves of
+    16 takes 1.87 ms (whole-chunk prep at chunk 32 2.02, sub-chunk prep at 64 3.12); at T=32768
+    H=12 chunk 64 from halves of 32 takes 1.81 (2.09, 2.18) and at T=131072 H=12 7.09 (8.31, 8.56).
+    The whole-chunk prep spills at chunk 64 (4.27 ms of prep). An explicit chunk size keeps the
+    unpaired kernels (wide at 32, sub at 64: what the model's graph programs call). Other gates
+    need the sub-chunk prep (the whole-chunk one relies on a bounded per-row decay), at 64."""
+    few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
     if prep is None:
-        few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
         if not lower_bound_gate:
             prep = "sub"
-        elif chunk_size is None and few:
+        elif chunk_size is None:
             prep = "pair"
         else:
-            prep = "wide" if chunk_size in (None, 32) else "sub"
+            prep = "wide" if chunk_size == 32 else "sub"
     if chunk_size is None:
-        chunk_size = 32 if prep == "wide" else 64
+        chunk_size = {"wide": 32, "pair": 64 if few else 32}.get(prep, 64)   # unknown preps: checked later
     return chunk_size, prep
 
 
