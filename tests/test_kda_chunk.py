@@ -197,6 +197,30 @@ def test_wide_prep_is_causal_bit_exact(prep):
         assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
 
 
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_pair_tiling_edge_cases(chunk):
+    """The default tiling's paired halves with an empty sequence in a varlen batch (its state
+    passes through), the [V, K] state layout (bit-equal to [K, V]), no final state, and T = 0."""
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    args, kw = make_inputs(gen, 1, 40, 1, 2, 16, 16, torch.float32, "lb", 0, False)
+    kw["cu_seqlens"] = torch.tensor([0, 9, 9, 40], dtype=torch.int32)
+    kw["initial_state"] = torch.randn(3, 2, 16, 16, generator=gen)
+    o, ht = _run(args, kw, "numpy", chunk, _prep="pair")
+    assert torch.equal(ht[1], kw["initial_state"][1]), f"seed {seed}"
+    want_o, want_s = load_oracle("kda").kda(*args, **kw)
+    _assert_close(o, want_o, 2e-4, "pair varlen o", seed)
+    _assert_close(ht, want_s, 2e-4, "pair varlen state", seed)
+    kw_t = dict(kw, initial_state=kw["initial_state"].transpose(-1, -2).contiguous())
+    o2, ht2 = _run(args, kw_t, "numpy", chunk, _prep="pair", state_v_first=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2.transpose(-1, -2)), f"seed {seed}"
+    o3, ht3 = chunk_kda(*args, **kw, chunk_size=chunk, _prep="pair", target="numpy")
+    assert ht3 is None and torch.equal(o3, o)
+    args0, kw0 = make_inputs(gen, 2, 0, 1, 2, 16, 16, torch.float32, "lb", 0, True)
+    o4, ht4 = _run(args0, kw0, "numpy", chunk, _prep="pair")
+    assert o4.shape == (2, 0, 2, 16) and torch.equal(ht4, kw0["initial_state"])
+
+
 def test_outputs_without_final_state_and_defaults():
     gen = torch.Generator().manual_seed(_seed())
     args, kw = make_inputs(gen, 1, 20, 1, 1, 16, 16, torch.float32, "logdecay", 0, False)
