@@ -24,8 +24,11 @@ from k31dsl.ops.kda.chunk_kernels import DOT_PRECISIONS
 
 # sm_90a (bf16, K = V = 128), tiles kept in bf16: 4 warps 138 registers (three programs per SM),
 # 8 warps 134 (one); with fp32 tiles 4 warps took 222 and 0.222 ms at T=32768 H=12 (KDA run 13:
-# 1.9x its 500 MB byte floor), 8 warps 0.350. The GPU tunes between the two.
-@k.kernel(configs=[{"num_warps": 4, "num_stages": 1}, {"num_warps": 8, "num_stages": 1}])
+# 1.9x its 500 MB byte floor), 8 warps 0.350. Halves of 16: 4 warps 96 registers (0.335 ms at
+# T=8192 H=96, 1.4x its 1.0 GB floor), 2 warps 128 (more programs in flight per SM; not yet timed,
+# halves of 32 spill 24 B there). The GPU tunes among them.
+@k.kernel(configs=[{"num_warps": 4, "num_stages": 1}, {"num_warps": 8, "num_stages": 1},
+                   {"num_warps": 2, "num_stages": 1}])
 def kda_chunk_pair_merge(w: k.Tensor["MT", "NT", "H2", "BT", "K"], u: k.Tensor["MT", "NT", "H2", "BT", "V"],
                          qg: k.Tensor["MT", "NT", "H2", "BT", "K"], kb: k.Tensor["MT", "NT", "H2", "BT", "K"],
                          aqk: k.Tensor["MT", "NT", "H2", "BT", "BA"], gam_half: k.Tensor[k.f32, "NT", "H2", "K"],
