@@ -178,10 +178,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     scale = K ** -0.5 if scale is None else float(scale)
     if _prep not in PREPS:
         raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint=f"one of {PREPS}")
-    sizes = (32, 64)                # pair: halves of 16 or 32 rows
-    if _prep != "sub" and (mode != GATE_LOWER or chunk_size not in sizes):
+    if _prep != "sub" and (mode != GATE_LOWER or chunk_size not in (32, 64)):     # pair: halves of 16 or 32
         raise K31Error(f"{op}: the {_prep} prep kernel needs the lower-bound gate (a bounded decay per row) and "
-                       f"chunk_size {' or '.join(map(str, sizes))}, got "
+                       f"chunk_size 32 or 64, got "
                        f"{'no lower_bound' if mode != GATE_LOWER else f'chunk_size={chunk_size}'}",
                        hint="pass lower_bound (with A_log / dt_bias), or use _prep='sub'")
     dev = q.device
@@ -195,7 +194,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     u = torch.empty(nt1, HV, bt, V, dtype=mt, device=dev)
     aqk = torch.empty(nt1, HV, bt, bt, dtype=mt, device=dev)
     gam = torch.empty(nt1, HV, K, dtype=torch.float32, device=dev)
-    # pair: the prep writes chunk-32 halves into the chunk-64 tensors as [NT, 2 HV, 32, *] views
+    # pair: the prep writes half-chunks straight into the chunk tensors, seen as [NT, 2 HV, bt / 2, *]
     gam_half = torch.empty(nt1, HV * 2, K, dtype=torch.float32, device=dev) if _prep == "pair" else None
     halves = [t.view(nt1, HV * 2, bt // 2, t.shape[-1]) for t in (w, u, qg, kb, aqk)] if _prep == "pair" else None
     o = torch.empty(B * T, HV, V, dtype=v.dtype, device=dev)

@@ -1,12 +1,13 @@
 """`kda_chunk_pair_merge`: two consecutive half-chunks of the whole-chunk prep (BT rows each) become
 the operands of one chunk of 2 BT rows, so kda_chunk_state walks half as many dependent steps.
 
-Why (benchmarks/NOTES.md, KDA run 9): with few heads the state kernel is a chain of per-chunk steps
-of ~1.3 µs each whatever the chunk size, so chunk 64 halves it (T=32768 H=12: 0.92 ms at chunk 64
-against 1.37 at chunk 32); but the whole-chunk prep only fits the chip at chunk 32 (at 64 it spills,
-4.27 ms). So the prep runs at chunk 32 in PAIR mode, writing each half straight into the chunk-64
-tensors viewed as [NT, 2 HV, 32, *] (a contiguous reshape: head hv's halves are "heads" 2hv, 2hv+1),
-and this kernel folds the first half a into the second half b (research/kda.md §2.1; the state
+Why (benchmarks/NOTES.md, KDA v5): the whole-chunk prep is latency-bound per program, so smaller
+chunks run more programs per SM (chunk 16: three per SM, chunk 32: two, chunk 64: spills), while
+the state kernel wants big chunks: with few heads it is a chain of per-chunk steps of ~1.3 µs each
+whatever the chunk size (T=32768 H=12: 0.92 ms at chunk 64 against 1.37 at chunk 32). So the prep
+runs on half-chunks in PAIR mode, writing each half straight into the chunk tensors seen as
+[NT, 2 HV, BT, *] (a contiguous reshape: head hv's halves are "heads" 2hv, 2hv+1), and this kernel
+folds the first half a into the second half b (research/kda.md §2.1; the state
 step vn = U - W S, O = Qt S + tril(Aqk) vn, S' = gam S + Kb^T vn, applied to a then b):
 
   S_mid = gam_a S + Kb_a^T vn_a, vn_a = U_a - W_a S, so with X = W_b Kb_a^T (BT x BT)
