@@ -68,17 +68,25 @@ def test_summary_matches_oracle_per_range(target, gate):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_summary_by_chunks_matches_recurrent(target):
-    """method="chunk" (two chunk_kda passes, 70 tokens: a full chunk of 64 and a ragged tail) == the oracle."""
+@pytest.mark.parametrize("kdim, vdim", [(16, 32), (16, 16), (32, 32)])
+def test_summary_by_chunks_matches_recurrent(target, kdim, vdim):
+    """method="chunk" == the oracle: 70 tokens (a full chunk of 64 and a ragged tail), then the same
+    tokens as two varlen sequences of 31 and 39. V + K = 48 takes two chunk_kda passes; 32 and 64
+    (head sizes chunk_kda takes) one pass over [v | 0] from [0 | I]."""
     ref = load_oracle("kda")
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    c = make_seq(gen, 70, 1, 2, 16, 32, "lower_bound")
-    m, e = kda_cp_summary(c["k"], c["v"], c["g"], c["beta"], method="chunk", target=target, **c["gate"])
+    c = make_seq(gen, 70, 1, 2, kdim, vdim, "lower_bound")
     _, kn, a = ref.prepare(c["k"], c["k"], c["g"], **c["gate"])
-    for hv in range(2):
-        want_m, want_e = ref.summary_head(kn[0, :, 0], c["v"][0, :, hv], a[0, :, hv], c["beta"][0, :, hv])
-        assert rel(m[0, hv], want_m) < 1e-4 and rel(e[0, hv], want_e) < 1e-4, (seed, hv)
+    for ranges, extra in (([(0, 70)], {}), ([(0, 31), (31, 70)], {"cu_seqlens": torch.tensor([0, 31, 70],
+                                                                                             dtype=torch.int32)})):
+        m, e = kda_cp_summary(c["k"], c["v"], c["g"], c["beta"], method="chunk", target=target, **c["gate"], **extra)
+        assert m.shape == (len(ranges), 2, kdim, kdim) and e.shape == (len(ranges), 2, kdim, vdim)
+        for i, (s, t) in enumerate(ranges):
+            for hv in range(2):
+                want_m, want_e = ref.summary_head(kn[0, s:t, 0], c["v"][0, s:t, hv], a[0, s:t, hv],
+                                                  c["beta"][0, s:t, hv])
+                assert rel(m[i, hv], want_m) < 1e-4 and rel(e[i, hv], want_e) < 1e-4, (seed, i, hv)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -116,9 +116,10 @@ def kda_cp_summary(k, v, g, beta, *, cu_seqlens=None, use_qk_l2norm=True, A_log=
     token offsets. Returns (M fp32 [N, HV, K, K], E fp32 [N, HV, K, V]), N = B or the number of
     sequences; an empty range gives (I, 0).
     method: "recurrent" (default) — one fp32 pass of the augmented recurrence (serial in the
-    range's tokens); "chunk" — two chunk_kda passes (E from the zero state; M from the identity
-    with zero values, V = K), parallel within chunks and carrying chunk_kda's own precision (its
-    per-chunk factors are bf16 for bf16 inputs), with the outputs computed and discarded."""
+    range's tokens); "chunk" — chunk_kda over the values [v | 0] from the state [0 | I] (one pass
+    giving [E | M] when V + K is a head size it takes, else two), parallel within chunks and
+    carrying chunk_kda's own precision (its per-chunk factors are bf16 for bf16 inputs), with the
+    outputs computed and discarded."""
     import torch
     op = "kda_cp_summary"
     target = resolve_target(target)
@@ -162,17 +163,23 @@ def kda_cp_summary(k, v, g, beta, *, cu_seqlens=None, use_qk_l2norm=True, A_log=
 
 
 def _summary_by_chunks(k, v, g, beta, cu_seqlens, n, use_qk_l2norm, A_log, dt_bias, lower_bound, target):
-    """(M, E) from chunk_kda: the recurrence is linear in S, so E is the final state from S = 0
-    and M the final state from S = I with all values zero."""
+    """(M, E) from chunk_kda: the recurrence is linear in S and acts on each value column alone,
+    so one pass over the values [v | 0] (V + K columns) from the state [0 | I] ends in [E | M].
+    When V + K is not a head size chunk_kda takes, two passes: E from S = 0, M from S = I with
+    all values zero."""
     import torch
-    from k31dsl.ops.kda.chunk import chunk_kda
-    hv, kdim = v.shape[2], k.shape[3]
+    from k31dsl.ops.kda.chunk import HEAD_DIMS, chunk_kda
+    hv, kdim, vdim = v.shape[2], k.shape[3], v.shape[3]
     kw = dict(cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, A_log=A_log, dt_bias=dt_bias,
               lower_bound=lower_bound, output_final_state=True, target=target)
-    _, e = chunk_kda(k, k, v, g, beta, **kw)
-    eye = torch.eye(kdim, dtype=torch.float32, device=k.device).expand(n, hv, kdim, kdim).contiguous()
+    eye = torch.eye(kdim, dtype=torch.float32, device=k.device).expand(n, hv, kdim, kdim)
     zeros = torch.zeros(*v.shape[:3], kdim, dtype=v.dtype, device=v.device)
-    _, m = chunk_kda(k, k, zeros, g, beta, initial_state=eye, **kw)
+    if vdim + kdim in HEAD_DIMS:
+        h0 = torch.cat([torch.zeros(n, hv, kdim, vdim, dtype=torch.float32, device=k.device), eye], dim=-1)
+        _, st = chunk_kda(k, k, torch.cat([v, zeros], dim=-1), g, beta, initial_state=h0.contiguous(), **kw)
+        return st[..., vdim:].contiguous(), st[..., :vdim].contiguous()
+    _, e = chunk_kda(k, k, v, g, beta, **kw)
+    _, m = chunk_kda(k, k, zeros, g, beta, initial_state=eye.contiguous(), **kw)
     return m, e
 
 
