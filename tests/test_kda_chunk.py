@@ -66,6 +66,10 @@ PAIR_CASES = {  # chunk-32 whole-chunk halves paired into chunk 64 (ops/kda/chun
     "pair_gva_batch_bf16": (2, 70, 2, 4, 32, 32, torch.bfloat16, "lb", 64, 0, True),
     "pair_16_varlen": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 32, 3, True),
     "pair_16_bf16": (1, 45, 1, 2, 32, 32, torch.bfloat16, "lb", 32, 0, True),
+    # other gates: halves by the sub-chunk prep
+    "pair_softplus_varlen": (1, 151, 1, 2, 16, 16, torch.float32, "softplus", 32, 3, True),
+    "pair_logdecay_64": (2, 70, 1, 2, 32, 16, torch.float32, "logdecay", 64, 0, False),
+    "pair_softplus_bf16": (1, 45, 1, 2, 32, 32, torch.bfloat16, "softplus", 32, 0, True),
 }
 PREP_OF = {**{c: "sub" for c in CASES}, **{c: "wide" for c in WIDE_CASES}, **{c: "pair" for c in PAIR_CASES}}
 
@@ -115,6 +119,29 @@ def test_extreme_gates_stay_finite_and_exact(gate, target):
     tol = 2e-4 if gate == "lb" else 3e-3
     _assert_close(o, want_o, tol, f"extreme {gate} o", seed)
     _assert_close(ht, want_s, tol, f"extreme {gate} state", seed)
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_pair_of_sub_chunk_halves_at_extreme_softplus_and_causal(chunk):
+    """Paired halves made by the sub-chunk prep (softplus gate): finite and exact at per-step
+    log decays of -1e3..-1e4, and o[:t] bit-identical when every input at positions >= t changes."""
+    seed = _seed()
+    args, kw = _extreme_inputs(torch.Generator().manual_seed(seed), "softplus")
+    o, ht = _run(args, kw, "numpy", chunk, _prep="pair")
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), f"non-finite output (seed {seed})"
+    want_o, want_s = load_oracle("kda").kda(*args, **kw)
+    _assert_close(o, want_o, 3e-3, "extreme softplus o (pair)", seed)
+    _assert_close(ht, want_s, 3e-3, "extreme softplus state (pair)", seed)
+    args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 60, 1, 2, 16, 16, torch.float32, "softplus", 0, True)
+    o1, _ = _run(args, kw, "numpy", chunk, _prep="pair")
+    for t in (7, 21, 40):
+        pert = [a.clone() for a in args]
+        for a in pert[:3]:
+            a[:, t:] = a[:, t:] * 3.0 + 0.5
+        pert[4][:, t:] = 1.0 - pert[4][:, t:]
+        pert[3][:, t:] = pert[3][:, t:] * 40
+        o2, _ = _run(pert, kw, "numpy", chunk, _prep="pair")
+        assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -274,9 +301,10 @@ def test_kda_gate_shapes_and_forms():
     (lambda a: chunk_kda(a[0].to(torch.int32), *a[1:]), "dtype int32"),
     (lambda a: kda_gate(a[3], None, torch.zeros(5), -1.0), "dt_bias"),
     (lambda a: chunk_kda(*a, chunk_size=64, _prep="wide"), "needs the lower-bound gate"),
+    (lambda a: chunk_kda(*a, chunk_size=16, _prep="pair"), "got chunk_size=16"),
     (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="wide"), "chunk_size=16"),
     (lambda a: chunk_kda(*a, _prep="fast"), "not a prep kernel"),
-    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="pair"), "chunk_size 32 or 64, got chunk_size=16"),
+    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="pair"), "got chunk_size=16"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args, _ = make_inputs(torch.Generator().manual_seed(0), 1, 20, 1, 2, 16, 16, torch.float32, "lb", 0, False)

@@ -163,8 +163,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     (K contiguous, the layout kda_decode's state_v_first pool uses). chunk_size 16/32/64, by
     default `default_tiling`'s choice. `_prep` ("sub" | "wide" | "pair", for measurements; default
     the same function's) picks the prep kernel: sub-chunk steps, whole-chunk tiles
-    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or whole-chunk halves paired into
-    one chunk (chunk_pair.py; lower-bound gate, chunk 32 or 64 from halves of 16 or 32)."""
+    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or halves paired into one chunk
+    (chunk_pair.py; chunk 32 or 64 from halves of 16 or 32, made by the whole-chunk prep under
+    the lower-bound gate and by the sub-chunk one otherwise)."""
     import torch
     op = "chunk_kda"
     target = resolve_target(target)
@@ -178,11 +179,14 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     scale = K ** -0.5 if scale is None else float(scale)
     if _prep not in PREPS:
         raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint=f"one of {PREPS}")
-    if _prep != "sub" and (mode != GATE_LOWER or chunk_size not in (32, 64)):     # pair: halves of 16 or 32
-        raise K31Error(f"{op}: the {_prep} prep kernel needs the lower-bound gate (a bounded decay per row) and "
+    if _prep == "wide" and (mode != GATE_LOWER or chunk_size not in (32, 64)):
+        raise K31Error(f"{op}: the wide prep kernel needs the lower-bound gate (a bounded decay per row) and "
                        f"chunk_size 32 or 64, got "
                        f"{'no lower_bound' if mode != GATE_LOWER else f'chunk_size={chunk_size}'}",
                        hint="pass lower_bound (with A_log / dt_bias), or use _prep='sub'")
+    if _prep == "pair" and chunk_size not in (32, 64):
+        raise K31Error(f"{op}: the paired prep makes chunks of 32 or 64 rows out of halves of 16 or 32, got "
+                       f"chunk_size={chunk_size}", hint="chunk_size=32 or 64, or _prep='sub'")
     dev = q.device
     n = len(cu) - 1
     bt = chunk_size
@@ -216,10 +220,14 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         with _phase("prep"):
-            if _prep == "pair":
+            if _prep == "pair" and mode == GATE_LOWER:       # halves by the whole-chunk prep
                 kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *halves, gam_half, scale, lb,
                                             L2=bool(use_qk_l2norm), PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K,
                                             BVV=V, BT=bt // 2)
+            elif _prep == "pair":                             # any gate: halves by the sub-chunk prep
+                kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, *halves, gam_half, scale, lb,
+                                       GATE=mode, SAFE=False, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve,
+                                       KEEP=keep, PAIR=True, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt // 2)
             elif _prep == "wide":
                 kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale,
                                             lb, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V,
@@ -279,6 +287,7 @@ CHECK_CASES = [  # B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial s
     (1, 83, 1, 2, 16, 16, "f32", "lb", 64, 2, True, "wide"),
     (1, 40, 1, 2, 32, 16, "bf16", "lb", 32, 0, False, "wide"),
     (1, 99, 1, 2, 16, 16, "f32", "lb", 64, 2, True, "pair"),
+    (1, 77, 1, 2, 16, 16, "f32", "softplus", 32, 2, True, "pair"),
 ]
 
 

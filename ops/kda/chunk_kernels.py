@@ -85,6 +85,16 @@ def diag_exact(qs, kc, gc, rid):
 
 
 @k.func
+def half_chunk(chunk_info, nh, hv0, NH, BT):
+    """Program (nh, hv0) of a prep grid over chunk_info.shape[0] * NH: (chunk n, half, output head,
+    first row, its sequence's end). NH = 2 (pairing, ops/kda/chunk_pair.py): each program one half
+    of BT rows, written as output head 2 hv0 + half of the [NT, 2 HV, BT, *] views; NH = 1: whole."""
+    n = nh // NH
+    half = nh % NH
+    return n, half, hv0 * NH + half, chunk_info[n, 0] + half * BT, chunk_info[n, 1]
+
+
+@k.func
 def load_sub_chunk(q, kk, v, g, beta, r0, t1, h, hv, rid, BK, BVV):
     """Raw tiles of the 16 rows from r0 (rows at or past t1, the sequence end, read 0)."""
     live = (r0 + rid) < t1
@@ -103,7 +113,10 @@ def load_sub_chunk(q, kk, v, g, beta, r0, t1, h, hv, rid, BK, BVV):
 # chunk_kda always passes BT, so these are launch options per chunk size, never tuned. Chunk 32
 # (2 sub-chunks per program): 226 registers, no spill at 8 warps (4 warps: 255 + 128 B).
 PREP_CONFIGS = [{"BT": 64, "PREFETCH": True, "num_warps": 8, "num_stages": 1},
-                {"BT": 32, "PREFETCH": True, "num_warps": 8, "num_stages": 1}]
+                {"BT": 32, "PREFETCH": True, "num_warps": 8, "num_stages": 1},
+                # chunk 16, the halves of a paired chunk 32 (one sub-chunk; softplus gate: 4 warps
+                # 162 registers, three programs per SM)
+                {"BT": 16, "num_warps": 4, "num_stages": 1}]
 
 
 @k.kernel(configs=PREP_CONFIGS)
@@ -111,38 +124,38 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                    v: k.Tensor["XT", "T", "HV", "V"], g: k.Tensor["GT", "T", "HV", "K"],
                    beta: k.Tensor["BETAT", "T", "HV"], a_log: k.Tensor[k.f32, "HV"],
                    dt_bias: k.Tensor[k.f32, "HV", "K"], chunk_info: k.Tensor[k.i32, "NT", "2"],
-                   w: k.Tensor["MT", "NT", "HV", "BT", "K"], u: k.Tensor["MT", "NT", "HV", "BT", "V"],
-                   qg: k.Tensor["MT", "NT", "HV", "BT", "K"], kb: k.Tensor["MT", "NT", "HV", "BT", "K"],
-                   aqk: k.Tensor["MT", "NT", "HV", "BT", "BT"], gam: k.Tensor[k.f32, "NT", "HV", "K"],
+                   w: k.Tensor["MT", "NT", "HO", "BT", "K"], u: k.Tensor["MT", "NT", "HO", "BT", "V"],
+                   qg: k.Tensor["MT", "NT", "HO", "BT", "K"], kb: k.Tensor["MT", "NT", "HO", "BT", "K"],
+                   aqk: k.Tensor["MT", "NT", "HO", "BT", "BA"], gam: k.Tensor[k.f32, "NT", "HO", "K"],
                    scale: k.f32, lb: k.f32,
                    XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                    BETAT: k.constexpr[FLOAT_INPUTS] = k.f32, MT: k.constexpr[k.bf16, k.f32] = k.bf16,
                    GATE: k.constexpr[GATE_NONE, GATE_SOFTPLUS, GATE_LOWER] = GATE_LOWER,
                    SAFE: k.constexpr = True, L2: k.constexpr = True, PREC: k.constexpr[PRECISIONS] = "tf32",
                    SOLVE: k.constexpr[PRECISIONS] = "tf32", KEEP: k.constexpr[k.bf16, k.f32] = k.f32,
-                   PREFETCH: k.constexpr = True,
+                   PREFETCH: k.constexpr = True, PAIR: k.constexpr = False,
                    BT: k.constexpr = 64, BC: k.constexpr = 16, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     NC = BT // BC
     assert BC == 16, "the diagonal blocks are inverted as 16x16 Neumann products"
-    for n, hv in k.grid(chunk_info.shape[0], v.shape[1]):
-        t0 = chunk_info[n, 0]
-        t1 = chunk_info[n, 1]
-        h = hv // (v.shape[1] // q.shape[1])
-        alog = a_log[hv]
-        bias = dt_bias[hv, k.span(0, BK)]
+    NH = 2 if PAIR else 1
+    for nh, hv0 in k.grid(chunk_info.shape[0] * NH, v.shape[1]):
+        n, half, hv, t0, t1 = half_chunk(chunk_info, nh, hv0, NH, BT)
+        h = hv0 // (v.shape[1] // q.shape[1])
+        alog = a_log[hv0]
+        bias = dt_bias[hv0, k.span(0, BK)]
         rid = k.arange(0, BC)
         gp = k.zeros((BK,), k.f32)          # G of the row before the sub-chunk (0 at the chunk start)
         kcols, ws, us = (), (), ()
-        nxt = load_sub_chunk(q, kk, v, g, beta, t0, t1, h, hv, rid, BK, BVV)
+        nxt = load_sub_chunk(q, kk, v, g, beta, t0, t1, h, hv0, rid, BK, BVV)
         for c in k.static_range(NC):
             # PREFETCH: the next sub-chunk's loads are issued before this one's math (they cannot
             # move above this iteration's stores by themselves: outputs might alias the inputs);
             # costs ~0.1 KB more spill per thread on sm_90a, so it is a tuning choice
             if not PREFETCH and c > 0:
-                nxt = load_sub_chunk(q, kk, v, g, beta, t0 + c * BC, t1, h, hv, rid, BK, BVV)
+                nxt = load_sub_chunk(q, kk, v, g, beta, t0 + c * BC, t1, h, hv0, rid, BK, BVV)
             live, qc, kc, vc, bc, graw = nxt
             if PREFETCH and c + 1 < NC:
-                nxt = load_sub_chunk(q, kk, v, g, beta, t0 + (c + 1) * BC, t1, h, hv, rid, BK, BVV)
+                nxt = load_sub_chunk(q, kk, v, g, beta, t0 + (c + 1) * BC, t1, h, hv0, rid, BK, BVV)
             qc, kc, vc, bc, graw = qc.to(k.f32), kc.to(k.f32), vc.to(k.f32), bc.to(k.f32), graw.to(k.f32)
             if L2:
                 qc = l2norm_rows(qc)
@@ -171,14 +184,14 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                 aq_d, ak_d = diag_exact(qc, kc, lc, rid)
             aq_d = k.where(rid[:, None] >= rid[None, :], aq_d, 0.0)
             ak_d = k.where(rid[:, None] > rid[None, :], ak_d * bc[:, None], 0.0)
-            aqk[n, hv, k.span(c * BC, BC), k.span(c * BC, BC)] = aq_d.to(MT)
+            aqk[n, hv, k.span(c * BC, BC), k.span(half * BT + c * BC, BC)] = aq_d.to(MT)
             eg = e * k.exp(gp)[None, :]                        # exp(G_i) <= 1
             rw = bc[:, None] * kc * eg                         # beta Kt
             ru = bc[:, None] * vc                              # beta V
             for c2 in k.static_range(c):                       # earlier sub-chunks: kcols[c2] is
                 aq_o = mm(qe, kcols[c2].to(k.f32).T, PREC)     # k exp(P_c - G) (<= 1), so qe/ke are
                 ak_o = mm(ke, kcols[c2].to(k.f32).T, PREC) * bc[:, None]   # the A operands of every block
-                aqk[n, hv, k.span(c * BC, BC), k.span(c2 * BC, BC)] = aq_o.to(MT)
+                aqk[n, hv, k.span(c * BC, BC), k.span(half * BT + c2 * BC, BC)] = aq_o.to(MT)
                 rw = rw - mm(ak_o, ws[c2].to(k.f32), SOLVE)
                 ru = ru - mm(ak_o, us[c2].to(k.f32), SOLVE)
             ainv = unit_lower_inverse(ak_d, rid, SOLVE)            # BC == 16 (asserted above)

@@ -28,7 +28,7 @@ relative: far below the bf16 rounding of the outputs."""
 
 import k31dsl as k
 from k31dsl.ops.common import FLOAT_INPUTS
-from k31dsl.ops.kda.chunk_kernels import PRECISIONS, l2norm_rows, mm, row_of
+from k31dsl.ops.kda.chunk_kernels import PRECISIONS, half_chunk, l2norm_rows, mm, row_of
 from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 
 # KDA run 13 (H200, bf16, K = V = 128, chunk 32): 4 warps (255 registers + 40 B spill, two programs
@@ -62,11 +62,7 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
     NH = 2 if PAIR else 1           # PAIR: chunk_info maps chunks of 2 BT; each program one half
     assert BC == 16 and NC <= 4, "16-row diagonal blocks, at most 4 per chunk (N^4 = 0)"
     for nh, hv0 in k.grid(chunk_info.shape[0] * NH, v.shape[1]):
-        n = nh // NH
-        half = nh % NH
-        hv = hv0 * NH + half        # output head: the outputs are [NT, HV * NH, BT, *] views (module doc)
-        t0 = chunk_info[n, 0] + half * BT
-        t1 = chunk_info[n, 1]
+        n, half, hv, t0, t1 = half_chunk(chunk_info, nh, hv0, NH, BT)
         h = hv0 // (v.shape[1] // q.shape[1])
         rid = k.arange(0, BT)
         live = (t0 + rid) < t1                 # rows past the sequence end read 0 and do not decay
