@@ -82,9 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sfa-prefetch", choices=["on", "off"], default="on",
                     help="sparse attention's next-block gather prefetch in the step graph (model/layers/dsa.py "
                          "SFA_PREFETCH); 'off' writes results/model_profile_sfa-prefetch-off.json")
-    ap.add_argument("--kda-prep", choices=["auto", "sub", "wide"], default="auto",
-                    help="the KDA prefill's prep kernel (model/layers/kda.py KDA_PREP); 'sub' or 'wide' write "
-                         "results/model_profile_kda-prep-<it>.json")
+    ap.add_argument("--kda-prep", choices=["auto", "sub", "wide", "pair"], default="auto",
+                    help="the KDA prefill's prep kernel (model/layers/kda.py KDA_PREP; auto: paired halves under "
+                         "the lower-bound gate); 'sub', 'wide' or 'pair' write results/model_profile_kda-prep-<it>.json")
     args = ap.parse_args(argv)
     from k31dsl.model.layers import dsa as dsa_layer, kda as kda_layer
     dsa_layer.SFA_PREFETCH = args.sfa_prefetch == "on"

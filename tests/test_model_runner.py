@@ -269,22 +269,26 @@ def test_prefill_query_blocks_cover_every_real_row(T, pages, monkeypatch):
 
 
 def test_wide_kda_prep_in_the_step_graph(monkeypatch, rng):
-    """model/layers/kda.py KDA_PREP = "wide" (and "auto", the default, under the lower-bound gate):
-    the prefill graph calls the whole-chunk prep kernel (two KDA chunks of 32 here) and its logits match the sub-chunk kernel's within the runner's
-    tolerance (the kernels agree to ~1e-5; the model's FP8 / MXFP8 quantisation points turn such
-    differences into one-code steps, hence TOL as against the reference)."""
+    """model/layers/kda.py KDA_PREP = "wide" and "pair" (and "auto", the default: "pair" under the
+    lower-bound gate at chunk 32): the prefill graph calls the whole-chunk prep kernel (two KDA
+    chunks of 32 here; "pair" also the merge) and its logits match the sub-chunk kernel's within
+    the runner's tolerance (the kernels agree to ~1e-5; the model's FP8 / MXFP8 quantisation
+    points turn such differences into one-code steps, hence TOL as against the reference)."""
     from k31dsl.model import assembler
     from k31dsl.model.layers import kda as kda_layer
     seed, weights, prompt, plan, _ = clear_draw(rng, TINY, int(rng.integers(33, 64)), 0)    # bucket 64
     out = {}
-    auto = "wide" if TINY.kda_gate == "lower_bound" else "sub"
-    for prep in ("sub", "wide", "auto"):
+    auto = "pair" if TINY.kda_gate == "lower_bound" else "sub"
+    for prep in ("sub", "wide", "pair", "auto"):
         monkeypatch.setattr(assembler, "_PASSED", {})
         monkeypatch.setattr(assembler, "_EXECUTABLES", {})
         monkeypatch.setattr(kda_layer, "KDA_PREP", prep)
         runner = ModelRunner(TINY, weights, "numpy", **SIZES)
         out[prep] = runner.forward(plan[0])
         text = str(runner._after_passes(runner._shape_of(plan[0], [0])))
-        assert ("kda_chunk_prep_wide" in text) == (prep == "wide" or (prep == "auto" and auto == "wide"))
+        whole = prep in ("wide", "pair") or (prep == "auto" and auto != "sub")
+        assert ("kda_chunk_prep_wide" in text) == whole
+        assert ("kda_chunk_pair_merge" in text) == (prep == "pair" or (prep == "auto" and auto == "pair"))
     assert rel_err(out["wide"], out["sub"]) <= TOL, f"seed {seed}"
+    assert rel_err(out["pair"], out["sub"]) <= TOL, f"seed {seed}"
     assert rel_err(out["auto"], out[auto]) == 0.0

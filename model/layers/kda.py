@@ -20,6 +20,7 @@ import k31dsl as k
 from k31dsl.ops.common import next_pow2
 from k31dsl.ops.kda.chunk import PREP_VARIANTS, DEFAULT_VARIANT, SUB_CHUNK, default_tiling
 from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
+from k31dsl.ops.kda.chunk_pair import kda_chunk_pair_merge
 from k31dsl.ops.kda.chunk_prep_wide import kda_chunk_prep_wide
 from k31dsl.ops.kda.decode import kda_decode_step, kda_replay_prefix
 from k31dsl.ops.kda.gate import GATE_LOWER, GATE_SOFTPLUS
@@ -27,14 +28,16 @@ from k31dsl.ops.nn import head_norm_gate_rows, short_conv_commit_rows, short_con
 from k31dsl.model.layers.common import memo
 
 (kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix, head_norm_gate_rows, short_conv_commit_rows,
- short_conv_rows, kda_chunk_prep_wide) = memo(kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix,
-                                              head_norm_gate_rows, short_conv_commit_rows, short_conv_rows,
-                                              kda_chunk_prep_wide)
+ short_conv_rows, kda_chunk_prep_wide, kda_chunk_pair_merge) = memo(
+    kda_chunk_prep, kda_chunk_state, kda_decode_step, kda_replay_prefix, head_norm_gate_rows, short_conv_commit_rows,
+    short_conv_rows, kda_chunk_prep_wide, kda_chunk_pair_merge)
 
 CONV_NAMES = ("q", "k", "v")
-# The prefill's prep kernel: "auto" (chunk_kda's default_tiling: whole-chunk tiles at chunk 32
-# under the lower-bound gate, else sub-chunk steps), "sub" or "wide" (ops/kda/chunk_prep_wide.py;
-# lower-bound gate at chunk 32/64, else "sub"). benchmarks/model_profile.py --kda-prep compares them.
+# The prefill's prep kernel: "auto" (chunk_kda's measured choice at the model's chunk: under the
+# lower-bound gate whole-chunk halves of 16 paired into chunk 32, ops/kda/chunk_pair.py, or the
+# whole-chunk prep when the chunk is 16; else sub-chunk steps), "sub", "wide" or "pair" (the last
+# two under the lower-bound gate at chunk 32/64, else "sub"). benchmarks/model_profile.py
+# --kda-prep compares them.
 KDA_PREP = "auto"
 
 
@@ -149,7 +152,11 @@ def chunk_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int):
     outs = [g.tensor(f"l{l}_kda_{n}", shape, mt) for n, shape in shapes.items()]
     outs.append(g.tensor(f"l{l}_kda_gamma", (nt, HV, K), k.f32))
     gate, lb = gate_args(g.cfg)
-    prep = default_tiling(gate == GATE_LOWER, bt)[1] if KDA_PREP == "auto" else KDA_PREP
+    prep = KDA_PREP
+    if KDA_PREP == "auto":
+        prep = "pair" if gate == GATE_LOWER and bt == 32 else default_tiling(gate == GATE_LOWER, bt)[1]
+    if prep == "pair" and gate == GATE_LOWER and bt in (32, 64):
+        return paired_prep(g, l, q, kk, v, graw, beta, info, nt, bt, outs, lb, mt, prec, solve)
     if prep == "wide" and gate == GATE_LOWER and bt in (32, 64):
         return g.p.call(kda_chunk_prep_wide, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"),
                         g.weight(f"l{l}_kda_dt_bias"), info, *outs, K ** -0.5, lb, L2=True, PREC=prec, SOLVE=solve,
@@ -157,6 +164,23 @@ def chunk_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int):
     return g.p.call(kda_chunk_prep, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"), g.weight(f"l{l}_kda_dt_bias"),
                     info, *outs, K ** -0.5, lb, GATE=gate, SAFE=(gate == GATE_LOWER), L2=True, PREC=prec,
                     SOLVE=solve, KEEP=keep, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt)
+
+
+def paired_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int, outs, lb, mt, prec, solve):
+    """chunk_prep by halves (ops/kda/chunk_pair.py): the whole-chunk prep writes chunks of bt / 2
+    rows into [nt, 2 HV, bt / 2, *] tensors, the merge folds each pair into one chunk of bt in
+    place, and `outs` (the chunk-shaped tensors) receive them by reshape (a view once the memory
+    plan aliases it)."""
+    H, HV, K, V = kda_dims(g.cfg)
+    hb = bt // 2
+    halves = [g.tensor(f"{t.storage}_halves", (nt, 2 * HV, hb, t.shape[3]), mt) for t in outs[:5]]
+    halves.append(g.tensor(f"l{l}_kda_gamma_halves", (nt, 2 * HV, K), k.f32))
+    halves = g.p.call(kda_chunk_prep_wide, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"),
+                      g.weight(f"l{l}_kda_dt_bias"), info, *halves, K ** -0.5, lb, L2=True, PAIR=True, PREC=prec,
+                      SOLVE=solve, BK=K, BVV=V, BT=hb)
+    merged = g.p.call(kda_chunk_pair_merge, *halves, outs[5], PREC="ieee" if mt == k.f32 else "tf32",
+                      BT=hb, BK=K, BVV=V)
+    return tuple(g.p.host("reshape", [t], [dst]) for t, dst in zip(merged[:5], outs[:5])) + (merged[5],)
 
 
 def add_kda_prefill(g, l, x):
