@@ -273,7 +273,8 @@ def test_wide_kda_prep_in_the_step_graph(monkeypatch, rng):
     lower-bound gate at chunk 32): the prefill graph calls the whole-chunk prep kernel (two KDA
     chunks of 32 here; "pair" also the merge) and its logits match the sub-chunk kernel's within
     the runner's tolerance (the kernels agree to ~1e-5; the model's FP8 / MXFP8 quantisation
-    points turn such differences into one-code steps, hence TOL as against the reference)."""
+    points turn such differences into one-code steps, hence TOL as against the reference). The
+    paired halves reach the chunk tensors as memory-plan aliases (no copy)."""
     from k31dsl.model import assembler
     from k31dsl.model.layers import kda as kda_layer
     seed, weights, prompt, plan, _ = clear_draw(rng, TINY, int(rng.integers(33, 64)), 0)    # bucket 64
@@ -285,8 +286,13 @@ def test_wide_kda_prep_in_the_step_graph(monkeypatch, rng):
         monkeypatch.setattr(kda_layer, "KDA_PREP", prep)
         runner = ModelRunner(TINY, weights, "numpy", **SIZES)
         out[prep] = runner.forward(plan[0])
-        text = str(runner._after_passes(runner._shape_of(plan[0], [0])))
+        prog = runner._after_passes(runner._shape_of(plan[0], [0]))
+        text = str(prog)
         whole = prep in ("wide", "pair") or (prep == "auto" and auto != "sub")
+        if prep == "pair":          # the halves reach the chunk-shaped tensors as views, not copies
+            alias = prog.meta["memory_plan"]["alias"]
+            for l in TINY.kda_layers:
+                assert all(alias.get(f"l{l}_kda_{t}") == f"l{l}_kda_{t}_halves" for t in ("w", "u", "qg", "kb", "aqk"))
         assert ("kda_chunk_prep_wide" in text) == whole
         assert ("kda_chunk_pair_merge" in text) == (prep == "pair" or (prep == "auto" and auto == "pair"))
     assert rel_err(out["wide"], out["sub"]) <= TOL, f"seed {seed}"
