@@ -41,6 +41,19 @@ def _assert_close(got, want, tol, what, seed, floor=0.1):
     assert err <= tol, f"{what}: rel err {err:.3g} > {tol} (seed {seed})"
 
 
+def _assert_causal(args, kw, times, seed, chunk, **extra):
+    """o[:t] bit-identical on numpy when q, k, v, beta and the raw gate change at every position >= t."""
+    o1, _ = _run(args, kw, "numpy", chunk, **extra)
+    for t in times:
+        pert = [a.clone() for a in args]
+        for a in pert[:3]:
+            a[:, t:] = a[:, t:] * 3.0 + 0.5
+        pert[4][:, t:] = 1.0 - pert[4][:, t:]
+        pert[3][:, t:] = pert[3][:, t:] * 40
+        o2, _ = _run(pert, kw, "numpy", chunk, **extra)
+        assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
+
+
 CASES = {  # name: (B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial state)
     "ragged_T_lb": (1, 37, 1, 1, 16, 16, torch.float32, "lb", 16, 0, True),
     "T_below_chunk": (1, 5, 1, 1, 16, 32, torch.float32, "lb", 16, 0, False),
@@ -133,15 +146,7 @@ def test_pair_of_sub_chunk_halves_at_extreme_softplus_and_causal(chunk):
     _assert_close(o, want_o, 3e-3, "extreme softplus o (pair)", seed)
     _assert_close(ht, want_s, 3e-3, "extreme softplus state (pair)", seed)
     args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 60, 1, 2, 16, 16, torch.float32, "softplus", 0, True)
-    o1, _ = _run(args, kw, "numpy", chunk, _prep="pair")
-    for t in (7, 21, 40):
-        pert = [a.clone() for a in args]
-        for a in pert[:3]:
-            a[:, t:] = a[:, t:] * 3.0 + 0.5
-        pert[4][:, t:] = 1.0 - pert[4][:, t:]
-        pert[3][:, t:] = pert[3][:, t:] * 40
-        o2, _ = _run(pert, kw, "numpy", chunk, _prep="pair")
-        assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
+    _assert_causal(args, kw, (7, 21, 40), seed, chunk, _prep="pair")
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -213,15 +218,7 @@ def test_wide_prep_at_the_strongest_decay(chunk, prep):
 def test_wide_prep_is_causal_bit_exact(prep):
     seed = _seed()
     args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 100, 1, 2, 16, 16, torch.float32, "lb", 0, True)
-    o1, _ = _run(args, kw, "numpy", 64, _prep=prep)
-    for t in (9, 30, 70):
-        pert = [a.clone() for a in args]
-        for a in pert[:3]:
-            a[:, t:] = a[:, t:] * 3.0 + 0.5
-        pert[4][:, t:] = 1.0 - pert[4][:, t:]
-        pert[3][:, t:] = pert[3][:, t:] * 40
-        o2, _ = _run(pert, kw, "numpy", 64, _prep=prep)
-        assert torch.equal(o1[:, :t], o2[:, :t]), f"t={t}: earlier outputs changed (seed {seed})"
+    _assert_causal(args, kw, (9, 30, 70), seed, 64, _prep=prep)
 
 
 @pytest.mark.parametrize("chunk", [32, 64])

@@ -33,10 +33,10 @@ from k31dsl.model.layers.common import memo
     short_conv_rows, kda_chunk_prep_wide, kda_chunk_pair_merge)
 
 CONV_NAMES = ("q", "k", "v")
-# The prefill's prep kernel: "auto" (chunk_kda's measured choice at the model's chunk: under the
-# lower-bound gate whole-chunk halves of 16 paired into chunk 32, ops/kda/chunk_pair.py, or the
-# whole-chunk prep when the chunk is 16; else sub-chunk steps), "sub", "wide" or "pair" (the last
-# two under the lower-bound gate at chunk 32/64, else "sub"). benchmarks/model_profile.py
+# The prefill's prep kernel: "auto" (under the lower-bound gate at the model's chunk 32 whole-chunk
+# halves of 16 paired, ops/kda/chunk_pair.py, as chunk_kda measured best; otherwise chunk_kda's
+# default_tiling at that chunk: sub-chunk steps at 16 or for other gates), "sub", "wide" or "pair"
+# (the last two under the lower-bound gate at chunk 32/64, else "sub"). benchmarks/model_profile.py
 # --kda-prep compares them.
 KDA_PREP = "auto"
 

@@ -215,27 +215,23 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     # On a GPU the state kernel's BV and launch options are autotuned per shape over its configs of
     # this chunk size (chunk 32 and 64 have some); elsewhere (interpreter, numpy, chunk 16) passed.
     tuned = target == "triton" and dev.type == "cuda" and bt in (32, 64) and V >= 64
-    tiles_prep = {"BT": bt}         # prep: the configs of this chunk size (tuned where there are two)
     tiles_state = {"BT": bt} if tuned else {"BT": bt, "BV": min(32, V)}
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]
         with _phase("prep"):
-            if _prep == "pair" and mode == GATE_LOWER:       # halves by the whole-chunk prep
-                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *halves, gam_half, scale, lb,
-                                            L2=bool(use_qk_l2norm), PAIR=True, PREC=prep_prec, SOLVE=solve, BK=K,
-                                            BVV=V, BT=bt // 2)
-            elif _prep == "pair":                             # any gate: halves by the sub-chunk prep
-                kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, *halves, gam_half, scale, lb,
-                                       GATE=mode, SAFE=False, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve,
-                                       KEEP=keep, PAIR=True, BC=SUB_CHUNK, BK=K, BVV=V, BT=bt // 2)
-            elif _prep == "wide":
-                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale,
-                                            lb, L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V,
-                                            **tiles_prep)
+            # pair: halves of bt / 2 rows into the [NT, 2 HV, bt / 2, *] views; the prep's configs of
+            # its tile size are tuned where there are two. The whole-chunk prep needs the lower-bound
+            # gate, the sub-chunk one takes any.
+            pair = _prep == "pair"
+            outs = [*halves, gam_half] if pair else [w, u, qg, kb, aqk, gam]
+            tiles = {"PAIR": True, "BT": bt // 2} if pair else {"BT": bt}
+            if _prep == "wide" or (pair and mode == GATE_LOWER):
+                kda_chunk_prep_wide[target](*flat, a_log.to(dev), bias.to(dev), info, *outs, scale, lb,
+                                            L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve, BK=K, BVV=V, **tiles)
             else:
-                kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, w, u, qg, kb, aqk, gam, scale, lb,
-                                       GATE=mode, SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec,
-                                       SOLVE=solve, KEEP=keep, BC=min(SUB_CHUNK, bt), BK=K, BVV=V, **tiles_prep)
+                kda_chunk_prep[target](*flat, a_log.to(dev), bias.to(dev), info, *outs, scale, lb, GATE=mode,
+                                       SAFE=(mode == GATE_LOWER), L2=bool(use_qk_l2norm), PREC=prep_prec, SOLVE=solve,
+                                       KEEP=keep, BC=min(SUB_CHUNK, tiles["BT"]), BK=K, BVV=V, **tiles)
     if nt and _prep == "pair":
         with _phase("merge"):
             kda_chunk_pair_merge[target](*halves, gam_half, gam, PREC=prec, BT=bt // 2, BK=K, BVV=V)

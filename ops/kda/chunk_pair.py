@@ -37,7 +37,7 @@ def kda_chunk_pair_merge(w: k.Tensor["MT", "NT", "H2", "BT", "K"], u: k.Tensor["
                          MT: k.constexpr[k.bf16, k.f32] = k.bf16, PREC: k.constexpr[DOT_PRECISIONS] = "tf32",
                          BT: k.constexpr = 32, BK: k.constexpr = 128, BVV: k.constexpr = 128):
     # operands in the prep's layout: head hv's halves are rows 2 hv (a) and 2 hv + 1 (b) of H2 = 2 HV
-    # (the chunk-64 tensors seen as [NT, 2 HV, 32, *]); Aqk's rows of b hold columns a | b.
+    # (the chunk tensors seen as [NT, 2 HV, BT, *]); Aqk's rows of b hold columns a | b.
     # Tiles stay in MT (bf16 on the GPU: half the registers) and feed the dots as they are, X
     # rounded to MT like the state kernel rounds S: fp32 accumulation throughout.
     for n, hv in k.grid(w.shape[0], gam.shape[1]):
