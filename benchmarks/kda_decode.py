@@ -224,7 +224,7 @@ def main(argv=None) -> int:
             harness.print_table(CP_COLUMNS, cp_rows(t=20, h=1, hv=2, kdim=16, vdim=16, shards=3, smoke=True))
         bad = [r for r in rows if r.get("max |S - ref|", 0) > 1e-4]
         return 1 if bad else 0
-    ns = tuple(int(s) for s in args.ns.split(","))
+    ns = tuple(int(s) for s in args.ns.replace("+", ",").split(","))
     ceiling = harness.copy_ceiling_tbs()
     rows = decode_rows(ns=ns, h=args.heads, hv=args.heads)
     for r in rows:

@@ -66,11 +66,12 @@ CASES = {  # name: (B, T, H, HV, K, V, dtype, gate, chunk, varlen seqs, initial 
     "bf16_lb": (1, 45, 1, 2, 32, 32, torch.bfloat16, "lb", 32, 0, True),
     "f16_softplus_batch": (2, 21, 1, 2, 16, 16, torch.float16, "softplus", 16, 0, True),
 }
-WIDE_CASES = {  # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py): lower-bound gate, chunk 32 / 64
+WIDE_CASES = {  # the whole-chunk prep kernel (ops/kda/chunk_prep_wide.py): lower-bound gate, chunk 16 / 32 / 64
     "wide_ragged_64": (1, 83, 1, 1, 16, 16, torch.float32, "lb", 64, 0, True),
     "wide_gva_batch_32": (2, 45, 2, 4, 16, 32, torch.float32, "lb", 32, 0, False),
     "wide_varlen_64": (1, 151, 1, 2, 32, 16, torch.float32, "lb", 64, 3, True),
     "wide_bf16_64": (1, 70, 1, 2, 32, 32, torch.bfloat16, "lb", 64, 0, True),
+    "wide_varlen_16": (1, 77, 1, 2, 16, 16, torch.float32, "lb", 16, 3, True),
 }
 PAIR_CASES = {  # chunk-32 whole-chunk halves paired into chunk 64 (ops/kda/chunk_pair.py)
     "pair_ragged": (1, 83, 1, 1, 16, 16, torch.float32, "lb", 64, 0, True),
@@ -299,7 +300,6 @@ def test_kda_gate_shapes_and_forms():
     (lambda a: kda_gate(a[3], None, torch.zeros(5), -1.0), "dt_bias"),
     (lambda a: chunk_kda(*a, chunk_size=64, _prep="wide"), "needs the lower-bound gate"),
     (lambda a: chunk_kda(*a, chunk_size=16, _prep="pair"), "got chunk_size=16"),
-    (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="wide"), "chunk_size=16"),
     (lambda a: chunk_kda(*a, _prep="fast"), "not a prep kernel"),
     (lambda a: chunk_kda(*a, lower_bound=-1.0, chunk_size=16, _prep="pair"), "got chunk_size=16"),
 ])
@@ -345,23 +345,24 @@ def test_kernels_compile_for_hopper(tmp_path):
 
 
 def test_default_tiling_is_the_measured_choice():
-    """chunk_kda with chunk_size / prep left open: under the lower-bound gate whole-chunk prep
-    halves paired (halves of 32 into chunk 64 for few (head, sequence) pairs, of 16 into chunk 32
-    otherwise; bit-for-bit the explicit call on numpy); the sub-chunk prep at 64 for the other
-    gates; an explicit chunk keeps the unpaired kernels, an explicit prep is kept."""
+    """chunk_kda with chunk_size / prep left open: prep halves paired (halves of 32 into chunk 64
+    for few (head, sequence) pairs, of 16 into chunk 32 otherwise; bit-for-bit the explicit call
+    on numpy), whatever the gate; an explicit chunk keeps the unpaired kernels, an explicit prep
+    is kept."""
     from k31dsl.ops.kda.chunk import PAIR_MAX_HEADS, default_tiling
-    assert default_tiling(True) == (32, "pair") and default_tiling(False) == (64, "sub")
+    assert default_tiling(True) == (32, "pair") and default_tiling(False) == (32, "pair")
     assert default_tiling(True, None, None, PAIR_MAX_HEADS) == (64, "pair")
     assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (32, "pair")
-    assert default_tiling(False, None, None, 1) == (64, "sub")
+    assert default_tiling(False, None, None, 1) == (64, "pair") and default_tiling(False, 64) == (64, "sub")
     assert default_tiling(True, 32) == (32, "wide") and default_tiling(True, 64, None, 1) == (64, "sub")
-    assert default_tiling(True, 16) == (16, "sub")
+    assert default_tiling(True, 16) == (16, "wide") and default_tiling(False, 16) == (16, "sub")
     assert default_tiling(True, None, "sub") == (64, "sub") and default_tiling(True, None, "wide") == (32, "wide")
     assert default_tiling(True, None, "pair", 96) == (32, "pair") and default_tiling(True, None, "pair", 2) == (64, "pair")
     seed = _seed()
     g = torch.Generator().manual_seed(seed)
     for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (32, "pair")),
-                                  ("lb", 4, PAIR_MAX_HEADS // 2, (32, "pair")), ("softplus", 2, 1, (64, "sub"))):
+                                  ("lb", 4, PAIR_MAX_HEADS // 2, (32, "pair")), ("softplus", 2, 1, (64, "pair")),
+                                  ("softplus", 2 * PAIR_MAX_HEADS, 1, (32, "pair"))):
         args, kw = make_inputs(g, batch, 45 if batch == 1 else 5, 2, hv, 16, 16, torch.float32, gate)
         o, s = chunk_kda(*args, **kw, output_final_state=True, target="numpy")
         o2, s2 = _run(args, kw, "numpy", want[0], _prep=want[1])

@@ -100,6 +100,22 @@ def test_decode_tokens_and_replay_data_match_oracle(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("t", [1, 3])
+def test_decode_without_prefetch_matches_oracle(target, t, monkeypatch):
+    """The tuner's PREFETCH=False configs (each token's inputs loaded in its own step) give the
+    oracle's outputs and states too, and the same bits as the prefetching kernel."""
+    import k31dsl.ops.kda.decode as dec
+    seed = _seed()
+    case = make_case(seed, t=t, gate="lower_bound")
+    o_pre, _, pool_pre = decode(case, target)
+    monkeypatch.setattr(dec, "_small_grid_bv", lambda *a: {"PREFETCH": False})
+    o, _, pool = decode(case, target)
+    want_o, want_s = oracle(case)
+    assert rel(o, want_o) < 1e-4 and rel(pool[case["slots"].long()], want_s) < 1e-4, seed
+    assert torch.equal(o, o_pre) and torch.equal(pool, pool_pre), seed
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("mode", ["in_pool", "engine_copy"])
 def test_spec_verify_then_rollback_equals_decoding_accepted(target, mode):
     """Verify T=4 draft tokens, roll back to the accepted prefix: the state equals decoding just
@@ -263,11 +279,12 @@ decode_plain = Specialised(kda_decode_step)
 decode_lb_replay = Specialised(kda_decode_step, GATE=2, REPLAY=True, GT=__import__("k31dsl").bf16)
 decode_verify = Specialised(kda_decode_step, GATE=1, REPLAY=True, UPDATE=False, BV=64)
 decode_v_first = Specialised(kda_decode_step, GATE=2, VFIRST=True)
+decode_no_prefetch = Specialised(kda_decode_step, GATE=2, PREFETCH=False, BV=64)
 rollback = Specialised(kda_replay_prefix)
 rollback_v_first = Specialised(kda_replay_prefix, VFIRST=True)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
-    assert_compiles_for_hopper(__file__, ["decode_plain", "decode_lb_replay", "decode_verify", "decode_v_first",
+    assert_compiles_for_hopper(__file__, ["decode_plain", "decode_lb_replay", "decode_verify", "decode_v_first", "decode_no_prefetch",
                                           "rollback", "rollback_v_first"], tmp_path)

@@ -135,16 +135,17 @@ def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs
     16 takes 1.87 ms (whole-chunk prep at chunk 32 2.02, sub-chunk prep at 64 3.12); at T=32768
     H=12 chunk 64 from halves of 32 takes 1.81 (2.09, 2.18) and at T=131072 H=12 7.09 (8.31, 8.56).
     The whole-chunk prep spills at chunk 64 (4.27 ms of prep). An explicit chunk size keeps the
-    unpaired kernels (wide at 32, sub at 64: what the model's graph programs call). Other gates
-    need the sub-chunk prep (the whole-chunk one relies on a bounded per-row decay), at 64."""
+    unpaired kernels (wide at 16 and 32, sub at 64: what the model's graph programs call). Other
+    gates pair the sub-chunk prep's halves (the whole-chunk one relies on a bounded per-row decay):
+    softplus gate at T=8192 H=96, KDA run 18: 9.65 ms paired into chunk 32 against 20.4 at sub 64."""
     few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
     if prep is None:
-        if not lower_bound_gate:
-            prep = "sub"
-        elif chunk_size is None:
+        if chunk_size is None:
             prep = "pair"
+        elif lower_bound_gate:
+            prep = "wide" if chunk_size in (16, 32) else "sub"
         else:
-            prep = "wide" if chunk_size == 32 else "sub"
+            prep = "sub"
     if chunk_size is None:
         chunk_size = {"wide": 32, "pair": 64 if few else 32}.get(prep, 64)   # unknown preps: checked later
     return chunk_size, prep
@@ -179,11 +180,9 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     scale = K ** -0.5 if scale is None else float(scale)
     if _prep not in PREPS:
         raise K31Error(f"{op}: _prep={_prep!r} is not a prep kernel", hint=f"one of {PREPS}")
-    if _prep == "wide" and (mode != GATE_LOWER or chunk_size not in (32, 64)):
-        raise K31Error(f"{op}: the wide prep kernel needs the lower-bound gate (a bounded decay per row) and "
-                       f"chunk_size 32 or 64, got "
-                       f"{'no lower_bound' if mode != GATE_LOWER else f'chunk_size={chunk_size}'}",
-                       hint="pass lower_bound (with A_log / dt_bias), or use _prep='sub'")
+    if _prep == "wide" and mode != GATE_LOWER:
+        raise K31Error(f"{op}: the wide prep kernel needs the lower-bound gate (a bounded decay per row), got "
+                       f"no lower_bound", hint="pass lower_bound (with A_log / dt_bias), or use _prep='sub'")
     if _prep == "pair" and chunk_size not in (32, 64):
         raise K31Error(f"{op}: the paired prep makes chunks of 32 or 64 rows out of halves of 16 or 32, got "
                        f"chunk_size={chunk_size}", hint="chunk_size=32 or 64, or _prep='sub'")
@@ -213,8 +212,8 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     prep_prec, solve, keep = PREP_VARIANTS[_variant or DEFAULT_VARIANT] if mt != torch.float32 else \
         ("ieee", "ieee", D.f32)
     # On a GPU the state kernel's BV and launch options are autotuned per shape over its configs of
-    # this chunk size (chunk 32 and 64 have some); elsewhere (interpreter, numpy, chunk 16) passed.
-    tuned = target == "triton" and dev.type == "cuda" and bt in (32, 64) and V >= 64
+    # this chunk size; elsewhere (interpreter, numpy) passed.
+    tuned = target == "triton" and dev.type == "cuda" and V >= 64
     tiles_state = {"BT": bt} if tuned else {"BT": bt, "BV": min(32, V)}
     if nt:
         flat = [t.contiguous().reshape(B * T, *t.shape[2:]) for t in (q, k, v, g, beta)]

@@ -238,8 +238,22 @@ STATE_CONFIGS = [{"BT": 64, "BV": 64, "num_warps": 8, "num_stages": 2},
                  {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 4},
                  {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 3},
                  {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 4},
-                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 5},       # not yet timed (run 11
-                 {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 5}]       # picked 4 at HV = 12)
+                 {"BT": 32, "BV": 16, "num_warps": 4, "num_stages": 5},
+                 {"BT": 32, "BV": 32, "num_warps": 4, "num_stages": 5},
+                 # KDA run 18 (T=8192 H=96): BV 64 / 4 warps / 3 stages 0.593 ms, BV 16 2.07 (122 KB of
+                 # shared memory: one 4-warp program per SM); each program walks all 256 chunks at
+                 # ~2.3 µs a step, so more warps per step are candidates (not yet timed)
+                 {"BT": 32, "BV": 64, "num_warps": 8, "num_stages": 3},
+                 {"BT": 32, "BV": 128, "num_warps": 8, "num_stages": 3},
+                 # chunk 16 (the whole-chunk prep's tile without the pair merge; not yet timed). sm_90a:
+                 # BV 16 / 4 warps 132 registers, 35 KB (3 stages) or 61 KB (5): three programs per SM;
+                 # BV 64 / 4 warps 191 registers, 50 KB: two
+                 {"BT": 16, "BV": 64, "num_warps": 4, "num_stages": 3},
+                 {"BT": 16, "BV": 64, "num_warps": 4, "num_stages": 5},
+                 {"BT": 16, "BV": 64, "num_warps": 8, "num_stages": 3},
+                 {"BT": 16, "BV": 32, "num_warps": 4, "num_stages": 4},
+                 {"BT": 16, "BV": 128, "num_warps": 8, "num_stages": 3},
+                 {"BT": 16, "BV": 16, "num_warps": 4, "num_stages": 5}]
 
 
 @k.kernel(configs=STATE_CONFIGS)

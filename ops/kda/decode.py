@@ -44,8 +44,12 @@ L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 # N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner. BV 64 at
 # 8 warps ([V,K]: 128 registers, two programs per SM) lost at every N in KDA run 16 (N = 64: 0.243
 # vs 0.229 ms), so occupancy is not what holds decode at 3.5 TB/s.
+# PREFETCH off: run 1 (v1, no prefetch of the next token's inputs) measured [K,V] N = 64 / 256 at
+# 222.6 / 859 µs, every later run (with it) 233.7-234.6 / 910-914, while [V,K] gained 2 %: at T = 1
+# the prefetch is a second, useless load of the same token, so the tuner now sees both.
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
-                  {"BV": 128, "num_warps": 8}]
+                  {"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 4, "PREFETCH": False},
+                  {"BV": 32, "num_warps": 4, "PREFETCH": False}]
 ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
 SMALL_GRID = 8192       # programs at BV=64 below which BV is picked, not tuned (132 SMs x ~62)
 
@@ -106,7 +110,7 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
                     XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                     BT: k.constexpr[FLOAT_INPUTS] = k.f32, GATE: k.constexpr = 0, L2NORM: k.constexpr = True,
                     REPLAY: k.constexpr = False, UPDATE: k.constexpr = True, VFIRST: k.constexpr = False,
-                    BK: k.constexpr = 128, BV: k.constexpr = 32):
+                    PREFETCH: k.constexpr = True, BK: k.constexpr = 128, BV: k.constexpr = 32):
     for nh, pv in k.grid(q.shape[0] * v.shape[2], k.cdiv(v.shape[3], BV)):
         nhv = v.shape[2]
         n = nh // nhv
@@ -124,12 +128,16 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
             alog = a_log[hv]
             dtb = dt_bias[hv, k.span(0, BK, other=0.0)]
         last = q.shape[1] - 1
-        qn, kn, gn, vn, bn = token_inputs(q, kk, g, v, beta, n, 0, h, hv, pv, BK, BV)
+        if PREFETCH:
+            qn, kn, gn, vn, bn = token_inputs(q, kk, g, v, beta, n, 0, h, hv, pv, BK, BV)
         for t in range(q.shape[1]):
             # the next token's inputs are loaded before this token's math (they do not depend on
             # the state), so their latency hides behind it; the last token reloads itself
-            qr, kr, gr, vt, b = qn, kn, gn, vn, bn
-            qn, kn, gn, vn, bn = token_inputs(q, kk, g, v, beta, n, k.minimum(t + 1, last), h, hv, pv, BK, BV)
+            if PREFETCH:
+                qr, kr, gr, vt, b = qn, kn, gn, vn, bn
+                qn, kn, gn, vn, bn = token_inputs(q, kk, g, v, beta, n, k.minimum(t + 1, last), h, hv, pv, BK, BV)
+            else:
+                qr, kr, gr, vt, b = token_inputs(q, kk, g, v, beta, n, t, h, hv, pv, BK, BV)
             qt = l2_normalize(qr, L2NORM) * scale
             kt = l2_normalize(kr, L2NORM)
             a = log_decay(gr, alog, dtb, lower_bound, GATE)
