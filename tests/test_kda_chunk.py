@@ -328,6 +328,8 @@ PREP_SOFTPLUS_GPU = GpuSpec(kda_chunk_prep, XT=k.bf16, GT=k.f32, BETAT=k.f32, MT
                             PREC="bf16", SOLVE="tf32", BT=64, BC=16, BK=128, BVV=128)
 PREP_WIDE_GPU = GpuSpec(kda_chunk_prep_wide, XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, PREC="bf16", SOLVE="tf32",
                         BT=64, BK=128, BVV=128)
+PREP_WIDE16_GPU = GpuSpec(kda_chunk_prep_wide, XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, PREC="bf16",
+                          SOLVE="tf32", PAIR=True, BT=16, BK=128, BVV=128)
 STATE_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128, BV=32)
 STATE_VFIRST_GPU = GpuSpec(kda_chunk_state, MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, VFIRST=True,
                            BT=64, BK=128, BV=64)
@@ -339,8 +341,8 @@ def test_kernels_compile_for_hopper(tmp_path):
     from hopper import assert_compiles_for_hopper
     # the softplus prep differs from PREP_LB_GPU only in its diagonal blocks (CUDA-core loops); it
     # compiles too but costs another minute of ptxas on 2 cores, so CI checks the benchmarked pair
-    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "PREP_WIDE_GPU", "STATE_GPU", "STATE_VFIRST_GPU",
-                                                  "PAIR_MERGE_GPU"], tmp_path,
+    assert_compiles_for_hopper(__file__, ["PREP_LB_GPU", "PREP_WIDE_GPU", "PREP_WIDE16_GPU", "STATE_GPU",
+                                          "STATE_VFIRST_GPU", "PAIR_MERGE_GPU"], tmp_path,
                                index_types=("int32",))
 
 
