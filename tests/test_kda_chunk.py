@@ -347,23 +347,25 @@ def test_kernels_compile_for_hopper(tmp_path):
 
 
 def test_default_tiling_is_the_measured_choice():
-    """chunk_kda with chunk_size / prep left open: prep halves paired (halves of 32 into chunk 64
-    for few (head, sequence) pairs, of 16 into chunk 32 otherwise; bit-for-bit the explicit call
-    on numpy), whatever the gate; an explicit chunk keeps the unpaired kernels, an explicit prep
-    is kept."""
+    """chunk_kda with chunk_size / prep left open: for few (head, sequence) pairs prep halves of
+    32 paired into chunk 64, whatever the gate; otherwise the whole-chunk prep at chunk 16 under
+    the lower bound and sub-chunk halves of 16 paired into chunk 32 for the other gates
+    (bit-for-bit the explicit call on numpy); an explicit chunk keeps the unpaired kernels, an
+    explicit prep is kept."""
     from k31dsl.ops.kda.chunk import PAIR_MAX_HEADS, default_tiling
-    assert default_tiling(True) == (32, "pair") and default_tiling(False) == (32, "pair")
+    assert default_tiling(True) == (16, "wide") and default_tiling(False) == (32, "pair")
     assert default_tiling(True, None, None, PAIR_MAX_HEADS) == (64, "pair")
-    assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (32, "pair")
+    assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (16, "wide")
     assert default_tiling(False, None, None, 1) == (64, "pair") and default_tiling(False, 64) == (64, "sub")
     assert default_tiling(True, 32) == (32, "wide") and default_tiling(True, 64, None, 1) == (64, "sub")
     assert default_tiling(True, 16) == (16, "wide") and default_tiling(False, 16) == (16, "sub")
-    assert default_tiling(True, None, "sub") == (64, "sub") and default_tiling(True, None, "wide") == (32, "wide")
+    assert default_tiling(True, None, "sub") == (64, "sub") and default_tiling(True, None, "wide", 2) == (32, "wide")
+    assert default_tiling(True, None, "wide", 96) == (16, "wide")
     assert default_tiling(True, None, "pair", 96) == (32, "pair") and default_tiling(True, None, "pair", 2) == (64, "pair")
     seed = _seed()
     g = torch.Generator().manual_seed(seed)
-    for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (32, "pair")),
-                                  ("lb", 4, PAIR_MAX_HEADS // 2, (32, "pair")), ("softplus", 2, 1, (64, "pair")),
+    for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (16, "wide")),
+                                  ("lb", 4, PAIR_MAX_HEADS // 2, (16, "wide")), ("softplus", 2, 1, (64, "pair")),
                                   ("softplus", 2 * PAIR_MAX_HEADS, 1, (32, "pair"))):
         args, kw = make_inputs(g, batch, 45 if batch == 1 else 5, 2, hv, 16, 16, torch.float32, gate)
         o, s = chunk_kda(*args, **kw, output_final_state=True, target="numpy")

@@ -34,10 +34,10 @@ from k31dsl.model.layers.common import memo
 
 CONV_NAMES = ("q", "k", "v")
 # The prefill's prep kernel: "auto" (under the lower-bound gate at the model's chunk 32 whole-chunk
-# halves of 16 paired, ops/kda/chunk_pair.py, as chunk_kda measured best; otherwise chunk_kda's
-# default_tiling at that chunk: sub-chunk steps at 16 or for other gates), "sub", "wide" or "pair"
-# (the last two under the lower-bound gate at chunk 32/64, else "sub"). benchmarks/model_profile.py
-# --kda-prep compares them.
+# halves of 16 paired, ops/kda/chunk_pair.py; otherwise chunk_kda's default_tiling at that chunk:
+# the whole-chunk prep at 16 under the lower bound, sub-chunk steps for other gates), "sub", "wide"
+# or "pair" (the last two under the lower-bound gate, "wide" at chunk 16/32/64 and "pair" at 32/64,
+# else "sub"). benchmarks/model_profile.py --kda-prep compares them.
 KDA_PREP = "auto"
 
 
@@ -157,7 +157,7 @@ def chunk_prep(g, l, q, kk, v, graw, beta, info, nt: int, bt: int):
         prep = "pair" if gate == GATE_LOWER and bt == 32 else default_tiling(gate == GATE_LOWER, bt)[1]
     if prep == "pair" and gate == GATE_LOWER and bt in (32, 64):
         return paired_prep(g, l, q, kk, v, graw, beta, info, nt, bt, outs, lb, mt, prec, solve)
-    if prep == "wide" and gate == GATE_LOWER and bt in (32, 64):
+    if prep == "wide" and gate == GATE_LOWER:
         return g.p.call(kda_chunk_prep_wide, q, kk, v, graw, beta, g.weight(f"l{l}_kda_a_log"),
                         g.weight(f"l{l}_kda_dt_bias"), info, *outs, K ** -0.5, lb, L2=True, PREC=prec, SOLVE=solve,
                         BK=K, BVV=V, BT=bt)

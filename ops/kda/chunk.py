@@ -130,24 +130,27 @@ PREPS = ("sub", "wide", "pair")
 
 def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs=None) -> tuple:
     """(chunk size, prep kernel) for what a call leaves open; head_seqs = HV x sequences. Measured
-    on an H200 (benchmarks/NOTES.md, KDA runs 13-17, bf16, K = V = 128, lower-bound gate): paired
-    halves beat one whole-chunk prep per chunk everywhere: at T=8192 H=96 chunk 32 from halves of
-    16 takes 1.87 ms (whole-chunk prep at chunk 32 2.02, sub-chunk prep at 64 3.12); at T=32768
-    H=12 chunk 64 from halves of 32 takes 1.81 (2.09, 2.18) and at T=131072 H=12 7.09 (8.31, 8.56).
-    The whole-chunk prep spills at chunk 64 (4.27 ms of prep). An explicit chunk size keeps the
+    on an H200 (benchmarks/NOTES.md, KDA runs 13-19, bf16, K = V = 128, lower-bound gate). Many
+    heads: the whole-chunk prep at chunk 16 (one block per program, five per SM) with the state
+    kernel at chunk 16: T=8192 H=96 1.476 ms against 1.515 for halves of 16 paired into chunk 32
+    (the merge costs 0.27 ms, the longer state chain 0.23) and 1.98 at chunk 32; varlen 8 x 8192
+    10.21 against 10.89. Few heads: the state kernel's chain of dependent steps is the critical
+    path, so halves of 32 paired into chunk 64: T=32768 H=12 1.81 ms (whole-chunk prep at chunk 32
+    2.09, sub-chunk prep at 64 2.18), T=131072 H=12 7.09 (8.31, 8.56). The whole-chunk prep spills
+    at chunk 64 (4.27 ms of prep). An explicit chunk size keeps the
     unpaired kernels (wide at 16 and 32, sub at 64: what the model's graph programs call). Other
     gates pair the sub-chunk prep's halves (the whole-chunk one relies on a bounded per-row decay):
     softplus gate at T=8192 H=96, KDA run 18: 9.65 ms paired into chunk 32 against 20.4 at sub 64."""
     few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
     if prep is None:
         if chunk_size is None:
-            prep = "pair"
+            prep = "wide" if lower_bound_gate and not few else "pair"
         elif lower_bound_gate:
             prep = "wide" if chunk_size in (16, 32) else "sub"
         else:
             prep = "sub"
     if chunk_size is None:
-        chunk_size = {"wide": 32, "pair": 64 if few else 32}.get(prep, 64)   # unknown preps: checked later
+        chunk_size = {"wide": 32 if few else 16, "pair": 64 if few else 32}.get(prep, 64)   # unknown: checked later
     return chunk_size, prep
 
 
