@@ -98,9 +98,14 @@ def _timer(smoke):
     return cpu_ms
 
 
+def decode_kernel():
+    """The compiled decode kernel kda_decode launches on Triton (with or without fp fusion)."""
+    from k31dsl.ops.kda.decode import _fused, kda_decode_step
+    return _fused(kda_decode_step, "triton")
+
+
 def tuned_configs():
-    from k31dsl.ops.kda.decode import kda_decode_step
-    return [str(v) for v in kda_decode_step["triton"]._tuned.values()]
+    return [str(v) for v in decode_kernel()._tuned.values()]
 
 
 def decode_rows(ns=(1, 16, 64, 256), h=96, hv=96, kdim=128, vdim=128, smoke=False, verify_t=4):
@@ -213,7 +218,11 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=96)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     ap.add_argument("--no-cp", action="store_true", help="skip the context-parallel summary/merge timings")
+    ap.add_argument("--fp-fusion", choices=["on", "off"], default="on",
+                    help="compile the decode/rollback kernels with multiply-add contraction (kda_decode's default)")
     args = ap.parse_args(argv)
+    import k31dsl.ops.kda.decode as decode_mod
+    decode_mod.FP_FUSION = args.fp_fusion == "on"
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import harness
@@ -231,8 +240,7 @@ def main(argv=None) -> int:
         r["% copy ceiling"] = 100 * r["state TB/s"] / ceiling
     cols = COLUMNS[:4] + ["% copy ceiling"] + COLUMNS[4:]
     cp = [] if args.no_cp else cp_rows(h=args.heads, hv=args.heads)
-    from k31dsl.ops.kda.decode import kda_decode_step
-    tuning = harness.tuning_rows("kda_decode_step", kda_decode_step["triton"])
+    tuning = harness.tuning_rows("kda_decode_step", decode_kernel())
     payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "heads": args.heads, "K": 128, "V": 128,
                "tuned_configs": tuned_configs(), "rows": rows, "cp_rows": cp, "tuning": tuning}
     harness.write("kda_decode", payload, cols, rows, extra=harness.tuning_section(tuning),

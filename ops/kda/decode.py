@@ -206,12 +206,15 @@ def kda_replay_prefix(pool: k.Tensor[k.f32, "S", "HV", "P2", "P3"], slots: k.Ten
 
 # ---------------------------------------------------------------- host-side checks
 
+FP_FUSION = True       # benchmarks/kda_decode.py --fp-fusion off measures without it
+
+
 def _fused(kernel, target: str):
     """The kernel for `target`; on Triton with multiply-add contraction (the target's default
     rounds products and sums separately): the step is memory-bound but each program's arithmetic
     sits between its state load and store, and the [K,V] kernel's 285 FMUL + 241 FADD per warp
     (sm_90a) are mostly multiply-adds. Checks against the oracle are tolerance-based."""
-    return kernel.compile(target, fp_fusion=True) if target == "triton" else kernel[target]
+    return kernel.compile(target, fp_fusion=True) if target == "triton" and FP_FUSION else kernel[target]
 
 
 def _shape_error(op, name, t, want, why=""):
