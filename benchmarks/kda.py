@@ -69,8 +69,8 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
 
 
 def ours(args, kw, target, chunk=None, variant=None, prep=None):
-    """chunk_kda on the inputs; chunk / prep None: chunk_kda's default_tiling (paired whole-chunk
-    prep halves under this benchmark's lower-bound gate)."""
+    """chunk_kda on the inputs; chunk / prep None: chunk_kda's default_tiling (under this
+    benchmark's lower-bound gate the whole-chunk prep: chunk 16, or paired halves with few heads)."""
     from k31dsl.ops.kda import chunk_kda
     return lambda: chunk_kda(*args, **kw, output_final_state=True, chunk_size=chunk, target=target, _variant=variant,
                              _prep=prep)
@@ -223,12 +223,10 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         from k31dsl.ops.kda.chunk import default_tiling
         tiling = default_tiling(True, None, None, heads * len(lens))
         r["tiling"] = f"chunk {tiling[0]}, {tiling[1]} prep"
-        # the default before KDA run 9, and whichever of wide-32 / pair-64 is not the default here
+        # the default before KDA run 9, and the other whole-chunk tilings (chunk 16 with many heads)
+        alternatives = ((32, "wide"), (64, "pair"), (32, "pair")) + (((16, "wide"),) if heads * len(lens) > 16 else ())
         others = [("k31dsl sub prep chunk 64", 64, "sub")] + [
-            (f"k31dsl {p} prep chunk {c}", c, p) for c, p in ((32, "wide"), (64, "pair"), (32, "pair"))
-            if (c, p) != tiling]
-        if heads * len(lens) > 16:     # many heads: chunk 16 without the merge (the pair's prep tile)
-            others += [("k31dsl wide prep chunk 16", 16, "wide")]
+            (f"k31dsl {p} prep chunk {c}", c, p) for c, p in alternatives if (c, p) != tiling]
         if variants and name == "T8192_H96":
             others += [("k31dsl sub prep chunk 32", 32, "sub"), ("k31dsl wide prep chunk 64", 64, "wide")]
         others = [(*o, kw) for o in others]
@@ -403,7 +401,7 @@ def main(argv=None) -> int:
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
                "rows": rows, "decode_rows": decode, "tuning": tuning}
     harness.write("kda", payload, COLUMNS, rows, extra=harness.tuning_section(tuning),
-                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: whole-chunk prep halves paired, of 16 into chunk 32, or with few heads of 32 into chunk 64; chunk_kda's default_tiling) unless the row says otherwise, lower-bound gate -5 "
+                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: the whole-chunk prep at chunk 16, or with few heads its halves of 32 paired into chunk 64; chunk_kda's default_tiling) unless the row says otherwise, lower-bound gate -5 "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "
                         f"fp64 oracle check (small shape): {check}. Tuned: {tuned_configs()}. Decode rows: "

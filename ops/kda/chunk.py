@@ -130,9 +130,9 @@ PREPS = ("sub", "wide", "pair")
 
 def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs=None) -> tuple:
     """(chunk size, prep kernel) for what a call leaves open; head_seqs = HV x sequences. Measured
-    on an H200 (benchmarks/NOTES.md, KDA runs 13-19, bf16, K = V = 128, lower-bound gate). Many
+    on an H200 (benchmarks/NOTES.md, KDA runs 13-21, bf16, K = V = 128, lower-bound gate). Many
     heads: the whole-chunk prep at chunk 16 (one block per program, five per SM) with the state
-    kernel at chunk 16: T=8192 H=96 1.476 ms against 1.515 for halves of 16 paired into chunk 32
+    kernel at chunk 16: T=8192 H=96 1.476 ms (run 20) against 1.515 for halves of 16 paired into chunk 32
     (the merge costs 0.27 ms, the longer state chain 0.23) and 1.98 at chunk 32; varlen 8 x 8192
     10.21 against 10.89. Few heads: the state kernel's chain of dependent steps is the critical
     path, so halves of 32 paired into chunk 64: T=32768 H=12 1.81 ms (whole-chunk prep at chunk 32
@@ -167,7 +167,7 @@ def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_
     (K contiguous, the layout kda_decode's state_v_first pool uses). chunk_size 16/32/64, by
     default `default_tiling`'s choice. `_prep` ("sub" | "wide" | "pair", for measurements; default
     the same function's) picks the prep kernel: sub-chunk steps, whole-chunk tiles
-    (chunk_prep_wide.py; lower-bound gate, chunk 32 or 64), or halves paired into one chunk
+    (chunk_prep_wide.py; lower-bound gate, chunk 16, 32 or 64), or halves paired into one chunk
     (chunk_pair.py; chunk 32 or 64 from halves of 16 or 32, made by the whole-chunk prep under
     the lower-bound gate and by the sub-chunk one otherwise)."""
     import torch

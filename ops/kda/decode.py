@@ -23,9 +23,8 @@ holds the state after all T tokens and the engine must have kept a copy of the p
 The replay applies, for j < accepted[n], S = Diag(exp(g_j)) S + k_j u_j^T with the (k, u, g) the
 verify kernel stored and the same operations in the same order, so the rebuilt state is the state
 a decode of just the accepted tokens would have produced (bit-identical on the numpy target and
-the Triton interpreter; on a GPU both kernels are compiled with multiply-add contraction, which
-turns the same update S exp(g) + k u^T into the same fma in each). accepted[n] = 0 restores the
-checkpoint.
+the Triton interpreter; the generated Triton launches without fp fusion by default, so on a GPU too
+unless the compiler orders the ops differently). accepted[n] = 0 restores the checkpoint.
 """
 
 from typing import NamedTuple
@@ -50,8 +49,9 @@ L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 # the prefetch is a second, useless load of the same token, so the tuner now sees both.
 # KDA run 19: the tuner still picked BV 64 / 4 warps, with and without the prefetch (N = 64 [K,V]
 # 235 µs). One-warp programs (BV 16, sm_90a: 180 registers [K,V], 168 [V,K]) reduce over K within
-# the warp (4 barriers instead of 22 at BV 64 / 4 warps) and fit 11-12 per SM against two, so more
-# state loads are in flight while other programs compute (not yet timed).
+# the warp (4 barriers instead of 22 at BV 64 / 4 warps) and fit 11-12 per SM against two. Run 22:
+# they win the [V,K] layout (N = 64 0.227 vs 0.229 ms, N = 256 0.899 vs 0.887: within 1.5 %) and the
+# T = 4 verify (0.314 vs 0.358 ms); [K,V] keeps BV 64 / 4 warps (0.236 vs 0.251 at N = 64).
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
                   {"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 4, "PREFETCH": False},
                   {"BV": 32, "num_warps": 4, "PREFETCH": False}, {"BV": 16, "num_warps": 1, "PREFETCH": False},
@@ -206,14 +206,18 @@ def kda_replay_prefix(pool: k.Tensor[k.f32, "S", "HV", "P2", "P3"], slots: k.Ten
 
 # ---------------------------------------------------------------- host-side checks
 
-FP_FUSION = True       # benchmarks/kda_decode.py --fp-fusion off measures without it
+# Multiply-add contraction for the decode and rollback kernels on Triton (the target's default
+# rounds products and sums separately). sm_90a: the [K,V] kernel goes from 1344 to 1264 SASS per
+# warp, but KDA run 22 (H200, same process order, tuner per setting) measured it slower: [K,V]
+# N = 64 / 256 275 / 1076 µs with it against 234 / 910 without ([V,K] 227 / 882 either way);
+# only the verify T = 4 + commit gained (501 against 521 µs at N = 64). So off; the switch stays for
+# `benchmarks/kda_decode.py --fp-fusion on`.
+FP_FUSION = False
 
 
 def _fused(kernel, target: str):
-    """The kernel for `target`; on Triton with multiply-add contraction (the target's default
-    rounds products and sums separately): the step is memory-bound but each program's arithmetic
-    sits between its state load and store, and the [K,V] kernel's 285 FMUL + 241 FADD per warp
-    (sm_90a) are mostly multiply-adds. Checks against the oracle are tolerance-based."""
+    """The decode/rollback kernel for `target`, with multiply-add contraction on Triton when
+    FP_FUSION is set (both kernels alike, so the replay's state update contracts as the decode's)."""
     return kernel.compile(target, fp_fusion=True) if target == "triton" and FP_FUSION else kernel[target]
 
 
