@@ -25,6 +25,18 @@ def rel(got, want):
     return float(np.abs(to_f64(got) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
+# M's scale is the identity's (a range of no tokens): a summary M S_in + E feeds O(1) states, so
+# an M decayed below 1e-6 is checked against that floor instead of its own size. Below it the fp32
+# chunk path's cancellations (S' = (diag(gamma) - Kb^T W) S with O(1) factors) leave relative
+# errors far above fp32's that reach no state (seed 2125702138: max |M| 1.7e-27, 2.6e-4 relative).
+M_FLOOR = 1e-6
+
+
+def rel_m(got, want):
+    want = np.asarray(want, np.float64)
+    return float(np.abs(to_f64(got) - want).max() / max(np.abs(want).max(), M_FLOOR))
+
+
 def make_seq(gen, t, h, hv, kdim, vdim, gate):
     r = lambda *s: torch.randn(*s, generator=gen)          # noqa: E731
     c = dict(q=r(1, t, h, kdim), k=r(1, t, h, kdim), v=r(1, t, hv, vdim), beta=torch.rand(1, t, hv, generator=gen))
@@ -60,7 +72,7 @@ def test_summary_matches_oracle_per_range(target, gate):
             for hv in range(2):
                 want_m, want_e = ref.summary_head(kn[b, s:t, 0], x["v"][b, s:t, hv], a[b, s:t, hv],
                                                   x["beta"][b, s:t, hv])
-                assert rel(m[i, hv], want_m) < 1e-4, (seed, i, hv)
+                assert rel_m(m[i, hv], want_m) < 1e-4, (seed, i, hv)
                 if t > s:
                     assert rel(e[i, hv], want_e) < 1e-4, (seed, i, hv)
                 else:
@@ -86,7 +98,7 @@ def test_summary_by_chunks_matches_recurrent(target, kdim, vdim):
             for hv in range(2):
                 want_m, want_e = ref.summary_head(kn[0, s:t, 0], c["v"][0, s:t, hv], a[0, s:t, hv],
                                                   c["beta"][0, s:t, hv])
-                assert rel(m[i, hv], want_m) < 1e-4 and rel(e[i, hv], want_e) < 1e-4, (seed, i, hv)
+                assert rel_m(m[i, hv], want_m) < 1e-4 and rel(e[i, hv], want_e) < 1e-4, (seed, i, hv)
 
 
 @pytest.mark.parametrize("target", TARGETS)
