@@ -84,8 +84,12 @@ class Cache:
     def path(self, kind: str, name: str) -> Path:
         return self.root / kind / name
 
-    def read(self, kind: str, name: str) -> bytes | None:
-        """The entry's bytes if present and intact; a damaged entry is deleted (None)."""
+    def read(self, kind: str, name: str, discard: bool = True) -> bytes | None:
+        """The entry's bytes if present and intact, else None; a damaged entry is deleted unless
+        discard=False. get_or_build's first look does not delete: without its lock it may see an
+        entry another process is writing (data already in place, checksum not yet), and deleting
+        that would pull the file from under the writer (seen in CI: two CP ranks building one
+        generated module)."""
         path = self.path(kind, name)
         try:
             data = path.read_bytes()
@@ -97,6 +101,8 @@ class Cache:
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             ok = False
         if not ok:
+            if not discard:
+                return None
             self.stats["corrupt"] += 1
             for p in (path, Path(str(path) + SUM)):
                 with contextlib.suppress(FileNotFoundError):
@@ -113,7 +119,7 @@ class Cache:
 
     def get_or_build(self, kind: str, name: str, build: Callable[[], bytes | str], entry_key: str = "") -> Path:
         """The path of an intact entry, building and storing it first when missing or damaged."""
-        if self.read(kind, name) is not None:
+        if self.read(kind, name, discard=False) is not None:
             self.stats["hits"] += 1
             return self.path(kind, name)
         with _locked(self.root / ".locks" / f"{kind}-{name}.lock"):

@@ -45,6 +45,20 @@ def test_damaged_entry_is_detected_and_rebuilt(cache, damage):
     assert rebuilt == [1] and path.read_bytes() == data and cache.read("bin", "lib.so") == data
 
 
+def test_entry_being_written_is_not_deleted_by_a_reader(cache):
+    """An entry whose data is in place but whose checksum is not yet (another process between its
+    two atomic writes) reads as absent without being deleted; get_or_build's look before its lock
+    is that kind of read, and rebuilds under the lock (a damaged entry found there is replaced)."""
+    data = os.urandom(2048)
+    path = cache.get_or_build("gen", "m.py", lambda: data)
+    (path.parent / "m.py.sum").unlink()              # the writer has not written the checksum yet
+    assert cache.read("gen", "m.py", discard=False) is None and path.read_bytes() == data
+    assert cache.stats["corrupt"] == 0
+    rebuilt = []
+    assert cache.get_or_build("gen", "m.py", lambda: rebuilt.append(1) or data) == path
+    assert rebuilt == [1] and cache.read("gen", "m.py") == data
+
+
 def test_key_depends_on_ir_target_options_and_version(monkeypatch):
     base = key("kernel k {}", "triton", {"mode": "gpu"})
     assert base == key("kernel k {}", "triton", {"mode": "gpu"})
