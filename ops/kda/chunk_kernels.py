@@ -55,9 +55,9 @@ def l2norm_rows(x):
 
 @k.func
 def unit_lower_inverse(L, rid, PREC):
-    """(I + L)^-1 for strictly lower-triangular L [16, 16] as the exact Neumann product
-    (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0): six 16x16 dots instead of 15 dependent row
-    updates (each a cross-thread reduction). Products of lower-triangular matrices keep exact zeros
+    """(I + L)^-1 for strictly lower-triangular L [16, 16] (or a block diagonal of such blocks) as
+    the exact Neumann product (I - L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0): six 16x16 dots
+    instead of 15 dependent row updates (each a cross-thread reduction). Products of lower-triangular matrices keep exact zeros
     above the diagonal, so row i still depends on rows <= i only. PREC: the solve's precision
     ("ieee" for f32 inputs; "tf32" for 16-bit ones, whose W and U are rounded to bf16 anyway)."""
     eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)

@@ -28,7 +28,7 @@ relative: far below the bf16 rounding of the outputs."""
 
 import k31dsl as k
 from k31dsl.ops.common import FLOAT_INPUTS
-from k31dsl.ops.kda.chunk_kernels import L2_EPS, PRECISIONS, half_chunk, l2norm_rows, mm, row_of
+from k31dsl.ops.kda.chunk_kernels import L2_EPS, PRECISIONS, half_chunk, l2norm_rows, mm, row_of, unit_lower_inverse
 from k31dsl.ops.kda.gate import GATE_LOWER, gate_value
 
 # KDA run 13 (H200, bf16, K = V = 128, chunk 32): 4 warps (255 registers + 40 B spill, two programs
@@ -69,12 +69,14 @@ def one_block(qc, kc, bc, gc, rid, live, v, t0, hv0, w, u, qg, kb, aqk, gam, n, 
     aq = k.where(rid[:, None] >= rid[None, :], mm(qs, cs.T, PREC), 0.0)
     ak = k.where(rid[:, None] > rid[None, :], mm(ks, cs.T, PREC) * bc[:, None], 0.0)
     aqk[n, hv, k.span(0, BT), k.span(half * BT, BT)] = aq.to(MT)
-    eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
-    d2 = mm(ak, ak, SOLVE)
-    d4 = mm(d2, d2, SOLVE)
-    d8 = mm(d4, d4, SOLVE)
-    ainv = mm(mm(mm(eye - ak, eye + d2, SOLVE), eye + d4, SOLVE), eye + d8, SOLVE)
-    w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, bc[:, None] * kt, SOLVE).to(MT)       # Ainv beta Kt
+    store_wu(unit_lower_inverse(ak, rid, SOLVE), bc[:, None] * kt, bc, v, t0, hv0, live, w, u, n, hv, MT, SOLVE,
+             BT, BK, BVV)
+
+
+@k.func
+def store_wu(ainv, beta_kt, bc, v, t0, hv0, live, w, u, n, hv, MT, SOLVE, BT, BK, BVV):
+    """W = Ainv beta Kt and U = Ainv beta V (v loaded last: the score products are the register peak)."""
+    w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, beta_kt, SOLVE).to(MT)
     vc = k.load(v, (k.span(t0, BT), hv0, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
     u[n, hv, k.span(0, BT), k.span(0, BVV)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)
 
@@ -151,18 +153,11 @@ def kda_chunk_prep_wide(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T"
             # (I + Akk)^-1 = (I + N)^-1 (I + D)^-1 with N = (I + D)^-1 L_off, strictly block-lower with
             # NC block rows, so N^NC = 0: (I + N)^-1 is I - N (NC = 2), (I - N)(I + N^2) (NC = 4).
             # Each product skipped is one step less in the program's dependent chain.
-            eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
-            dg = k.where(same, ak, 0.0)
-            d2 = mm(dg, dg, SOLVE)
-            d4 = mm(d2, d2, SOLVE)
-            d8 = mm(d4, d4, SOLVE)
-            dinv = mm(mm(mm(eye - dg, eye + d2, SOLVE), eye + d4, SOLVE), eye + d8, SOLVE)
+            dinv = unit_lower_inverse(k.where(same, ak, 0.0), rid, SOLVE)    # block diagonal: D^16 = 0
             if NC == 2:
                 ainv = dinv - mm(mm(dinv, k.where(same, 0.0, ak), SOLVE), dinv, SOLVE)
             else:
+                eye = k.where(rid[:, None] == rid[None, :], 1.0, 0.0)
                 nn = mm(dinv, k.where(same, 0.0, ak), SOLVE)
                 ainv = mm(mm(eye - nn, eye + mm(nn, nn, SOLVE), SOLVE), dinv, SOLVE)
-            # Ainv beta Kt
-            w[n, hv, k.span(0, BT), k.span(0, BK)] = mm(ainv, bc[:, None] * kc * k.exp(gc), SOLVE).to(MT)
-            vc = k.load(v, (k.span(t0, BT), hv0, k.span(0, BVV)), mask=live[:, None], other=0.0).to(k.f32)
-            u[n, hv, k.span(0, BT), k.span(0, BVV)] = mm(ainv, bc[:, None] * vc, SOLVE).to(MT)
+            store_wu(ainv, bc[:, None] * kc * k.exp(gc), bc, v, t0, hv0, live, w, u, n, hv, MT, SOLVE, BT, BK, BVV)
