@@ -14,8 +14,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 for spec in ${1:-}; do
   IFS=: read -r name limit args <<< "$spec"
   echo "=== $name (limit ${limit}s) $(date +%T)"
-  timeout "$limit" python3 "benchmarks/$name.py" ${args//,/ } > "$OUT/$name.log" 2>&1
-  echo "rc=$? $(date +%T)"; grep -v Warning "$OUT/$name.log" | tail -25
+  log="$OUT/${name//\//_}.log"                       # probes/x -> probes_x.log
+  timeout "$limit" python3 "benchmarks/$name.py" ${args//,/ } > "$log" 2>&1
+  echo "rc=$? $(date +%T)"; grep -v Warning "$log" | tail -25
 done
 tar czf "$OUT/results.tgz" benchmarks/results   # one file: the device tool returns only a few
 exit 0

@@ -218,11 +218,13 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=96)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     ap.add_argument("--no-cp", action="store_true", help="skip the context-parallel summary/merge timings")
-    ap.add_argument("--fp-fusion", choices=["on", "off"], default="on",
-                    help="compile the decode/rollback kernels with multiply-add contraction (kda_decode's default)")
+    ap.add_argument("--fp-fusion", choices=["on", "off"], default=None,
+                    help="compile the decode/rollback kernels with or without multiply-add contraction "
+                         "(default: kda_decode's own setting, ops/kda/decode.py FP_FUSION)")
     args = ap.parse_args(argv)
     import k31dsl.ops.kda.decode as decode_mod
-    decode_mod.FP_FUSION = args.fp_fusion == "on"
+    if args.fp_fusion is not None:
+        decode_mod.FP_FUSION = args.fp_fusion == "on"
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import harness

@@ -126,16 +126,33 @@ def fill_value(fe, tensor, other, node):
         return int(other)
     return float(other)
 
-def tensor_load(fe, tensor, idx, mask, other, node):
+EVICT = ("first", "last")
+
+
+def evict_attr(fe, evict, node) -> dict:
+    """{"evict": ...} for a load/store cache hint, {} without one. The hint asks the GPU's L2 to
+    drop the lines first ("first": streamed data) or keep them ("last": data read again soon);
+    it never changes results, and targets without such a cache ignore it."""
+    if evict is None:
+        return {}
+    if not (isinstance(evict, str) and evict in EVICT):
+        raise fe.err(node, f"evict= must be \"first\" or \"last\", got {fe.describe(evict)}",
+                     'evict="first" for data read once, evict="last" for data read again soon')
+    return {"evict": evict}
+
+
+def tensor_load(fe, tensor, idx, mask, other, node, evict=None):
     kinds, operands, span_other = access_index(fe, tensor, idx, node)
     other = fill_value(fe, tensor, other if other is not None else span_other, node)
+    hint = evict_attr(fe, evict, node)
     if mask is not None:
         operands.append(fe.operand(mask, node, "the mask"))
     return fe.emit1("load", [tensor] + operands,
-                      {"index": kinds, "other": other, "mask": mask is not None}, node)
+                      {"index": kinds, "other": other, "mask": mask is not None, **hint}, node)
 
-def tensor_store(fe, tensor, idx, value, mask, node):
+def tensor_store(fe, tensor, idx, value, mask, node, evict=None):
     kinds, operands, span_other = access_index(fe, tensor, idx, node)
+    hint = evict_attr(fe, evict, node)
     if span_other is not None:
         raise fe.err(node, "`other=` has no meaning in a store", "drop other= from the k.span")
     if is_tensor(value):
@@ -148,7 +165,7 @@ def tensor_store(fe, tensor, idx, value, mask, node):
     operands.append(fe.as_value(value, node, tensor.type.dtype))
     if mask is not None:
         operands.append(fe.operand(mask, node, "the mask"))
-    fe.emit("store", [tensor] + operands, {"index": kinds, "mask": mask is not None}, node)
+    fe.emit("store", [tensor] + operands, {"index": kinds, "mask": mask is not None, **hint}, node)
 
 
 # ---------------------------------------------------------------- k.* builtins
@@ -333,17 +350,17 @@ def _tensor_arg(fe, node, t, verb):
 
 
 def b_load(fe, node, args, kwargs):
-    a = _sig(fe, node, "load", args, kwargs, "tensor, index, mask=None, other=None")
+    a = _sig(fe, node, "load", args, kwargs, "tensor, index, mask=None, other=None, evict=None")
     t = _tensor_arg(fe, node, a["tensor"], "load")
     idx = a["index"] if isinstance(a["index"], tuple) else (a["index"],)
-    return fe.load(t, list(idx), a["mask"], a["other"], node)
+    return fe.load(t, list(idx), a["mask"], a["other"], node, a["evict"])
 
 
 def b_store(fe, node, args, kwargs):
-    a = _sig(fe, node, "store", args, kwargs, "tensor, index, value, mask=None")
+    a = _sig(fe, node, "store", args, kwargs, "tensor, index, value, mask=None, evict=None")
     t = _tensor_arg(fe, node, a["tensor"], "store")
     idx = a["index"] if isinstance(a["index"], tuple) else (a["index"],)
-    fe.store(t, list(idx), a["value"], a["mask"], node)
+    fe.store(t, list(idx), a["value"], a["mask"], node, a["evict"])
 
 
 def b_static_range(fe, node, args, kwargs):

@@ -566,13 +566,13 @@ class ExprMixin:
         return self.emit1("dim", [tensor], {"axis": i % rank}, node)
 
     # ------------------------------------------------------------ memory access (builtins_impl)
-    def load(self, tensor, idx, mask, other, node):
+    def load(self, tensor, idx, mask, other, node, evict=None):
         from .builtins_impl import tensor_load
-        return tensor_load(self, tensor, idx, mask, other, node)
+        return tensor_load(self, tensor, idx, mask, other, node, evict)
 
-    def store(self, tensor, idx, value, mask, node):
+    def store(self, tensor, idx, value, mask, node, evict=None):
         from .builtins_impl import tensor_store
-        tensor_store(self, tensor, idx, value, mask, node)
+        tensor_store(self, tensor, idx, value, mask, node, evict)
 
     # ------------------------------------------------------------ calls
     def expr_Call(self, node):

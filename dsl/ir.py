@@ -11,8 +11,8 @@ The op set (operands | attrs -> results). "tile" means any TileType, scalars are
   dim           tensor         | axis                  -> i32 scalar (tensor size on axis)
   arange        -              | size                  -> i32[size] (0 .. size-1)
   full          -              | shape, value, dtype   -> tile
-  load          tensor, idx*, [mask] | index, other     -> tile         (see INDEX KINDS)
-  store         tensor, idx*, value, [mask] | index    -> -
+  load          tensor, idx*, [mask] | index, other, [evict] -> tile    (see INDEX KINDS)
+  store         tensor, idx*, value, [mask] | index, [evict] -> -
   <binary>      a, b           | -                     -> broadcast(a, b) (cmp -> bool)
   <unary>       x              | -                     -> like x
   where         cond, a, b     | -                     -> broadcast

@@ -269,6 +269,7 @@ ATTR_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mask": (lambda x: isinstance(x, bool), "true or false"),
     "reverse": (lambda x: isinstance(x, bool), "true or false"),
     "precision": (lambda x: x in ("ieee", "tf32"), '"ieee" or "tf32"'),
+    "evict": (lambda x: x in ("first", "last"), '"first" or "last"'),
     "index": (lambda x: isinstance(x, (list, tuple)) and all(isinstance(e, str) for e in x), "a list of strings"),
 }
 

@@ -27,6 +27,12 @@ SOURCE_ROW_CONFIGS = ((512, 16, 0, 2, False), (512, 16, 0, 1, True), (512, 16, 2
 PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": pf,
                      "SOURCE_ROWS": True, "RC": rc, "GROUP": g, "num_warps": w}
                     for bd, w, rc, g, pf in SOURCE_ROW_CONFIGS]
+# L2 hints on the 3-D variant: sweep 1 asks to keep the rows (sweep 2 reads them again), sweep 2
+# and the O stores ask to drop theirs (1.41 GB of O otherwise pushes the rows out of the 50 MB
+# L2). 8 and 16 warps: fewer rows in flight per SM, so more of them are still in L2 for sweep 2.
+PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": True,
+                     "SOURCE_ROWS": False, "RC": 0, "GROUP": 1, "KEEP": keep, "DROP": "first", "num_warps": w}
+                    for bd, w, keep in ((128, 4, "last"), (128, 4, None), (256, 8, "last"), (512, 16, "last"))]
 # WARPS is a constexpr the kernels do not read: it carries the warp count through graph-program
 # calls (`p.call` passes constexprs, not launch options) into the fused kernel. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
@@ -37,25 +43,27 @@ PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": F
 
 @k.func
 def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
-                     PREFETCH):
+                     PREFETCH, KEEP, DROP):
     """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
-    current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound)."""
+    current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
+    KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
+    sweep 2) and on sweep 2's loads and the O stores (DROP "first": not read again)."""
     sq = k.zeros((NB, BD), k.f32)
     if REDUCE_EACH:
         qv = k.zeros((SB, NB), k.f32)
     else:
         qv = k.zeros((SB, NB, BD), k.f32)
     if PREFETCH:
-        x_next = v[k.span(0, NB, other=0.0), t, k.span(0, BD, other=0.0)]
+        x_next = k.load(v, (k.span(0, NB), t, k.span(0, BD)), other=0.0, evict=KEEP)
         q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
     for j in range(chunks):
         if PREFETCH:
             x = x_next.to(k.f32)
             qt = q_next
-            x_next = v[k.span(0, NB, other=0.0), t, k.span((j + 1) * BD, BD, other=0.0)]   # past D: no traffic
+            x_next = k.load(v, (k.span(0, NB), t, k.span((j + 1) * BD, BD)), other=0.0, evict=KEEP)  # past D: none
             q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
         else:
-            x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+            x = k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=KEEP).to(k.f32)
             qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
         sq += x * x
         if REDUCE_EACH:
@@ -77,23 +85,23 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         m[k.span(0, SB), t] = zmax
         l[k.span(0, SB), t] = esum
     if PREFETCH and not UNROLL_SRC:
-        x_next = v[k.span(0, NB, other=0.0), t, k.span((chunks - 1) * BD, BD, other=0.0)]
+        x_next = k.load(v, (k.span(0, NB), t, k.span((chunks - 1) * BD, BD)), other=0.0, evict=DROP)
     for jj in range(chunks):
         j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
         if UNROLL_SRC:
             acc = k.zeros((SB, BD), k.f32)
             for i in k.static_range(NB):
                 wi = k.sum(k.where((k.arange(NB) == i)[None, :], e, 0.0), axis=1)     # e[:, i]
-                xi = v[i, t, k.span(j * BD, BD, other=0.0)].to(k.f32)               # 0 past n
+                xi = k.load(v, (i, t, k.span(j * BD, BD)), other=0.0, evict=DROP).to(k.f32)     # 0 past n
                 acc += wi[:, None] * xi[None, :]
         else:
             if PREFETCH:
                 x = x_next.to(k.f32)
-                x_next = v[k.span(0, NB, other=0.0), t, k.span((j - 1) * BD, BD, other=0.0)]   # j = 0: none
+                x_next = k.load(v, (k.span(0, NB), t, k.span((j - 1) * BD, BD)), other=0.0, evict=DROP)  # j=0: none
             else:
-                x = v[k.span(0, NB, other=0.0), t, k.span(j * BD, BD, other=0.0)].to(k.f32)
+                x = k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=DROP).to(k.f32)
             acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
-        o[k.span(0, SB), t, k.span(j * BD, BD)] = acc.to(OT)
+        k.store(o, (k.span(0, SB), t, k.span(j * BD, BD)), acc.to(OT), evict=DROP)
 
 
 @k.func
@@ -261,12 +269,14 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
                          RC: k.constexpr = 0, GROUP: k.constexpr = 1, SOURCE_ROWS: k.constexpr = False,
-                         SQ: k.constexpr = 0, WARPS: k.constexpr = 4):
+                         SQ: k.constexpr = 0, WARPS: k.constexpr = 4, KEEP: k.constexpr = None,
+                         DROP: k.constexpr = None):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
+    # KEEP / DROP: L2 hints of the 3-D variant (_prepare_one_row).
     # SOURCE_ROWS: 1-D row tiles (_prepare_one_row_sources), RC/GROUP apply to it; SQ = the exact
     # query count (0: SB). NB/SB (sources/queries, powers of two) are always passed by the callers;
     # the defaults (4) keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
@@ -280,4 +290,4 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                                          FINAL, PREFETCH)
         else:
             _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB,
-                             BD, FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH)
+                             BD, FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP)

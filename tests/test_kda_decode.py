@@ -101,14 +101,16 @@ def test_decode_tokens_and_replay_data_match_oracle(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("t", [1, 3])
-def test_decode_without_prefetch_matches_oracle(target, t, monkeypatch):
-    """The tuner's PREFETCH=False configs (each token's inputs loaded in its own step) give the
-    oracle's outputs and states too, and the same bits as the prefetching kernel."""
+@pytest.mark.parametrize("variant", [{"PREFETCH": False}, {"EVICT": "first"}, {"BV": 8}])
+def test_decode_tuner_variants_match_oracle(target, t, variant, monkeypatch):
+    """The tuner's other configs (PREFETCH=False: each token's inputs loaded in its own step;
+    EVICT: L2 hints on the state; BV 8 tiles) give the oracle's outputs and states too, and the
+    same bits as the first config."""
     import k31dsl.ops.kda.decode as dec
     seed = _seed()
     case = make_case(seed, t=t, gate="lower_bound")
     o_pre, _, pool_pre = decode(case, target)
-    monkeypatch.setattr(dec, "_small_grid_bv", lambda *a: {"PREFETCH": False})
+    monkeypatch.setattr(dec, "_small_grid_bv", lambda *a: dict(variant))
     o, _, pool = decode(case, target)
     want_o, want_s = oracle(case)
     assert rel(o, want_o) < 1e-4 and rel(pool[case["slots"].long()], want_s) < 1e-4, seed

@@ -55,7 +55,9 @@ L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
                   {"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 4, "PREFETCH": False},
                   {"BV": 32, "num_warps": 4, "PREFETCH": False}, {"BV": 16, "num_warps": 1, "PREFETCH": False},
-                  {"BV": 16, "num_warps": 1}]
+                  {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 1},
+                  {"BV": 64, "num_warps": 4, "EVICT": "first"}, {"BV": 16, "num_warps": 1, "EVICT": "first"},
+                  {"BV": 8, "num_warps": 1, "EVICT": "first"}]
 ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
 SMALL_GRID = 8192       # programs at BV=64 below which BV is picked, not tuned (132 SMs x ~62)
 
@@ -116,7 +118,8 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
                     XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                     BT: k.constexpr[FLOAT_INPUTS] = k.f32, GATE: k.constexpr = 0, L2NORM: k.constexpr = True,
                     REPLAY: k.constexpr = False, UPDATE: k.constexpr = True, VFIRST: k.constexpr = False,
-                    PREFETCH: k.constexpr = True, BK: k.constexpr = 128, BV: k.constexpr = 32):
+                    PREFETCH: k.constexpr = True, EVICT: k.constexpr = None, BK: k.constexpr = 128,
+                    BV: k.constexpr = 32):
     for nh, pv in k.grid(q.shape[0] * v.shape[2], k.cdiv(v.shape[3], BV)):
         nhv = v.shape[2]
         n = nh // nhv
@@ -124,10 +127,11 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
         group = nhv // q.shape[2]
         h = hv // group
         slot = slots[n]
+        # EVICT "first": the state is streamed once (an L2 hint; None: no hint)
         if VFIRST:          # pool [S, HV, V, K]: the tile is [BV, BK], K contiguous
-            s = pool[slot, hv, k.span(pv * BV, BV, other=0.0), k.span(0, BK, other=0.0)]
+            s = k.load(pool, (slot, hv, k.span(pv * BV, BV), k.span(0, BK)), other=0.0, evict=EVICT)
         else:
-            s = pool[slot, hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
+            s = k.load(pool, (slot, hv, k.span(0, BK), k.span(pv * BV, BV)), other=0.0, evict=EVICT)
         alog = 0.0
         dtb = k.zeros((BK,), k.f32)
         if GATE != 0:
@@ -163,9 +167,9 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
                 k.store(rg, (n, t, hv, k.span(0, BK)), a, mask=pv == 0)
                 k.store(rk, (n, t, h, k.span(0, BK)), kt, mask=(pv == 0) & (hv % group == 0))
         if UPDATE and VFIRST:
-            pool[slot, hv, k.span(pv * BV, BV), k.span(0, BK)] = s
+            k.store(pool, (slot, hv, k.span(pv * BV, BV), k.span(0, BK)), s, evict=EVICT)
         if UPDATE and not VFIRST:
-            pool[slot, hv, k.span(0, BK), k.span(pv * BV, BV)] = s
+            k.store(pool, (slot, hv, k.span(0, BK), k.span(pv * BV, BV)), s, evict=EVICT)
 
 
 @k.kernel(configs=ROLLBACK_CONFIGS)

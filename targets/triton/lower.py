@@ -429,12 +429,18 @@ def _access(em, op, has_value: bool):
     return f"{t} + {off}", mask, value
 
 
+def _eviction(op) -> str:
+    """The L2 cache hint of a load/store (`evict=` in the DSL): Triton's eviction_policy."""
+    hint = op.attrs.get("evict")
+    return f', eviction_policy="evict_{hint}"' if hint else ""
+
+
 def load(em, op):
     ptr, mask, _ = _access(em, op, False)
     dt = op.operands[0].type.dtype
     other = op.attrs["other"]
     extra = "" if other is None else f", other={fill_literal(other, dt, em)}"
-    text = f"tl.load({ptr}, mask={mask}{extra})"
+    text = f"tl.load({ptr}, mask={mask}{extra}{_eviction(op)})"
     if dt is D.bf16 and em.interp:
         em.use("round_bf16")
         return f"_bf16_from_bits({text})"
@@ -448,7 +454,7 @@ def store(em, op):
     if dt is D.bf16 and em.interp:
         em.use("round_bf16")
         v = f"_bf16_to_bits({em.t(value)})"
-    return f"tl.store({ptr}, {v}, mask={mask})"
+    return f"tl.store({ptr}, {v}, mask={mask}{_eviction(op)})"
 
 
 RULES = {
