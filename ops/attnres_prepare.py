@@ -29,10 +29,13 @@ PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": F
                     for bd, w, rc, g, pf in SOURCE_ROW_CONFIGS]
 # L2 hints on the 3-D variant: sweep 1 asks to keep the rows (sweep 2 reads them again), sweep 2
 # and the O stores ask to drop theirs (1.41 GB of O otherwise pushes the rows out of the 50 MB
-# L2). 8 and 16 warps: fewer rows in flight per SM, so more of them are still in L2 for sweep 2.
+# L2). 8 and 16 warps: one program per SM, fewer rows in flight, so more of them are still in L2
+# for sweep 2; DEPTH > 1 puts more chunks in flight per program to make up for it.
 PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": True,
-                     "SOURCE_ROWS": False, "RC": 0, "GROUP": 1, "KEEP": keep, "DROP": "first", "num_warps": w}
-                    for bd, w, keep in ((128, 4, "last"), (128, 4, None), (256, 8, "last"), (512, 16, "last"))]
+                     "SOURCE_ROWS": False, "RC": 0, "GROUP": 1, "KEEP": keep, "DROP": "first", "DEPTH": depth,
+                     "num_warps": w}
+                    for bd, w, keep, depth in ((128, 4, None, 1), (256, 8, "last", 1), (256, 8, "last", 2),
+                                               (256, 8, "last", 3), (128, 4, "last", 2), (512, 16, "last", 2))]
 # WARPS is a constexpr the kernels do not read: it carries the warp count through graph-program
 # calls (`p.call` passes constexprs, not launch options) into the fused kernel. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
@@ -43,9 +46,10 @@ PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": F
 
 @k.func
 def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
-                     PREFETCH, KEEP, DROP):
-    """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
-    current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
+                     PREFETCH, DEPTH, KEEP, DROP):
+    """attnres_prepare_rows for token row t. PREFETCH issues the next DEPTH chunks' loads before
+    the current chunk's arithmetic (DEPTH + 1 chunks in flight per program: the loop is
+    latency-bound, most of all with one program per SM).
     KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
     sweep 2) and on sweep 2's loads and the O stores (DROP "first": not read again)."""
     sq = k.zeros((NB, BD), k.f32)
@@ -53,15 +57,18 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         qv = k.zeros((SB, NB), k.f32)
     else:
         qv = k.zeros((SB, NB, BD), k.f32)
-    if PREFETCH:
-        x_next = k.load(v, (k.span(0, NB), t, k.span(0, BD)), other=0.0, evict=KEEP)
-        q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
+    if PREFETCH:                            # DEPTH chunks in flight: a window of loaded tiles
+        xw = ()
+        qw = ()
+        for u in k.static_range(DEPTH):
+            xw = xw + (k.load(v, (k.span(0, NB), t, k.span(u * BD, BD)), other=0.0, evict=KEEP),)
+            qw = qw + (q[k.span(0, SB, other=0.0), k.span(u * BD, BD, other=0.0)],)
     for j in range(chunks):
         if PREFETCH:
-            x = x_next.to(k.f32)
-            qt = q_next
-            x_next = k.load(v, (k.span(0, NB), t, k.span((j + 1) * BD, BD)), other=0.0, evict=KEEP)  # past D: none
-            q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
+            x = xw[0].to(k.f32)
+            qt = qw[0]                      # past D: no traffic
+            xw = xw[1:] + (k.load(v, (k.span(0, NB), t, k.span((j + DEPTH) * BD, BD)), other=0.0, evict=KEEP),)
+            qw = qw[1:] + (q[k.span(0, SB, other=0.0), k.span((j + DEPTH) * BD, BD, other=0.0)],)
         else:
             x = k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=KEEP).to(k.f32)
             qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
@@ -85,7 +92,9 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         m[k.span(0, SB), t] = zmax
         l[k.span(0, SB), t] = esum
     if PREFETCH and not UNROLL_SRC:
-        x_next = k.load(v, (k.span(0, NB), t, k.span((chunks - 1) * BD, BD)), other=0.0, evict=DROP)
+        xw = ()
+        for u in k.static_range(DEPTH):
+            xw = xw + (k.load(v, (k.span(0, NB), t, k.span((chunks - 1 - u) * BD, BD)), other=0.0, evict=DROP),)
     for jj in range(chunks):
         j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
         if UNROLL_SRC:
@@ -96,8 +105,8 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
                 acc += wi[:, None] * xi[None, :]
         else:
             if PREFETCH:
-                x = x_next.to(k.f32)
-                x_next = k.load(v, (k.span(0, NB), t, k.span((j - 1) * BD, BD)), other=0.0, evict=DROP)  # j=0: none
+                x = xw[0].to(k.f32)          # below chunk 0: no traffic
+                xw = xw[1:] + (k.load(v, (k.span(0, NB), t, k.span((j - DEPTH) * BD, BD)), other=0.0, evict=DROP),)
             else:
                 x = k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=DROP).to(k.f32)
             acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
@@ -270,13 +279,13 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
                          RC: k.constexpr = 0, GROUP: k.constexpr = 1, SOURCE_ROWS: k.constexpr = False,
                          SQ: k.constexpr = 0, WARPS: k.constexpr = 4, KEEP: k.constexpr = None,
-                         DROP: k.constexpr = None):
+                         DROP: k.constexpr = None, DEPTH: k.constexpr = 1):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
-    # KEEP / DROP: L2 hints of the 3-D variant (_prepare_one_row).
+    # KEEP / DROP: L2 hints of the 3-D variant (_prepare_one_row); DEPTH: its prefetch depth.
     # SOURCE_ROWS: 1-D row tiles (_prepare_one_row_sources), RC/GROUP apply to it; SQ = the exact
     # query count (0: SB). NB/SB (sources/queries, powers of two) are always passed by the callers;
     # the defaults (4) keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
@@ -290,4 +299,4 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                                          FINAL, PREFETCH)
         else:
             _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB,
-                             BD, FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP)
+                             BD, FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, DEPTH, KEEP, DROP)
