@@ -1,0 +1,45 @@
+"""Probe: one kernel to profile under Nsight Compute (`ncu`), launched a few times with a fixed
+config (no autotuning under the profiler). `decode`: the KDA decode step at N = 64, H = 96, [V,K]
+pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23); `prepare`: the AttnRes prepare at
+n = 8, T = 8192, D = 7168, S = 6 with the tuned 3-D config (BD 256, 8 warps, L2 hints).
+
+    ncu --clock-control none -k regex:kda_decode_step --launch-skip 2 --launch-count 1 \\
+        python3 benchmarks/probes/profile_target.py decode
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def decode(reps: int = 4):
+    import k31dsl.ops.kda.decode as dec
+    from kda_decode import make_inputs
+    x = make_inputs(64, 1, 96, 96, 128, 128, "cuda")
+    pool = x["pool"].transpose(2, 3).contiguous()
+    dec._small_grid_bv = lambda *a: {"BV": 16, "num_warps": 1}       # fixed config: no tuner under ncu
+    for _ in range(reps):
+        dec.kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, x["slots"], state_v_first=True,
+                       A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0, target="triton")
+
+
+def prepare(reps: int = 4):
+    from k31dsl.ops import attnres as ar
+    n, t, d, s = 8, 8192, 7168, 6
+    v = torch.randn(n, t, d, device="cuda")
+    q = torch.randn(s, d, device="cuda") * (2.0 / d ** 0.5)
+    o, m, l = torch.empty(s, t, d, device="cuda"), torch.empty(s, t, device="cuda"), torch.empty(s, t, device="cuda")
+    cfg = dict(BD=256, WARPS=8, REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True, SOURCE_ROWS=False, RC=0, GROUP=1,
+               KEEP="last", DROP="first", num_warps=8)
+    kern = ar.prepare_kernel("triton")
+    for _ in range(reps):
+        kern(v, q, o, m, l, 1e-6, NB=8, SB=8, SQ=s, **cfg)
+
+
+if __name__ == "__main__":
+    {"decode": decode, "prepare": prepare}[sys.argv[1]]()
+    torch.cuda.synchronize()
