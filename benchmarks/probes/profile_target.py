@@ -21,7 +21,7 @@ def decode(reps: int = 4):
     from kda_decode import make_inputs
     x = make_inputs(64, 1, 96, 96, 128, 128, "cuda")
     pool = x["pool"].transpose(2, 3).contiguous()
-    dec._small_grid_bv = lambda *a: {"BV": 16, "num_warps": 1}       # fixed config: no tuner under ncu
+    dec._small_grid_bv = lambda *a: {"BV": 16, "num_warps": 1, "PREFETCH": True, "EVICT": None}   # one config: no tuner
     for _ in range(reps):
         dec.kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, x["slots"], state_v_first=True,
                        A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0, target="triton")
@@ -34,7 +34,7 @@ def prepare(reps: int = 4):
     q = torch.randn(s, d, device="cuda") * (2.0 / d ** 0.5)
     o, m, l = torch.empty(s, t, d, device="cuda"), torch.empty(s, t, device="cuda"), torch.empty(s, t, device="cuda")
     cfg = dict(BD=256, WARPS=8, REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True, SOURCE_ROWS=False, RC=0, GROUP=1,
-               KEEP="last", DROP="first", num_warps=8)
+               KEEP="last", DROP="first", DEPTH=1, num_warps=8)
     kern = ar.prepare_kernel("triton")
     for _ in range(reps):
         kern(v, q, o, m, l, 1e-6, NB=8, SB=8, SQ=s, **cfg)
