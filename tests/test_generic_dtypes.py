@@ -344,6 +344,8 @@ def test_triton_autotune_keeps_to_the_configs_a_call_fixes(monkeypatch):
     assert kern._tunable({"B": 64}) and not kern._tunable({"B": 64, "NEG": False})
     assert not kern._tunable({"B": 16}) and len(kern._candidates({"NEG": True})) == 4   # unset keys do not filter
     assert not kern._tunable({"B": 32, "num_warps": 2})
+    # configs the call's keys make identical are one candidate (timed once, or not tuned at all)
+    assert kern._candidates({"B": 64, "NEG": True, "num_warps": 4}) == [{"B": 64, "num_warps": 4}]
     timed = []
 
     def do_bench(fn):

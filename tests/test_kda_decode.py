@@ -101,20 +101,36 @@ def test_decode_tokens_and_replay_data_match_oracle(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("t", [1, 3])
-@pytest.mark.parametrize("variant", [{"PREFETCH": False}, {"EVICT": "first"}, {"BV": 8}])
+@pytest.mark.parametrize("variant", [{"PREFETCH": False}, {"BV": 8}])
 def test_decode_tuner_variants_match_oracle(target, t, variant, monkeypatch):
     """The tuner's other configs (PREFETCH=False: each token's inputs loaded in its own step;
-    EVICT: L2 hints on the state; BV 8 tiles) give the oracle's outputs and states too, and the
-    same bits as the first config."""
+    BV 8 tiles) give the oracle's outputs and states too, and the same bits as the first config."""
     import k31dsl.ops.kda.decode as dec
     seed = _seed()
     case = make_case(seed, t=t, gate="lower_bound")
     o_pre, _, pool_pre = decode(case, target)
-    monkeypatch.setattr(dec, "_small_grid_bv", lambda *a: dict(variant))
+    monkeypatch.setattr(dec, "_small_grid_bv", lambda *a, **kw: dict(variant))
     o, _, pool = decode(case, target)
     want_o, want_s = oracle(case)
     assert rel(o, want_o) < 1e-4 and rel(pool[case["slots"].long()], want_s) < 1e-4, seed
     assert torch.equal(o, o_pre) and torch.equal(pool, pool_pre), seed
+
+
+def test_small_grids_pin_one_decode_config():
+    """On a GPU a small grid (N * HV programs at BV 64 below SMALL_GRID) gets one config, not the
+    tuner's host-bound timings; the rollback kernel gets its BV and tunes its warps."""
+    from types import SimpleNamespace
+    import k31dsl.ops.kda.decode as dec
+    from k31dsl.targets.triton.runtime import TritonKernel
+    gpu = SimpleNamespace(type="cuda")
+    pinned = dec._small_grid_bv(16 * 96, 128, gpu, tokens=1)
+    assert pinned == {"BV": 16, "num_warps": 1, "PREFETCH": False}
+    assert dec._small_grid_bv(16 * 96, 128, gpu, tokens=4)["PREFETCH"] is True
+    assert dec._small_grid_bv(32 * 96, 128, gpu, tokens=1) == {"BV": 32, "num_warps": 4, "PREFETCH": False}
+    assert dec._small_grid_bv(64 * 96, 128, gpu, tokens=1) == {} == dec._small_grid_bv(16, 128, torch.device("cpu"))
+    assert dec._small_grid_bv(16 * 96, 128, gpu) == {"BV": 16}
+    kern = TritonKernel(dec.kda_decode_step, mode="interpret")
+    assert not kern._tunable(pinned) and len(kern._candidates(pinned)) == 1
 
 
 @pytest.mark.parametrize("target", TARGETS)

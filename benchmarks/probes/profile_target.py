@@ -21,7 +21,7 @@ def decode(reps: int = 4):
     from kda_decode import make_inputs
     x = make_inputs(64, 1, 96, 96, 128, 128, "cuda")
     pool = x["pool"].transpose(2, 3).contiguous()
-    dec._small_grid_bv = lambda *a: {"BV": 16, "num_warps": 1, "PREFETCH": True, "EVICT": None}   # one config: no tuner
+    dec._small_grid_bv = lambda *a, **kw: {"BV": 16, "num_warps": 1, "PREFETCH": True}   # one config: no tuner
     for _ in range(reps):
         dec.kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, x["slots"], state_v_first=True,
                        A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0, target="triton")

@@ -39,37 +39,32 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 
 # BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
-# GPU run 1 (H200, K = V = 128, HV = 96): the tuner picked BV=64 at N >= 64 (3.62 / 3.75 TB/s at N = 64 / 256,
-# fla 3.28 / 2.62); at N <= 16 its do_bench timings are host-bound noise (it picked BV=128 at
-# N = 16: 1.8 TB/s), so small grids get BV from `_small_grid_bv` instead of the tuner. BV 64 at
-# 8 warps ([V,K]: 128 registers, two programs per SM) lost at every N in KDA run 16 (N = 64: 0.243
-# vs 0.229 ms), so occupancy is not what holds decode at 3.5 TB/s.
-# PREFETCH off: run 1 (v1, no prefetch of the next token's inputs) measured [K,V] N = 64 / 256 at
-# 222.6 / 859 µs, every later run (with it) 233.7-234.6 / 910-914, while [V,K] gained 2 %: at T = 1
-# the prefetch is a second, useless load of the same token, so the tuner now sees both.
-# KDA run 19: the tuner still picked BV 64 / 4 warps, with and without the prefetch (N = 64 [K,V]
-# 235 µs). One-warp programs (BV 16, sm_90a: 180 registers [K,V], 168 [V,K]) reduce over K within
-# the warp (4 barriers instead of 22 at BV 64 / 4 warps) and fit 11-12 per SM against two. Run 22:
-# they win the [V,K] layout (N = 64 0.227 vs 0.229 ms, N = 256 0.899 vs 0.887: within 1.5 %) and the
-# T = 4 verify (0.314 vs 0.358 ms); [K,V] keeps BV 64 / 4 warps (0.236 vs 0.251 at N = 64).
+# Measured on an H200 (benchmarks/NOTES.md, KDA decode): at N >= 64 the tuner picks BV 64 / 4 warps
+# for [K,V] and one-warp BV 8-16 tiles for [V,K] (in-warp K reductions, 4 barriers instead of 22,
+# 11-12 programs per SM). PREFETCH=False: at T = 1 the prefetch only reloads the same token.
+# Tried and taken out: BV 64 at 8 warps (run 16, N = 64 0.243 vs 0.229 ms), evict-first L2 hints
+# on the state (KDA run 23: 1-6 % slower at every N).
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
                   {"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 4, "PREFETCH": False},
                   {"BV": 32, "num_warps": 4, "PREFETCH": False}, {"BV": 16, "num_warps": 1, "PREFETCH": False},
-                  {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 1},
-                  {"BV": 64, "num_warps": 4, "EVICT": "first"}, {"BV": 16, "num_warps": 1, "EVICT": "first"},
-                  {"BV": 8, "num_warps": 1, "EVICT": "first"}]
+                  {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 1}]
 ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
-SMALL_GRID = 8192       # programs at BV=64 below which BV is picked, not tuned (132 SMs x ~62)
+SMALL_GRID = 8192       # programs at BV=64 below which the config is picked, not tuned (132 SMs x ~62)
 
 
-def _small_grid_bv(rows: int, vdim: int, device) -> dict:
-    """{"BV": ...} on a GPU when rows (N * HV) x V-tiles of 64 is a small grid: the largest BV that
-    still gives SMALL_GRID programs, else 16 (more programs in flight per SM for a latency-bound
-    step; [V,K] at N=16 ran 59 µs with BV=16 against fla's 67 µs). {} elsewhere (the tuner, or
-    the first config on a CPU)."""
+def _small_grid_bv(rows: int, vdim: int, device, tokens: int = 0) -> dict:
+    """The pinned config on a GPU when rows (N * HV) x V-tiles of 64 is a small grid, {} elsewhere
+    (the tuner, or the first config on a CPU). There the tuner's do_bench timings are host-bound
+    noise (it once picked BV 128 at N = 16, 1.8 TB/s; KDA run 24 two warps, 70 vs 58 µs), so the
+    grid gets the largest BV that still gives SMALL_GRID programs, else 16 (more programs in flight
+    for a latency-bound step). tokens > 0 (the decode kernel): also the warps (one at BV 16) and
+    PREFETCH (only when there is a next token); the rollback kernel tunes its warps."""
     if getattr(device, "type", "cpu") != "cuda" or rows * -(-vdim // 64) >= SMALL_GRID:
         return {}
-    return {"BV": 32 if rows * -(-vdim // 32) >= SMALL_GRID else 16}
+    bv = 32 if rows * -(-vdim // 32) >= SMALL_GRID else 16
+    if not tokens:
+        return {"BV": bv}
+    return {"BV": bv, "num_warps": 1 if bv == 16 else 4, "PREFETCH": tokens > 1}
 
 
 class KDAReplay(NamedTuple):
@@ -118,8 +113,7 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
                     XT: k.constexpr[FLOAT_INPUTS] = k.bf16, GT: k.constexpr[FLOAT_INPUTS] = k.f32,
                     BT: k.constexpr[FLOAT_INPUTS] = k.f32, GATE: k.constexpr = 0, L2NORM: k.constexpr = True,
                     REPLAY: k.constexpr = False, UPDATE: k.constexpr = True, VFIRST: k.constexpr = False,
-                    PREFETCH: k.constexpr = True, EVICT: k.constexpr = None, BK: k.constexpr = 128,
-                    BV: k.constexpr = 32):
+                    PREFETCH: k.constexpr = True, BK: k.constexpr = 128, BV: k.constexpr = 32):
     # one flat grid, V-tile fastest: the programs of one (sequence, head) run side by side and share
     # its q/k/g loads in L2 (a 2-D grid with the V-tile on axis 1 ran them ~4 waves apart, and
     # the 1.5 MB per wave of inputs was fetched from DRAM once per V-tile: +40 MB at N = 64)
@@ -132,11 +126,10 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
         group = nhv // q.shape[2]
         h = hv // group
         slot = slots[n]
-        # EVICT "first": the state is streamed once (an L2 hint; None: no hint)
         if VFIRST:          # pool [S, HV, V, K]: the tile is [BV, BK], K contiguous
-            s = k.load(pool, (slot, hv, k.span(pv * BV, BV), k.span(0, BK)), other=0.0, evict=EVICT)
+            s = pool[slot, hv, k.span(pv * BV, BV, other=0.0), k.span(0, BK, other=0.0)]
         else:
-            s = k.load(pool, (slot, hv, k.span(0, BK), k.span(pv * BV, BV)), other=0.0, evict=EVICT)
+            s = pool[slot, hv, k.span(0, BK, other=0.0), k.span(pv * BV, BV, other=0.0)]
         alog = 0.0
         dtb = k.zeros((BK,), k.f32)
         if GATE != 0:
@@ -172,9 +165,9 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
                 k.store(rg, (n, t, hv, k.span(0, BK)), a, mask=pv == 0)
                 k.store(rk, (n, t, h, k.span(0, BK)), kt, mask=(pv == 0) & (hv % group == 0))
         if UPDATE and VFIRST:
-            k.store(pool, (slot, hv, k.span(pv * BV, BV), k.span(0, BK)), s, evict=EVICT)
+            pool[slot, hv, k.span(pv * BV, BV), k.span(0, BK)] = s
         if UPDATE and not VFIRST:
-            k.store(pool, (slot, hv, k.span(0, BK), k.span(pv * BV, BV)), s, evict=EVICT)
+            pool[slot, hv, k.span(0, BK), k.span(pv * BV, BV)] = s
 
 
 @k.kernel(configs=ROLLBACK_CONFIGS)
@@ -390,7 +383,7 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
         cx["UPDATE"] = False
     if state_v_first:
         cx["VFIRST"] = True
-    cx.update(_small_grid_bv(n * hv, vdim, q.device))
+    cx.update(_small_grid_bv(n * hv, vdim, q.device, tokens=t))
     _fused(kda_decode_step, target)(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
                             state_pool, _int32(slots), o, a_log, dtb, rk, ru, rg, scale, lb, **cx)
     return o, replay

@@ -105,7 +105,14 @@ class TritonKernel(CompiledKernel):
         """The configs a call leaves open: those agreeing with every constexpr and launch key the
         call fixed (passed, or a dtype bound from a tensor). A kernel whose tile size is fixed by
         its caller (chunk_kda's BT) still has the rest of each matching config tuned."""
-        return [cfg for cfg in self.kdef.configs if all(passed.get(k, v) == v for k, v in cfg.items())]
+        out, seen = [], set()
+        for cfg in self.kdef.configs:
+            if all(passed.get(k, v) == v for k, v in cfg.items()):
+                merged = tuple(sorted({**passed, **cfg}.items(), key=lambda kv: kv[0]))
+                if merged not in seen:             # configs the call makes identical are timed once
+                    seen.add(merged)
+                    out.append(cfg)
+        return out
 
     def _tunable(self, passed: dict) -> bool:
         """Autotune when at least two configs agree with what the call fixed."""
