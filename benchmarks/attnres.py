@@ -240,7 +240,7 @@ def sm90_stats(configs=None) -> list[str]:
     """No GPU: compile attnres_prepare_rows for sm_90 at n = 8, S = 6 (NB = SB = 8) in each config
     (default: every autotune config), specialised as the GPU JIT would (pointers, sizes and
     strides multiples of 16), and report registers, spill stack and shared memory
-    (cuobjdump -res-usage), the barriers in the code and the bytes of the row kept on chip (RC).
+    (cuobjdump -res-usage) and the barriers in the code.
     Compiled with fp fusion, as `prepare_kernel("triton")` is. Needs a process without TRITON_INTERPRET."""
     import glob
     import subprocess
@@ -252,17 +252,16 @@ def sm90_stats(configs=None) -> list[str]:
     folder, out = Path(tempfile.mkdtemp()), []
     for i, cfg in enumerate(configs or ar.PREPARE_CONFIGS):
         cx = {key: val for key, val in cfg.items() if key != "num_warps"}
-        c = compile_for_gpu(ar.attnres_prepare_rows.ir(NB=8, SB=8, SQ=6, **cx), folder, arch=90,
+        c = compile_for_gpu(ar.attnres_prepare_rows.ir(NB=8, SB=8, **cx), folder, arch=90,
                             divisible=lambda name: True, num_warps=cfg["num_warps"], fp_fusion=True)
         cubin = folder / f"{i}.cubin"
         cubin.write_bytes(c.asm["cubin"])
         res = subprocess.run([tool[0], "-res-usage", str(cubin)], capture_output=True, text=True).stdout if tool else ""
         res = " ".join(w for line in res.splitlines() if "REG" in line for w in line.split()
                        if w.startswith(("REG", "STACK")))
-        kept = cfg.get("RC", 0) * cfg["BD"] * 8 * 4
         ptx = c.asm["ptx"]
         out.append(f"{cfg}: {res} smem {c.metadata.shared} B, bar.sync {ptx.count('bar.sync')} (in the code, "
-                   f"loops once), kept on chip {kept // 1024} KB of the 224 KB row")
+                   f"loops once)")
         print(out[-1], flush=True)
     return out
 
@@ -281,12 +280,11 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="prepare,update,decode",
                     help="comma list of the sections to run (prepare, update, decode); results are written after each")
     ap.add_argument("--sm90-stats", action="store_true",
-                    help="no GPU: registers/spills/shared memory of the 1-D row prepare configs compiled for sm_90, then exit")
-    ap.add_argument("--sm90-all", action="store_true", help="with --sm90-stats: every prepare config")
+                    help="no GPU: registers/spills/shared memory of every prepare config compiled for sm_90, then exit")
     args = ap.parse_args(argv)
     if args.sm90_stats:
         from k31dsl.ops import attnres as ar
-        sm90_stats([c for c in ar.PREPARE_CONFIGS if c["SOURCE_ROWS"] or args.sm90_all])
+        sm90_stats(ar.PREPARE_CONFIGS)
         return 0
     if args.smoke:
         args.n, args.t, args.d, args.s, args.decode, args.no_compile = 3, 4, 96, 2, "1,2", True

@@ -16,9 +16,9 @@ the S x n dot products; the second runs over the chunks in reverse order, so tha
 the chunks the first sweep read last (still in L2 on a GPU), and writes O. One read of the blocks
 (an online softmax over the sources) would need O for all S queries on chip (172 KB per token at
 S = 6, D = 7168) or a grid-wide exchange, neither of which the DSL has (benchmarks/NOTES.md,
-AttnRes v3); instead the second sweep is kept in L2 by construction and the first RC chunks of the
-row stay in registers. Configs choose the tile family (3-D chunks or 1-D source rows), the chunk
-width, the warps, the reductions, the chunks kept and loaded per burst, and prefetching.
+AttnRes); instead the second sweep is served partly from L2 (L2 hints ask to keep the rows sweep 1
+read and to drop what sweep 2 and the O stores touch). Configs choose the chunk width, the warps,
+the reductions, prefetching and the hints.
 The update and RMSNorm kernels hold a whole row as one BD = next_pow2(D) tile, so the RMSNorm
 program reads exactly the h row that the same update program wrote: the condition for the
 superkernel pass to fuse them (h stays in registers).
@@ -33,7 +33,7 @@ from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, requir
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 # the prepare kernel and its configs live in ops/attnres_prepare.py (re-exported here)
-from k31dsl.ops.attnres_prepare import PREPARE_CONFIGS, SOURCE_ROW_CONFIGS, attnres_prepare_rows  # noqa: F401
+from k31dsl.ops.attnres_prepare import PREPARE_CONFIGS, attnres_prepare_rows  # noqa: F401
 
 ROW_CONFIGS = [{"WARPS": w, "num_warps": w} for w in (4, 8, 16, 32)]
 MAX_ROW = 1 << 16               # whole-row tiles: D up to 65536
@@ -135,8 +135,8 @@ def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
         kw["FINAL"] = True
     if sb * nb > 64 or nb > 16:
         kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False,
-                  SOURCE_ROWS=False, RC=0, GROUP=1)
-    prepare_kernel(target)(v, q, o, m, l, eps, SQ=q.shape[0], **kw)
+                  KEEP=None, DROP=None)
+    prepare_kernel(target)(v, q, o, m, l, eps, **kw)
 
 
 def prepare_kernel(target: str):

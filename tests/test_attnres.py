@@ -5,7 +5,6 @@ through the ops end to end, every prepare config, the superkernel fusion of upda
 kernel, h not stored when not returned, bit-identical to the two kernels), argument errors, and
 sm_90 compilation of the kernels (the fused one included)."""
 
-import os
 
 import numpy as np
 import pytest
@@ -194,19 +193,15 @@ def test_every_prepare_config_matches_the_oracle(target):
     q = _t(rng.standard_normal((s, d)) * 2 / np.sqrt(d))
     want = ref.prepare(to_f64(v), to_f64(q), 1e-6)
     for cfg in ar.PREPARE_CONFIGS:
-        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD", "RC")}
-        # resident chunks (RC): one of the three chunks on chip and two streamed twice, and all of them
-        for rc in sorted({min(cfg.get("RC", 0), 1), cfg.get("RC", 0)}):
-            o, m, l = torch.empty(s, t, d), torch.empty(s, t), torch.empty(s, t)
-            ar.attnres_prepare_rows[target](v, q, o, m, l, 1e-6, NB=4, SB=4, SQ=s, BD=min(cfg["BD"], 32), RC=rc,
-                                            **cx)
-            for got, w in zip((o, m, l), want):
-                assert np.abs(to_f64(got) - w).max() <= 1e-5 * np.abs(w).max(), (cfg, rc)
+        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD")}
+        o, m, l = torch.empty(s, t, d), torch.empty(s, t), torch.empty(s, t)
+        ar.attnres_prepare_rows[target](v, q, o, m, l, 1e-6, NB=4, SB=4, BD=min(cfg["BD"], 32), **cx)
+        for got, w in zip((o, m, l), want):
+            assert np.abs(to_f64(got) - w).max() <= 1e-5 * np.abs(w).max(), cfg
     vb = v.to(torch.bfloat16)                   # full AttnRes (FINAL): bf16 in and out, one query
     full = ref.attnres(to_f64(vb), to_f64(q[0]), 1e-6)
     for cfg in ar.PREPARE_CONFIGS:
-        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD", "RC")}
-        cx["RC"] = min(cfg.get("RC", 0), 1)
+        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD")}
         h, stats = torch.empty(1, t, d, dtype=torch.bfloat16), torch.empty(1, t)
         ar.attnres_prepare_rows[target](vb, q[:1], h, stats, stats, 1e-6, NB=4, SB=1, BD=min(cfg["BD"], 32),
                                         FINAL=True, **cx)
@@ -348,11 +343,8 @@ def test_bad_inputs_raise_k31error(call, needle):
 # the benchmark's shapes: S = 6 -> SB 8, n = 8, the largest chunk; D = 7168 -> one 8192 row tile
 PREPARE_BENCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, REDUCE_EACH=True, UNROLL_SRC=True)
 PREPARE_PREFETCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, WARPS=16, PREFETCH=True)
-# the 1-D row variant with every option (kept chunks, grouped and prefetched streamed chunks), at
-# n = 4, S = 3 to keep CI short; its autotune configs at the benchmark's n = 8, S = 6:
-# test_source_row_configs_compile_for_hopper
-PREPARE_SOURCE_ROWS = Specialised(ar.attnres_prepare_rows, NB=4, SB=4, SQ=3, BD=512, SOURCE_ROWS=True, RC=1,
-                                  GROUP=2, PREFETCH=True, WARPS=16)
+PREPARE_HINTS = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=256, WARPS=8, PREFETCH=True, KEEP="last",
+                            DROP="first")
 FULL_BF16 = Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
 UPDATE_ROW = Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
 RMSNORM_ROW = Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
@@ -370,22 +362,7 @@ FUSED_UPDATE = _FusedUpdate()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    names = ["PREPARE_BENCH", "PREPARE_PREFETCH", "PREPARE_SOURCE_ROWS", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
+    names = ["PREPARE_BENCH", "PREPARE_PREFETCH", "PREPARE_HINTS", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
              "FUSED_UPDATE"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
 
-
-SOURCE_ROW_CONFIGS = [Specialised(ar.attnres_prepare_rows, NB=8, SB=8, SQ=6,
-                                  **{key: val for key, val in cfg.items() if key != "num_warps"})
-                      for cfg in ar.PREPARE_CONFIGS if cfg["SOURCE_ROWS"]]
-for _i, _spec in enumerate(SOURCE_ROW_CONFIGS):
-    globals()[f"SOURCE_ROWS_{_i}"] = _spec
-
-
-@pytest.mark.skipif(not os.environ.get("K31_SLOW"), reason="~20-60 s per config; set K31_SLOW=1")
-def test_source_row_configs_compile_for_hopper(tmp_path):
-    """Every 1-D row config of the autotune list at the benchmark's n = 8, S = 6. Not in CI (the
-    test above compiles the variant with every option on): `benchmarks/attnres.py --sm90-stats`
-    compiles the same configs and reports their registers."""
-    assert_compiles_for_hopper(__file__, [f"SOURCE_ROWS_{i}" for i in range(len(SOURCE_ROW_CONFIGS))], tmp_path,
-                               index_types=("int32",))

@@ -33,11 +33,11 @@ def prepare(reps: int = 4):
     v = torch.randn(n, t, d, device="cuda")
     q = torch.randn(s, d, device="cuda") * (2.0 / d ** 0.5)
     o, m, l = torch.empty(s, t, d, device="cuda"), torch.empty(s, t, device="cuda"), torch.empty(s, t, device="cuda")
-    cfg = dict(BD=256, WARPS=8, REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True, SOURCE_ROWS=False, RC=0, GROUP=1,
-               KEEP="last", DROP="first", DEPTH=1, num_warps=8)
+    cfg = dict(BD=256, WARPS=8, REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True,
+               KEEP="last", DROP="first", num_warps=8)
     kern = ar.prepare_kernel("triton")
     for _ in range(reps):
-        kern(v, q, o, m, l, 1e-6, NB=8, SB=8, SQ=s, **cfg)
+        kern(v, q, o, m, l, 1e-6, NB=8, SB=8, **cfg)
 
 
 if __name__ == "__main__":
