@@ -304,7 +304,7 @@ def hand_off(result: CPResult, runner, slot: int, block_table: list[int]) -> Non
     if missing:
         raise K31Error(f"hand_off: the CP result has no states for layer(s) {missing}; was it made with this config?")
     for l in cfg.kda_layers:
-        runner.states[f"kda{l}_pool"][slot].copy_(result.kda_states[l])
+        runner.states[f"kda{l}_pool"][slot].copy_(result.kda_states[l].transpose(-1, -2))    # [K,V] -> pool [V,K]
         for c in CONV_NAMES:
             runner.states[f"kda{l}_conv_{c}"][slot].copy_(result.conv_states[(l, c)])
     dst = torch.tensor(block_table[:need], dtype=torch.long, device=runner.device)

@@ -136,7 +136,7 @@ def test_cp_prefill_matches_single_rank(ranks, T):
     assert float((lg - want).abs().median()) <= 1e-4 * float(want.abs().max())
     assert torch.equal(lg.argmax(-1), want.argmax(-1))
     for l in CFG.kda_layers:
-        assert _rel(got["kda"][l], ref.states[f"kda{l}_pool"][slot]) <= 1e-5, f"layer {l} KDA state"
+        assert _rel(got["kda"][l], ref.states[f"kda{l}_pool"][slot].transpose(-1, -2)) <= 1e-5, f"layer {l} KDA state"
         for c in "qkv":
             assert _rel(got["conv"][(l, c)], ref.states[f"kda{l}_conv_{c}"][slot]) <= 1e-5, f"layer {l} conv {c}"
     n = pages_for(T)

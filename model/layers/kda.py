@@ -11,8 +11,10 @@ with their conv state, the KDA recurrence over the fp32 state pool, output norm 
            written to runner-owned buffers; the conv states are only read, and the pre-conv
            inputs are kept so that `add_commit` can replay the accepted prefix
 
-The pool is [rows, HV, K, V] fp32 (K-major: the layout chunk_kda's h0/ht and kda_decode share);
-row num_slots is the spare row padding sequences of a decode bucket write to.
+The pool is [rows, HV, V, K] fp32 (K contiguous, `state_v_first`: kda_decode streams it at 4.0 TB/s
+against 3.4 for [K, V] on an H200, benchmarks/NOTES.md, KDA decode v4; chunk_kda's h0/ht read and
+write it with VFIRST); row num_slots is the spare row padding sequences of a decode bucket write to.
+Context-parallel prefill keeps [K, V] states between ranks and transposes at the hand-off.
 """
 from __future__ import annotations
 
@@ -210,16 +212,16 @@ def add_kda_prefill(g, l, x):
     w, u, qg, kb, aqk, gam = chunk_prep(g, l, q, kk, v, graw, beta, info, nt, bt)
     f32 = cfg.dtype == "float32"
     pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
-    h0 = g.tensor(f"l{l}_kda_h0", (2, HV, K, V), k.f32)
+    h0 = g.tensor(f"l{l}_kda_h0", (2, HV, V, K), k.f32)
     # h0 = [the slot's state, the spare row] (the padding sequence's start: any finite state)
     h0 = g.p.call(copy_state_rows, pool, g.input("h0_rows", (2,), k.i32), h0, g.input("h0_dst", (2,), k.i32),
-                  BA=K, BB=V)
-    ht = g.tensor(f"l{l}_kda_ht", (2, HV, K, V), k.f32)
+                  BA=V, BB=K)
+    ht = g.tensor(f"l{l}_kda_ht", (2, HV, V, K), k.f32)
     o = g.tensor(f"l{l}_kda_o", (T, HV, V))
     ht, o = g.p.call(kda_chunk_state, w, u, qg, kb, aqk, gam, seq_chunks, cu, h0, ht, o, HAS_H0=True,
-                     STORE_HT=True, PREC="ieee" if f32 else "tf32", BK=K, BT=bt, BV=min(32, V))
+                     STORE_HT=True, VFIRST=True, PREC="ieee" if f32 else "tf32", BK=K, BT=bt, BV=min(32, V))
     pool = g.state(f"kda{l}_pool", g.runner_states[f"kda{l}_pool"])
-    g.p.call(copy_state_rows, ht, g.input("row_zero", (1,), k.i32), pool, g.state_slots, BA=K, BB=V)
+    g.p.call(copy_state_rows, ht, g.input("row_zero", (1,), k.i32), pool, g.state_slots, BA=V, BB=K)
     return _output(g, l, o, ogate)
 
 
@@ -251,7 +253,7 @@ def add_kda_decode(g, l, x, verify: bool = False):
     gate, lb = gate_args(cfg)
     res = g.p.call(kda_decode_step, q, kk, v, graw, beta, pool, g.state_slots, o, g.weight(f"l{l}_kda_a_log"),
                    g.weight(f"l{l}_kda_dt_bias"), rk, ru, rg, K ** -0.5, lb, GATE=gate, L2NORM=True,
-                   REPLAY=verify, UPDATE=not verify, BK=max(16, next_pow2(K)), BV=min(32, V))
+                   REPLAY=verify, UPDATE=not verify, VFIRST=True, BK=max(16, next_pow2(K)), BV=min(16, V))
     o = [r for r in res if r.storage == o.storage][0] if isinstance(res, tuple) else res
     o = g.reshape(o, (N * n, HV, V), f"l{l}_kda_o3")
     return _output(g, l, o, ogate)
@@ -265,8 +267,8 @@ def add_commit(g, l):
     acc = g.input("accepted", (g.shape.n_seqs,), k.i32)
     rk, ru, rg = (g.state(f"kda{l}_replay_{c}", g.runner_states[f"kda{l}_replay_{c}"]) for c in "kug")
     rows = g.input("checkpoint_rows", (g.shape.n_seqs,), k.i32)     # = state_slots (the pool is the checkpoint)
-    g.p.call(kda_replay_prefix, pool, g.state_slots, pool, rows, rk, ru, rg, acc,
-             BK=max(16, next_pow2(K)), BV=min(32, V))
+    g.p.call(kda_replay_prefix, pool, g.state_slots, pool, rows, rk, ru, rg, acc, VFIRST=True,
+             BK=max(16, next_pow2(K)), BV=min(16, V))
     for c in CONV_NAMES:
         keep = g.state(f"kda{l}_keep_{c}", g.runner_states[f"kda{l}_keep_{c}"])
         state = g.state(f"kda{l}_conv_{c}", g.runner_states[f"kda{l}_conv_{c}"])
@@ -274,12 +276,12 @@ def add_commit(g, l):
 
 
 def new_states(cfg, num_slots: int, device) -> dict:
-    """Pool and conv states of every KDA layer (one spare row for padding)."""
+    """Pool ([rows, HV, V, K]) and conv states of every KDA layer (one spare row for padding)."""
     import torch
     H, HV, K, V = kda_dims(cfg)
     out = {}
     for l in cfg.kda_layers:
-        out[f"kda{l}_pool"] = torch.zeros(num_slots + 1, HV, K, V, dtype=torch.float32, device=device)
+        out[f"kda{l}_pool"] = torch.zeros(num_slots + 1, HV, V, K, dtype=torch.float32, device=device)
         for c, ch in zip(CONV_NAMES, (H * K, H * K, HV * V)):
             out[f"kda{l}_conv_{c}"] = torch.zeros(num_slots + 1, 3, ch, dtype=torch.float32, device=device)
     return out
