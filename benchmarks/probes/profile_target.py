@@ -1,6 +1,6 @@
 """Probe: one kernel to profile under Nsight Compute (`ncu`), launched a few times with a fixed
 config (no autotuning under the profiler). `decode`: the KDA decode step at N = 64, H = 96, [V,K]
-pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23); `prepare`: the AttnRes prepare at
+pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23), `decode_kv` the [K,V] pool at BV 64 / 4 warps; `prepare`: the AttnRes prepare at
 n = 8, T = 8192, D = 7168, S = 6 with the tuned 3-D config (BD 256, 8 warps, L2 hints).
 
     ncu --clock-control none -k regex:kda_decode_step --launch-skip 2 --launch-count 1 \\
@@ -16,14 +16,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def decode(reps: int = 4):
+def decode(reps: int = 4, v_first: bool = True):
     import k31dsl.ops.kda.decode as dec
     from kda_decode import make_inputs
     x = make_inputs(64, 1, 96, 96, 128, 128, "cuda")
-    pool = x["pool"].transpose(2, 3).contiguous()
-    dec._small_grid_bv = lambda *a, **kw: {"BV": 16, "num_warps": 1, "PREFETCH": True}   # one config: no tuner
+    pool = x["pool"].transpose(2, 3).contiguous() if v_first else x["pool"]
+    cfg = {"BV": 16, "num_warps": 1, "PREFETCH": True} if v_first else {"BV": 64, "num_warps": 4, "PREFETCH": True}
+    dec._small_grid_bv = lambda *a, **kw: cfg              # one config: no tuner under the profiler
     for _ in range(reps):
-        dec.kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, x["slots"], state_v_first=True,
+        dec.kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, x["slots"], state_v_first=v_first,
                        A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0, target="triton")
 
 
@@ -41,5 +42,5 @@ def prepare(reps: int = 4):
 
 
 if __name__ == "__main__":
-    {"decode": decode, "prepare": prepare}[sys.argv[1]]()
+    {"decode": decode, "decode_kv": lambda: decode(v_first=False), "prepare": prepare}[sys.argv[1]]()
     torch.cuda.synchronize()

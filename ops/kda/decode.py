@@ -47,7 +47,8 @@ L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
                   {"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 4, "PREFETCH": False},
                   {"BV": 32, "num_warps": 4, "PREFETCH": False}, {"BV": 16, "num_warps": 1, "PREFETCH": False},
-                  {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 1}]
+                  {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 1}, {"BV": 32, "num_warps": 2},
+                  {"BV": 32, "num_warps": 1}]
 ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4}]
 SMALL_GRID = 8192       # programs at BV=64 below which the config is picked, not tuned (132 SMs x ~62)
 
