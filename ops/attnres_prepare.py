@@ -6,8 +6,8 @@ import k31dsl as k
 from k31dsl.ops.common import FLOAT_INPUTS
 
 # [NB, BD] source chunks against [SB, BD] query chunks through [SB, NB, BD] broadcasts (the loops
-# move both tiles through shared memory: 8 barriers per chunk). GPU runs 1, 4 and AttnRes run 3 of
-# 1 Dec (H200, n = 8, T = 8192, D = 7168, S = 6) kept these; each config costs ~20 s of
+# move both tiles through shared memory: 8 barriers per chunk). GPU runs 1, 4 and KDA-session runs
+# 24-25 of 1 Dec (H200, n = 8, T = 8192, D = 7168, S = 6) kept these; each config costs ~20 s of
 # compilation in the GPU autotuner. The L2 hints (KEEP on sweep 1's source loads, which sweep 2
 # reads again; DROP on sweep 2's loads and the O stores) with 8 warps, one program per SM: 1.50 ms
 # against 1.55 without hints at 4 warps. Tried and taken out (NOTES, AttnRes): 1-D source-row tiles

@@ -56,7 +56,7 @@ SMALL_GRID = 8192       # programs at BV=64 below which the config is picked, no
 def _small_grid_bv(rows: int, vdim: int, device, tokens: int = 0) -> dict:
     """The pinned config on a GPU when rows (N * HV) x V-tiles of 64 is a small grid, {} elsewhere
     (the tuner, or the first config on a CPU). There the tuner's do_bench timings are host-bound
-    noise (it once picked BV 128 at N = 16, 1.8 TB/s; KDA run 24 two warps, 70 vs 58 µs), so the
+    noise (it once picked BV 128 at N = 16, 1.8 TB/s; KDA run 27 two warps, 70 vs 58 µs), so the
     grid gets the largest BV that still gives SMALL_GRID programs, else 16 (more programs in flight
     for a latency-bound step). tokens > 0 (the decode kernel): also the warps (one at BV 16) and
     PREFETCH (only when there is a next token); the rollback kernel tunes its warps."""
