@@ -20,6 +20,9 @@ PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "
 PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": True,
                      "KEEP": keep, "DROP": "first", "num_warps": w}
                     for bd, w, keep in ((128, 4, None), (256, 8, "last"))]
+PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": True,
+                     "KEEP": keep, "DROP": "first", "ROWS3D": True, "num_warps": w}
+                    for bd, w, keep in ((128, 4, None), (256, 8, "last"), (512, 16, "last"))]
 # WARPS is a constexpr the kernels do not read: it carries the warp count through graph-program
 # calls (`p.call` passes constexprs, not launch options) into the fused kernel. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
@@ -29,12 +32,9 @@ PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": F
 # ---------------------------------------------------------------- kernels
 
 @k.func
-def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
-                     PREFETCH, KEEP, DROP):
-    """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
-    current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
-    KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
-    sweep 2) and on sweep 2's loads and the O stores (DROP "first": not read again)."""
+def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP):
+    """Sweep 1 on [NB, BD] source chunks and [SB, BD] query chunks through [SB, NB, BD]
+    broadcasts: the logits z [SB, NB] (before masking)."""
     sq = k.zeros((NB, BD), k.f32)
     if REDUCE_EACH:
         qv = k.zeros((SB, NB), k.f32)
@@ -59,9 +59,47 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
             qv += qt[:, None, :] * x[None, :, :]
     inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
     if REDUCE_EACH:
-        z = qv * inv_rms[None, :]                                         # [SB, NB]
+        return qv * inv_rms[None, :]                                      # [SB, NB]
+    return k.sum(qv, axis=2) * inv_rms[None, :]
+
+
+@k.func
+def _sweep1_rows3d(v, q, eps, t, d, chunks, NB, SB, BD, PREFETCH, KEEP):
+    """Sweep 1 with the source chunk loaded as a 3-D [NB, 1, BD] tile (the token axis kept as a
+    span of one) against [1, SB, BD] query chunks: the loaded tile already has the layout of the
+    [NB, SB, BD] product, so the chunk loop needs no shared-memory layout conversions (sm_90 in a
+    hand-written check: 6 barriers in the whole sweep against 28). Returns z [SB, NB]."""
+    sq = k.zeros((NB, 1, BD), k.f32)
+    qv = k.zeros((NB, SB, BD), k.f32)
+    if PREFETCH:
+        x_next = k.load(v, (k.span(0, NB), k.span(t, 1), k.span(0, BD)), other=0.0, evict=KEEP)
+        q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
+    for j in range(chunks):
+        if PREFETCH:
+            x = x_next.to(k.f32)
+            qt = q_next
+            x_next = k.load(v, (k.span(0, NB), k.span(t, 1), k.span((j + 1) * BD, BD)), other=0.0, evict=KEEP)
+            q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
+        else:
+            x = k.load(v, (k.span(0, NB), k.span(t, 1), k.span(j * BD, BD)), other=0.0, evict=KEEP).to(k.f32)
+            qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
+        sq += x * x
+        qv += qt[None, :, :] * x
+    inv_rms = k.rsqrt(k.reshape(k.sum(sq, axis=2), (NB,)) / d.to(k.f32) + eps)     # [NB]
+    return (k.sum(qv, axis=2) * inv_rms[:, None]).T
+
+
+@k.func
+def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
+                     PREFETCH, KEEP, DROP, ROWS3D):
+    """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
+    current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
+    KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
+    sweep 2) and on sweep 2's loads and the O stores (DROP "first": not read again)."""
+    if ROWS3D:
+        z = _sweep1_rows3d(v, q, eps, t, d, chunks, NB, SB, BD, PREFETCH, KEEP)
     else:
-        z = k.sum(qv, axis=2) * inv_rms[None, :]
+        z = _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP)
     z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
     zmax = k.max(z, axis=1)
     e = k.exp(z - zmax[:, None])
@@ -100,15 +138,17 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          NB: k.constexpr = 4, SB: k.constexpr = 4, BD: k.constexpr = 128,
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
-                         WARPS: k.constexpr = 4, KEEP: k.constexpr = None, DROP: k.constexpr = None):
+                         WARPS: k.constexpr = 4, KEEP: k.constexpr = None, DROP: k.constexpr = None,
+                         ROWS3D: k.constexpr = False):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
-    # KEEP / DROP: L2 hints of the 3-D variant (_prepare_one_row).
+    # KEEP / DROP: L2 hints (_prepare_one_row). ROWS3D: sweep 1 on [NB, 1, BD] source tiles
+    # (_sweep1_rows3d; REDUCE_EACH does not apply).
     # NB/SB (sources/queries, powers of two) are always passed by the callers; the defaults (4)
     # keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
     for t in k.grid(v.shape[1]):
         _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB, BD,
-                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP)
+                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP, ROWS3D)
