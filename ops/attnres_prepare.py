@@ -10,7 +10,7 @@ from k31dsl.ops.common import FLOAT_INPUTS
 # 24-25 of 1 Dec (H200, n = 8, T = 8192, D = 7168, S = 6) kept these; each config costs ~20 s of
 # compilation in the GPU autotuner. The L2 hints (KEEP on sweep 1's source loads, which sweep 2
 # reads again; DROP on sweep 2's loads and the O stores) with 8 warps, one program per SM: 1.50 ms
-# against 1.55 without hints at 4 warps. Tried and taken out (NOTES, AttnRes): 1-D source-row tiles
+# against 1.55 without hints at 4 warps; with the ROWS3D sweep 1, 1.465 ms (KDA-session run 30). Tried and taken out (NOTES, AttnRes): 1-D source-row tiles
 # with chunks kept on chip (2.3-3.9 ms: 32-bit loads, one program per SM latency-bound), a
 # deeper prefetch window (2.0-2.1 ms at 2-3 chunks ahead), a TF32 tensor-core probe (6.7-12.7 ms).
 PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "num_warps": w}
