@@ -41,7 +41,8 @@ L2_EPS = 1e-6          # x / sqrt(sum x^2 + eps), as fla's l2norm
 # BV x num_warps per program. The first is the one used without autotuning (CPU, interpreter).
 # Measured on an H200 (benchmarks/NOTES.md, KDA decode): at N >= 64 the tuner picks BV 64 / 4 warps
 # for [K,V] and one-warp BV 8-16 tiles for [V,K] (in-warp K reductions, 4 barriers instead of 22,
-# 11-12 programs per SM). PREFETCH=False: at T = 1 the prefetch only reloads the same token.
+# 11-12 programs per SM); the T = 4 verify picks BV 32 / 1 warp (run 29: 0.259 vs 0.314 ms at N = 64).
+# PREFETCH=False: at T = 1 the prefetch only reloads the same token.
 # Tried and taken out: BV 64 at 8 warps (run 16, N = 64 0.243 vs 0.229 ms), evict-first L2 hints
 # on the state (KDA run 23: 1-6 % slower at every N).
 DECODE_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV": 64, "num_warps": 4},
@@ -116,8 +117,8 @@ def kda_decode_step(q: k.Tensor["XT", "N", "T", "H", "K"], kk: k.Tensor["XT", "N
                     REPLAY: k.constexpr = False, UPDATE: k.constexpr = True, VFIRST: k.constexpr = False,
                     PREFETCH: k.constexpr = True, BK: k.constexpr = 128, BV: k.constexpr = 32):
     # one flat grid, V-tile fastest: the programs of one (sequence, head) run side by side and share
-    # its q/k/g loads in L2 (a 2-D grid with the V-tile on axis 1 ran them ~4 waves apart, and
-    # the 1.5 MB per wave of inputs was fetched from DRAM once per V-tile: +40 MB at N = 64)
+    # its q/k/g loads in L2 (a 2-D grid with the V-tile on axis 1 ran them ~4 waves apart and fetched
+    # the inputs from DRAM once per V-tile: ncu, N = 64 [V,K], 443 MB of reads against 409 now)
     for pid in k.grid(q.shape[0] * v.shape[2] * k.cdiv(v.shape[3], BV)):
         nh = pid // k.cdiv(v.shape[3], BV)
         pv = pid % k.cdiv(v.shape[3], BV)
