@@ -77,7 +77,8 @@ def ours(args, kw, target, chunk=None, variant=None, prep=None):
 
 
 def fla_fn(args, kw):
-    """fla-core's chunk_kda on the same inputs (gate, L2 norm in kernel; safe gate at lb = -5)."""
+    """fla-core's chunk_kda on the same inputs (gate, L2 norm in kernel; safe gate at lb = -5, or
+    the softplus gate when kw's lower_bound is None)."""
     import torch
     from fla.ops.kda import chunk_kda as fla_chunk_kda
     cu = kw["cu_seqlens"]
@@ -89,7 +90,7 @@ def fla_fn(args, kw):
         with torch.inference_mode():
             return fla_chunk_kda(*args, A_log=kw["A_log"], dt_bias=kw["dt_bias"], initial_state=kw["initial_state"],
                                  output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                 safe_gate=True, lower_bound=LB, **extra)
+                                 safe_gate=kw["lower_bound"] is not None, lower_bound=kw["lower_bound"], **extra)
     return run
 
 
@@ -180,11 +181,12 @@ def smoke_rows():
     return rows
 
 
-def prefill_rows(names, budget: float, variants=True, save=None):
+def prefill_rows(names, budget: float, variants=True, save=None, gate="lb"):
     """Phases, each skipped once the time budget is spent (fla's first call autotunes for minutes):
     1. ours on every shape (first call = compile + autotune, then timings; at T=8192 H=96 also
     chunk 32); 2. fla on every shape (first call, error vs ours, timings); 3. the prep-numerics
-    variant rows on T=8192 H=96. Our rows carry each kernel's time (prep ms, state ms)."""
+    variant rows on T=8192 H=96. Our rows carry each kernel's time (prep ms, state ms).
+    gate="softplus": the Kimi Linear gate (no lower bound) for ours and fla, default tilings only."""
     import time
     import torch
     import harness
@@ -200,6 +202,8 @@ def prefill_rows(names, budget: float, variants=True, save=None):
             continue
         lens, heads = SHAPES[name]
         args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
+        if gate == "softplus":
+            kw = dict(kw, lower_bound=None)
         fn = ours(args, kw, "triton")
         log(f"k31dsl {name}: first call ...")
         t0 = time.time()
@@ -221,7 +225,7 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         # and paired tilings too), each with its difference from the default path's outputs
         o_ref, s_ref = fn()
         from k31dsl.ops.kda.chunk import default_tiling
-        tiling = default_tiling(True, None, None, heads * len(lens))
+        tiling = default_tiling(kw["lower_bound"] is not None, None, None, heads * len(lens))
         r["tiling"] = f"chunk {tiling[0]}, {tiling[1]} prep"
         # the default before KDA run 9, and the other whole-chunk tilings (chunk 16 with many heads)
         alternatives = ((32, "wide"), (64, "pair"), (32, "pair")) + (((16, "wide"),) if heads * len(lens) > 16 else ())
@@ -230,7 +234,9 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         if variants and name == "T8192_H96":
             others += [("k31dsl sub prep chunk 32", 32, "sub"), ("k31dsl wide prep chunk 64", 64, "wide")]
         others = [(*o, kw) for o in others]
-        if name == "T8192_H96":        # the softplus gate (no lower bound; sub prep at 64 took 20.4 ms in run 18)
+        if gate == "softplus":
+            others = []
+        elif name == "T8192_H96":        # the softplus gate (no lower bound; sub prep at 64 took 20.4 ms in run 18)
             soft = dict(kw, lower_bound=None)
             others += [("k31dsl softplus gate, sub-prep halves paired into chunk 32 (its default)", 32, "pair", soft)]
         soft_ref = None
@@ -260,6 +266,8 @@ def prefill_rows(names, budget: float, variants=True, save=None):
             continue
         lens, heads = SHAPES[name]
         args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
+        if gate == "softplus":
+            kw = dict(kw, lower_bound=None)
         try:
             theirs = fla_fn(args, kw)
             log(f"fla {name}: first call (fla autotunes on its first calls; minutes are normal) ...")
@@ -290,7 +298,7 @@ def prefill_rows(names, budget: float, variants=True, save=None):
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     name = "T8192_H96"
-    if variants and name in names:            # other prep numerics
+    if variants and name in names and gate == "lb":     # other prep numerics
         args, kw = make_inputs(*SHAPES[name], HEAD_DIM, DEVICE, torch.bfloat16)
         for label, chunk, variant in ((f"k31dsl prep {v}", CHUNK, v) for v in VARIANTS):
             if elapsed() > budget:
@@ -359,6 +367,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     ap.add_argument("--sm90-stats", action="store_true",
                     help="no GPU: registers/spills/shared memory of each kernel compiled for sm_90a, then exit")
+    ap.add_argument("--gate", choices=["lb", "softplus"], default="lb",
+                    help="lb: the K3 lower-bound gate -5 (results/kda.*); softplus: the Kimi Linear gate, default "
+                         "tilings only, ours and fla (results/kda_softplus.*)")
     ap.add_argument("--budget", type=float, default=200.0,
                     help="seconds after which no new phase starts (each phase prints and saves as it goes)")
     args = ap.parse_args(argv)
@@ -376,10 +387,12 @@ def main(argv=None) -> int:
     check = oracle_check("cpu" if args.smoke else "cuda", "triton", args.smoke)
     log(f"fp64 oracle check: {check}")
 
+    out_name = "kda" if args.gate == "lb" else "kda_softplus"
+
     def save(rows):                     # after every shape, so a time limit keeps what was measured
-        harness.write("kda", {"env": harness.environment(), "oracle_check": check, "rows": rows, "partial": True},
+        harness.write(out_name, {"env": harness.environment(), "oracle_check": check, "rows": rows, "partial": True},
                       COLUMNS, rows, notes="partial run (written after each shape)")
-    rows = smoke_rows() if args.smoke else prefill_rows(names, args.budget, not args.no_variants, save)
+    rows = smoke_rows() if args.smoke else prefill_rows(names, args.budget, not args.no_variants, save, args.gate)
     harness.print_table(COLUMNS if not args.smoke else ["shape", "impl", "ms"], rows)
     decode = []
     if not args.no_decode and (Path(__file__).parent / "kda_decode.py").exists() and elapsed() <= args.budget:
@@ -400,8 +413,10 @@ def main(argv=None) -> int:
               + harness.tuning_rows("kda_chunk_state", kda_chunk_state["triton"]))
     payload = {"env": harness.environment(), "oracle_check": check, "tuned_configs": tuned_configs(),
                "rows": rows, "decode_rows": decode, "tuning": tuning}
-    harness.write("kda", payload, COLUMNS, rows, extra=harness.tuning_section(tuning),
-                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: the whole-chunk prep at chunk 16, or with few heads its halves of 32 paired into chunk 64; chunk_kda's default_tiling) unless the row says otherwise, lower-bound gate -5 "
+    gate_note = ("lower-bound gate -5" if args.gate == "lb" else
+                 "softplus (Kimi Linear) gate, no lower bound, fla with safe_gate=False")
+    harness.write(out_name, payload, COLUMNS, rows, extra=harness.tuning_section(tuning),
+                  notes="chunk_kda forward, bf16 q/k/v/raw gate/beta, K = V = 128, default tiling (column `tiling`: the whole-chunk prep at chunk 16, or with few heads its halves of 32 paired into chunk 64; chunk_kda's default_tiling) unless the row says otherwise, " + gate_note + " "
                         "(A_log, dt_bias) and L2 norm in kernel, fp32 initial + final state. `ms`: do_bench median "
                         "(host launch included); `graph ms`: CUDA-graph replay. Errors: max |ours - fla| / max |fla|. "
                         f"fp64 oracle check (small shape): {check}. Tuned: {tuned_configs()}. Decode rows: "

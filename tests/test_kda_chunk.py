@@ -135,6 +135,24 @@ def test_extreme_gates_stay_finite_and_exact(gate, target):
     _assert_close(ht, want_s, tol, f"extreme {gate} state", seed)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_softplus_sub_chunks_mix_factorised_and_exact_blocks(chunk, target):
+    """One sequence whose sub-chunks decay mildly (factorised diagonal blocks) except rows 20-23
+    (per-step decays ~1e3: that sub-chunk's blocks are computed exactly): against the oracle."""
+    seed = _seed()
+    args, kw = make_inputs(torch.Generator().manual_seed(seed), 1, 70, 1, 2, 16, 16, torch.float32, "softplus", 0,
+                           True)
+    q, kk, v, g, beta = args
+    g = g.clone()
+    g[0, 20:24] = 1000.0
+    args = (q, kk, v, g, beta)
+    o, ht = _run(args, kw, target, chunk)
+    want_o, want_s = load_oracle("kda").kda(*args, **kw)
+    _assert_close(o, want_o, 3e-3, "mixed softplus o", seed)
+    _assert_close(ht, want_s, 3e-3, "mixed softplus state", seed)
+
+
 @pytest.mark.parametrize("chunk", [32, 64])
 def test_pair_of_sub_chunk_halves_at_extreme_softplus_and_causal(chunk):
     """Paired halves made by the sub-chunk prep (softplus gate): finite and exact at per-step

@@ -69,13 +69,17 @@ def unit_lower_inverse(L, rid, PREC):
     return mm(x, eye + l8, PREC)
 
 
+FACTOR_BOUND = 60.0     # largest decay from a sub-chunk's start that a factorised diagonal column takes
+
+
 @k.func
-def diag_exact(qs, kc, gc, rid):
-    """Diagonal-block scores without a factorisation: columns j of sum_d a_id k_jd exp(G_id - G_jd)
-    for a = qs (Aqk) and a = kc (Akk), exponent clamped at 0 (rows i < j are masked later)."""
+def diag_exact(qs, kc, gc, rid, first):
+    """Diagonal-block scores without a factorisation: columns j >= first (a runtime index; the
+    others stay 0) of sum_d a_id k_jd exp(G_id - G_jd) for a = qs (Aqk) and a = kc (Akk), exponent
+    clamped at 0 (rows i < j are masked later)."""
     aq = k.zeros((rid.shape[0], rid.shape[0]), k.f32)
     ak = k.zeros((rid.shape[0], rid.shape[0]), k.f32)
-    for j in range(rid.shape[0]):
+    for j in range(first, rid.shape[0]):
         kj = row_of(kc, rid, j)
         gj = row_of(gc, rid, j)
         p = k.exp(k.minimum(gc - gj[None, :], 0.0)) * kj[None, :]
@@ -179,9 +183,21 @@ def kda_chunk_prep(q: k.Tensor["XT", "T", "H", "K"], kk: k.Tensor["XT", "T", "H"
                 kcol = kinv * k.exp(lend)[None, :]             # exp(E_c - G_j) <= 1
                 aq_d = mm(qe, kinv.T, PREC)
                 ak_d = mm(ke, kinv.T, PREC)
-            else:                                              # exp(-lc) may overflow: no factorisation here
-                kcol = kc * k.exp(lend[None, :] - lc)
-                aq_d, ak_d = diag_exact(qc, kc, lc, rid)
+            else:                                              # no bound on the decay: factorised where
+                kcol = kc * k.exp(lend[None, :] - lc)          # the decay allows it, else exact
+                # Column j of a diagonal block factorises as exp(G_i - P) exp(P - G_j) while its own
+                # decay from the sub-chunk start stays within FACTOR_BOUND in every channel (then
+                # exp(-lc_j) is finite, and a row i that decayed so far that exp(lc_i) underflows
+                # carries a true factor below exp(-87 + FACTOR_BOUND)). Columns from the first one past
+                # the bound (an extreme softplus gate) are computed exactly, one reduction step each.
+                # Each column's choice depends on its own row only, so outputs stay causal.
+                fits = k.min(lc, axis=1) >= -FACTOR_BOUND      # [BC]
+                first = k.min(k.where(fits, BC, rid))          # BC: every column factorises
+                kinv = kc * k.exp(k.minimum(-lc, FACTOR_BOUND))
+                aq_x, ak_x = diag_exact(qc, kc, lc, rid, first)
+                exact = (rid >= first)[None, :]
+                aq_d = k.where(exact, aq_x, mm(qe, kinv.T, PREC))
+                ak_d = k.where(exact, ak_x, mm(ke, kinv.T, PREC))
             aq_d = k.where(rid[:, None] >= rid[None, :], aq_d, 0.0)
             ak_d = k.where(rid[:, None] > rid[None, :], ak_d * bc[:, None], 0.0)
             aqk[n, hv, k.span(c * BC, BC), k.span(half * BT + c * BC, BC)] = aq_d.to(MT)
