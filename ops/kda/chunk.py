@@ -140,7 +140,9 @@ def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs
     at chunk 64 (4.27 ms of prep). An explicit chunk size keeps the
     unpaired kernels (wide at 16 and 32, sub at 64: what the model's graph programs call). Other
     gates pair the sub-chunk prep's halves (the whole-chunk one relies on a bounded per-row decay):
-    softplus gate at T=8192 H=96, KDA run 18: 9.65 ms paired into chunk 32 against 20.4 at sub 64."""
+    softplus gate at T=8192 H=96, KDA run 18: 9.65 ms paired into chunk 32 against 20.4 at sub 64
+    (exact diagonal blocks); with the diagonal blocks factorised where the decay allows (run 31)
+    2.98 ms paired into chunk 32 (prep 2.10, merge 0.26, state 0.59) against fla's 2.91."""
     few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
     if prep is None:
         if chunk_size is None:
