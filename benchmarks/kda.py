@@ -6,6 +6,8 @@ benchmarks/kda_decode.py (fused_recurrent_kda) when that file is present.
     python benchmarks/kda.py [--shapes all] [--budget 200] [--no-variants] [--no-decode]   # GPU
     python benchmarks/kda.py --smoke                                                      # CPU, interpreter
     python benchmarks/kda.py --sm90-stats       # CPU: registers, spills, smem of each kernel for sm_90a
+    python benchmarks/kda.py --gate softplus --shapes T8192_H96 --no-decode   # the Kimi Linear gate, ours vs
+                                                # fla, default and sub-prep tilings: results/kda_softplus.*
 
 Phases, with timestamped progress and results/kda.{json,md} rewritten after every row: the fp64
 oracle check at a small shape (compiles and autotunes our kernels), ours on every shape, fla on
