@@ -70,6 +70,14 @@ def make_inputs(lens, heads, d, device, dtype, seed=0, varlen=None):
                                 "cu_seqlens": cu}
 
 
+def gate_inputs(lens, heads, gate: str):
+    """make_inputs on the benchmark's device in bf16, with the gate of `gate`: "lb" (lower bound
+    -5) or "softplus" (no lower bound: the Kimi Linear form)."""
+    import torch
+    args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
+    return args, (dict(kw, lower_bound=None) if gate == "softplus" else kw)
+
+
 def ours(args, kw, target, chunk=None, variant=None, prep=None):
     """chunk_kda on the inputs; chunk / prep None: chunk_kda's default_tiling (under this
     benchmark's lower-bound gate the whole-chunk prep: chunk 16, or paired halves with few heads)."""
@@ -203,9 +211,7 @@ def prefill_rows(names, budget: float, variants=True, save=None, gate="lb"):
             log(f"budget spent: skipping k31dsl {name}")
             continue
         lens, heads = SHAPES[name]
-        args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
-        if gate == "softplus":
-            kw = dict(kw, lower_bound=None)
+        args, kw = gate_inputs(lens, heads, gate)
         fn = ours(args, kw, "triton")
         log(f"k31dsl {name}: first call ...")
         t0 = time.time()
@@ -268,9 +274,7 @@ def prefill_rows(names, budget: float, variants=True, save=None, gate="lb"):
             log(f"budget spent: skipping fla {name}")
             continue
         lens, heads = SHAPES[name]
-        args, kw = make_inputs(lens, heads, HEAD_DIM, DEVICE, torch.bfloat16)
-        if gate == "softplus":
-            kw = dict(kw, lower_bound=None)
+        args, kw = gate_inputs(lens, heads, gate)
         try:
             theirs = fla_fn(args, kw)
             log(f"fla {name}: first call (fla autotunes on its first calls; minutes are normal) ...")

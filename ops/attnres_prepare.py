@@ -10,9 +10,10 @@ from k31dsl.ops.common import FLOAT_INPUTS
 # 24-25 of 1 Dec (H200, n = 8, T = 8192, D = 7168, S = 6) kept these; each config costs ~20 s of
 # compilation in the GPU autotuner. The L2 hints (KEEP on sweep 1's source loads, which sweep 2
 # reads again; DROP on sweep 2's loads and the O stores) with 8 warps, one program per SM: 1.50 ms
-# against 1.55 without hints at 4 warps; with the ROWS3D sweep 1, 1.465 ms (KDA-session run 30). Tried and taken out (NOTES, AttnRes): 1-D source-row tiles
-# with chunks kept on chip (2.3-3.9 ms: 32-bit loads, one program per SM latency-bound), a
-# deeper prefetch window (2.0-2.1 ms at 2-3 chunks ahead), a TF32 tensor-core probe (6.7-12.7 ms).
+# against 1.55 without hints at 4 warps; with the ROWS3D sweep 1, 1.465 ms (KDA-session run 30).
+# Tried and taken out (NOTES, AttnRes): 1-D source-row tiles with chunks kept on chip (2.3-3.9 ms:
+# 32-bit loads, one program per SM latency-bound), a deeper prefetch window (2.0-2.1 ms at 2-3
+# chunks ahead), a TF32 tensor-core probe (6.7-12.7 ms).
 PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "num_warps": w}
                    for bd, w, re, un, pf in (
                        (128, 4, False, False, False), (128, 4, False, False, True), (128, 4, True, False, True),
@@ -32,61 +33,57 @@ PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": F
 # ---------------------------------------------------------------- kernels
 
 @k.func
-def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP):
-    """Sweep 1 on [NB, BD] source chunks and [SB, BD] query chunks through [SB, NB, BD]
-    broadcasts: the logits z [SB, NB] (before masking)."""
-    sq = k.zeros((NB, BD), k.f32)
-    if REDUCE_EACH:
-        qv = k.zeros((SB, NB), k.f32)
+def _source_chunk(v, t, j, NB, BD, hint, ROWS3D):
+    """Chunk j of token row t's sources: [NB, BD], or [NB, 1, BD] with the token axis kept as a span
+    of one (ROWS3D). Chunks outside [0, D) and sources past n move no data and read 0."""
+    if ROWS3D:
+        return k.load(v, (k.span(0, NB), k.span(t, 1), k.span(j * BD, BD)), other=0.0, evict=hint)
+    return k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=hint)
+
+
+@k.func
+def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, ROWS3D):
+    """Sweep 1: every source's sum of squares and its dot with every query, the logits z [SB, NB]
+    (before masking). [NB, BD] source chunks meet [SB, BD] query chunks through [SB, NB, BD]
+    broadcasts; with ROWS3D the source chunk is loaded as [NB, 1, BD] against [1, SB, BD] queries,
+    a tile that already has the layout of the [NB, SB, BD] product, so the loop needs no
+    shared-memory layout conversions (sm_90, BD 256 / 8 warps: 28 barriers in the kernel against
+    60). REDUCE_EACH (not with ROWS3D) reduces every chunk's products at once."""
+    if ROWS3D:
+        sq = k.zeros((NB, 1, BD), k.f32)
+        qv = k.zeros((NB, SB, BD), k.f32)
     else:
-        qv = k.zeros((SB, NB, BD), k.f32)
+        sq = k.zeros((NB, BD), k.f32)
+        if REDUCE_EACH:
+            qv = k.zeros((SB, NB), k.f32)
+        else:
+            qv = k.zeros((SB, NB, BD), k.f32)
     if PREFETCH:
-        x_next = k.load(v, (k.span(0, NB), t, k.span(0, BD)), other=0.0, evict=KEEP)
+        x_next = _source_chunk(v, t, 0, NB, BD, KEEP, ROWS3D)
         q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
     for j in range(chunks):
         if PREFETCH:
             x = x_next.to(k.f32)
             qt = q_next
-            x_next = k.load(v, (k.span(0, NB), t, k.span((j + 1) * BD, BD)), other=0.0, evict=KEEP)  # past D: none
+            x_next = _source_chunk(v, t, j + 1, NB, BD, KEEP, ROWS3D)          # past D: no traffic
             q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
         else:
-            x = k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=KEEP).to(k.f32)
+            x = _source_chunk(v, t, j, NB, BD, KEEP, ROWS3D).to(k.f32)
             qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
         sq += x * x
-        if REDUCE_EACH:
+        if ROWS3D:
+            qv += qt[None, :, :] * x
+        elif REDUCE_EACH:
             qv += k.sum(qt[:, None, :] * x[None, :, :], axis=2)
         else:
             qv += qt[:, None, :] * x[None, :, :]
+    if ROWS3D:
+        inv_rms = k.rsqrt(k.reshape(k.sum(sq, axis=2), (NB,)) / d.to(k.f32) + eps)     # [NB]
+        return (k.sum(qv, axis=2) * inv_rms[:, None]).T
     inv_rms = k.rsqrt(k.sum(sq, axis=1) / d.to(k.f32) + eps)              # [NB]
     if REDUCE_EACH:
         return qv * inv_rms[None, :]                                      # [SB, NB]
     return k.sum(qv, axis=2) * inv_rms[None, :]
-
-
-@k.func
-def _sweep1_rows3d(v, q, eps, t, d, chunks, NB, SB, BD, PREFETCH, KEEP):
-    """Sweep 1 with the source chunk loaded as a 3-D [NB, 1, BD] tile (the token axis kept as a
-    span of one) against [1, SB, BD] query chunks: the loaded tile already has the layout of the
-    [NB, SB, BD] product, so the chunk loop needs no shared-memory layout conversions (sm_90 in a
-    hand-written check: 6 barriers in the whole sweep against 28). Returns z [SB, NB]."""
-    sq = k.zeros((NB, 1, BD), k.f32)
-    qv = k.zeros((NB, SB, BD), k.f32)
-    if PREFETCH:
-        x_next = k.load(v, (k.span(0, NB), k.span(t, 1), k.span(0, BD)), other=0.0, evict=KEEP)
-        q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
-    for j in range(chunks):
-        if PREFETCH:
-            x = x_next.to(k.f32)
-            qt = q_next
-            x_next = k.load(v, (k.span(0, NB), k.span(t, 1), k.span((j + 1) * BD, BD)), other=0.0, evict=KEEP)
-            q_next = q[k.span(0, SB, other=0.0), k.span((j + 1) * BD, BD, other=0.0)]
-        else:
-            x = k.load(v, (k.span(0, NB), k.span(t, 1), k.span(j * BD, BD)), other=0.0, evict=KEEP).to(k.f32)
-            qt = q[k.span(0, SB, other=0.0), k.span(j * BD, BD, other=0.0)]
-        sq += x * x
-        qv += qt[None, :, :] * x
-    inv_rms = k.rsqrt(k.reshape(k.sum(sq, axis=2), (NB,)) / d.to(k.f32) + eps)     # [NB]
-    return (k.sum(qv, axis=2) * inv_rms[:, None]).T
 
 
 @k.func
@@ -96,10 +93,7 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
     current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
     KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
     sweep 2) and on sweep 2's loads and the O stores (DROP "first": not read again)."""
-    if ROWS3D:
-        z = _sweep1_rows3d(v, q, eps, t, d, chunks, NB, SB, BD, PREFETCH, KEEP)
-    else:
-        z = _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP)
+    z = _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, ROWS3D)
     z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
     zmax = k.max(z, axis=1)
     e = k.exp(z - zmax[:, None])
@@ -110,7 +104,7 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         m[k.span(0, SB), t] = zmax
         l[k.span(0, SB), t] = esum
     if PREFETCH and not UNROLL_SRC:
-        x_next = k.load(v, (k.span(0, NB), t, k.span((chunks - 1) * BD, BD)), other=0.0, evict=DROP)
+        x_next = _source_chunk(v, t, chunks - 1, NB, BD, DROP, False)
     for jj in range(chunks):
         j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
         if UNROLL_SRC:
@@ -122,12 +116,11 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         else:
             if PREFETCH:
                 x = x_next.to(k.f32)
-                x_next = k.load(v, (k.span(0, NB), t, k.span((j - 1) * BD, BD)), other=0.0, evict=DROP)  # j=0: none
+                x_next = _source_chunk(v, t, j - 1, NB, BD, DROP, False)      # j = 0: no traffic
             else:
-                x = k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=DROP).to(k.f32)
+                x = _source_chunk(v, t, j, NB, BD, DROP, False).to(k.f32)
             acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
         k.store(o, (k.span(0, SB), t, k.span(j * BD, BD)), acc.to(OT), evict=DROP)
-
 
 
 @k.kernel(configs=PREPARE_CONFIGS)
@@ -146,7 +139,7 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
     # KEEP / DROP: L2 hints (_prepare_one_row). ROWS3D: sweep 1 on [NB, 1, BD] source tiles
-    # (_sweep1_rows3d; REDUCE_EACH does not apply).
+    # (_sweep1; REDUCE_EACH does not apply).
     # NB/SB (sources/queries, powers of two) are always passed by the callers; the defaults (4)
     # keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
     for t in k.grid(v.shape[1]):

@@ -109,7 +109,7 @@ def test_decode_tuner_variants_match_oracle(target, t, variant, monkeypatch):
     seed = _seed()
     case = make_case(seed, t=t, gate="lower_bound")
     o_pre, _, pool_pre = decode(case, target)
-    monkeypatch.setattr(dec, "_small_grid_bv", lambda *a, **kw: dict(variant))
+    monkeypatch.setattr(dec, "_small_grid_config", lambda *a, **kw: dict(variant))
     o, _, pool = decode(case, target)
     want_o, want_s = oracle(case)
     assert rel(o, want_o) < 1e-4 and rel(pool[case["slots"].long()], want_s) < 1e-4, seed
@@ -123,12 +123,12 @@ def test_small_grids_pin_one_decode_config():
     import k31dsl.ops.kda.decode as dec
     from k31dsl.targets.triton.runtime import TritonKernel
     gpu = SimpleNamespace(type="cuda")
-    pinned = dec._small_grid_bv(16 * 96, 128, gpu, tokens=1)
+    pinned = dec._small_grid_config(16 * 96, 128, gpu, tokens=1)
     assert pinned == {"BV": 16, "num_warps": 1, "PREFETCH": False}
-    assert dec._small_grid_bv(16 * 96, 128, gpu, tokens=4)["PREFETCH"] is True
-    assert dec._small_grid_bv(32 * 96, 128, gpu, tokens=1) == {"BV": 32, "num_warps": 4, "PREFETCH": False}
-    assert dec._small_grid_bv(64 * 96, 128, gpu, tokens=1) == {} == dec._small_grid_bv(16, 128, torch.device("cpu"))
-    assert dec._small_grid_bv(16 * 96, 128, gpu) == {"BV": 16}
+    assert dec._small_grid_config(16 * 96, 128, gpu, tokens=4)["PREFETCH"] is True
+    assert dec._small_grid_config(32 * 96, 128, gpu, tokens=1) == {"BV": 32, "num_warps": 4, "PREFETCH": False}
+    assert dec._small_grid_config(64 * 96, 128, gpu, tokens=1) == {} == dec._small_grid_config(16, 128, torch.device("cpu"))
+    assert dec._small_grid_config(16 * 96, 128, gpu) == {"BV": 16}
     kern = TritonKernel(dec.kda_decode_step, mode="interpret")
     assert not kern._tunable(pinned) and len(kern._candidates(pinned)) == 1
 

@@ -1,7 +1,8 @@
 """Probe: one kernel to profile under Nsight Compute (`ncu`), launched a few times with a fixed
 config (no autotuning under the profiler). `decode`: the KDA decode step at N = 64, H = 96, [V,K]
-pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23), `decode_kv` the [K,V] pool at BV 64 / 4 warps; `prepare`: the AttnRes prepare at
-n = 8, T = 8192, D = 7168, S = 6 with the tuned 3-D config (BD 256, 8 warps, L2 hints).
+pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23); `decode_kv`: the [K,V] pool at BV 64 /
+4 warps; `prepare`: the AttnRes prepare at n = 8, T = 8192, D = 7168, S = 6 in the tuned config
+(BD 256, 8 warps, L2 hints, ROWS3D sweep 1: KDA-session run 30; run 26 profiled it without ROWS3D).
 
     ncu --clock-control none -k regex:kda_decode_step --launch-skip 2 --launch-count 1 \\
         python3 benchmarks/probes/profile_target.py decode
@@ -22,7 +23,7 @@ def decode(reps: int = 4, v_first: bool = True):
     x = make_inputs(64, 1, 96, 96, 128, 128, "cuda")
     pool = x["pool"].transpose(2, 3).contiguous() if v_first else x["pool"]
     cfg = {"BV": 16, "num_warps": 1, "PREFETCH": True} if v_first else {"BV": 64, "num_warps": 4, "PREFETCH": True}
-    dec._small_grid_bv = lambda *a, **kw: cfg              # one config: no tuner under the profiler
+    dec._small_grid_config = lambda *a, **kw: cfg              # one config: no tuner under the profiler
     for _ in range(reps):
         dec.kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, x["slots"], state_v_first=v_first,
                        A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0, target="triton")
@@ -35,7 +36,7 @@ def prepare(reps: int = 4):
     q = torch.randn(s, d, device="cuda") * (2.0 / d ** 0.5)
     o, m, l = torch.empty(s, t, d, device="cuda"), torch.empty(s, t, device="cuda"), torch.empty(s, t, device="cuda")
     cfg = dict(BD=256, WARPS=8, REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True,
-               KEEP="last", DROP="first", num_warps=8)
+               KEEP="last", DROP="first", ROWS3D=True, num_warps=8)
     kern = ar.prepare_kernel("triton")
     for _ in range(reps):
         kern(v, q, o, m, l, 1e-6, NB=8, SB=8, **cfg)

@@ -54,7 +54,7 @@ ROLLBACK_CONFIGS = [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 2}, {"BV
 SMALL_GRID = 8192       # programs at BV=64 below which the config is picked, not tuned (132 SMs x ~62)
 
 
-def _small_grid_bv(rows: int, vdim: int, device, tokens: int = 0) -> dict:
+def _small_grid_config(rows: int, vdim: int, device, tokens: int = 0) -> dict:
     """The pinned config on a GPU when rows (N * HV) x V-tiles of 64 is a small grid, {} elsewhere
     (the tuner, or the first config on a CPU). There the tuner's do_bench timings are host-bound
     noise (it once picked BV 128 at N = 16, 1.8 TB/s; KDA run 27 two warps, 70 vs 58 µs), so the
@@ -385,7 +385,7 @@ def kda_decode(q, k, v, g, beta, state_pool, slots, *, scale=None, use_qk_l2norm
         cx["UPDATE"] = False
     if state_v_first:
         cx["VFIRST"] = True
-    cx.update(_small_grid_bv(n * hv, vdim, q.device, tokens=t))
+    cx.update(_small_grid_config(n * hv, vdim, q.device, tokens=t))
     _fused(kda_decode_step, target)(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
                             state_pool, _int32(slots), o, a_log, dtb, rk, ru, rg, scale, lb, **cx)
     return o, replay
@@ -429,7 +429,7 @@ def kda_rollback(state_pool, slots, checkpoint, replay, accepted, *, state_v_fir
         _fused(kda_replay_prefix, target)(state_pool, _int32(slots), ckpt, rows, replay.k.contiguous(),
                                   replay.u.contiguous(), replay.g.contiguous(), _int32(accepted),
                                   BK=max(16, next_pow2(kdim)), **({"VFIRST": True} if state_v_first else {}),
-                                  **_small_grid_bv(n * hv, vdim, state_pool.device))
+                                  **_small_grid_config(n * hv, vdim, state_pool.device))
     return state_pool
 
 
