@@ -82,6 +82,25 @@ def test_causal_prefill_scores(target):
     assert torch.isneginf(got[torch.ones(t, t, dtype=torch.bool).triu(1)]).all(), seed       # causal
 
 
+@pytest.mark.parametrize("n, config", [(1, {"PB": 1}), (1, {"PB": 2}), (2, {"NQ": 2, "PB": 1})])
+def test_keys_major_scoring(n, config):
+    """The KEYS_MAJOR bf16 scorer (keys on the dot's rows, head sum along its columns, the [keys,
+    tokens] result transposed back) on the Triton interpreter: ragged contexts, shuffled pages."""
+    g, seed = _gen()
+    cache, table, qc, qs, w, ks, ke = C.paged_setup([150, 20, 67], n, 16, g)
+    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="bf16", config={**config, "KEYS_MAJOR": True},
+                              target="triton")
+    _scores_check(got, (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(),
+                        ks.numpy(), ke.numpy(), got.shape[1]))
+
+
+def test_indexer_config_keys_are_checked():
+    g, _ = _gen()
+    cache, table, qc, qs, w, ks, ke = C.paged_setup([20], 1, 16, g)
+    with pytest.raises(K31Error, match="not indexer constexprs"):
+        I.lightning_indexer(qc, qs, cache, table, w, ks, ke, config={"BK": 2}, target="numpy")
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_decode_with_drafts_then_topk(n):
     """next_n = 1..4 query tokens per sequence (per-token limits), ragged contexts incl. ones
@@ -275,6 +294,7 @@ def test_prolog_bad_inputs():
 LI_DECODE = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
 LI_PREFILL = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
 LI_BF16 = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
+LI_KEYS_MAJOR = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1, MMA_BF16=True, KEYS_MAJOR=True)
 TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True, BL=8192)
 TOPK_STAGE1 = Specialised(topk_segments, KP=2048, BL=8192)
 TOPK_ORDER = Specialised(topk_order)
@@ -285,5 +305,5 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
+    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
                                           "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"], tmp_path, index_types=("int32",))

@@ -138,12 +138,31 @@ def indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB):
     return k.sum(k.reshape(r, (NQ, H, BS)), axis=1)
 
 
+@k.func
+def indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB):
+    """`indexer_page_scores_bf16` with the keys as the dot's rows: logits [PB*64, NQ*H], so the
+    sum over heads runs along the MMA's columns (inside a thread and its quad: no cross-warp
+    reduction per page), and the dequantized key tile can feed the MMA from registers."""
+    BS = PB * 64
+    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
+    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
+    kd = k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
+    r = k.relu(k.dot(kd, qd.T)) * w[None, :]
+    return k.sum(k.reshape(r, (BS, NQ, H)), axis=2).T
+
+
 # (NQ query tokens, PB pages) per program -> warps. Decode fixes NQ/PB from the tokens per
 # sequence (these then only set num_warps); prefill lets the autotuner choose among all of them.
 # M = NQ * 64 rows of the dot, one warpgroup per 64 rows.
+# KEYS_MAJOR (bf16 scoring only; the fp8 path ignores it) puts the keys on the dot's rows:
+# sm_90a, NQ 1: 20 -> 10 barriers and 80 -> 4 shuffles per kernel, 128 -> 158 registers at PB 1.
 LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, {"NQ": 1, "PB": 1, "num_warps": 4},
               {"NQ": 2, "PB": 2, "num_warps": 8}, {"NQ": 2, "PB": 1, "num_warps": 4},
-              {"NQ": 4, "PB": 1, "num_warps": 8}]
+              {"NQ": 4, "PB": 1, "num_warps": 8},
+              {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4},
+              {"NQ": 1, "PB": 2, "KEYS_MAJOR": True, "num_warps": 4},
+              {"NQ": 1, "PB": 2, "KEYS_MAJOR": True, "num_warps": 8},
+              {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4}]
 
 
 @k.kernel(configs=LI_CONFIGS)
@@ -153,7 +172,7 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
                             ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], scores: k.Tensor[k.f32, "T", "L"],
                             n_per_seq: k.i32, nsplit: k.i32,
                             H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1,
-                            MMA_BF16: k.constexpr = False):
+                            MMA_BF16: k.constexpr = False, KEYS_MAJOR: k.constexpr = False):
     # Program (b, qb, sp): tokens b*n + qb*NQ .. (+NQ) of sequence b against the key blocks of
     # split sp. Only blocks that hold some [ks, ke) position are scored; the rest are filled
     # with -inf (no runtime branches in the DSL: three loops with computed bounds).
@@ -184,7 +203,10 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
         for kb in range(k.maximum(a, blo), k.minimum(z, bhi)):
             pages = block_table[b, k.span(kb * PB, PB, other=-1)]
             if MMA_BF16:
-                sc = indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB)
+                if KEYS_MAJOR:
+                    sc = indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB)
+                else:
+                    sc = indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB)
             else:
                 sc = indexer_page_scores(q0, q1, q2, q3, s0, s1, s2, s3, w, kc, ksc, pages, NQ, H, PB)
             pos = kb * BS + k.arange(BS)
@@ -276,7 +298,8 @@ def _li_config(n: int) -> dict:
 
 
 def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
-                      mma: str = "fp8", nsplit: int | None = None, target: str | None = None):
+                      mma: str = "fp8", nsplit: int | None = None, config: dict | None = None,
+                      target: str | None = None):
     """Indexer scores over the paged MXFP8 key cache -> fp32 [T, max_len].
 
     q_codes float8_e4m3fn [T, H, 128], q_scales float8_e8m0fnu [T, H, 4] (MXFP8 of the rotated
@@ -286,7 +309,9 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     speculative drafts; B = 1, n = T for one prefill sequence). max_len defaults to
     max_pages * 64. Positions outside [ks, ke) score -inf. mma="fp8": four fp8 dots (K=32) per page,
     scale products applied to the logits; "bf16": operands dequantized exactly to bf16, one K=128
-    dot (fewer CUDA-core operations per key; the benchmark compares them)."""
+    dot (fewer CUDA-core operations per key; the benchmark compares them). `config` pins kernel
+    constexprs (e.g. {"PB": 1, "KEYS_MAJOR": True}); by default decode fixes NQ (and PB for
+    drafts) and the GPU tuner chooses the rest."""
     import torch
     target = resolve_target(target)
     op = "lightning_indexer"
@@ -323,6 +348,11 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         return scores
     n = t // b
     cfg = _li_config(n)
+    if config:
+        unknown = set(config) - {"NQ", "PB", "KEYS_MAJOR", "num_warps"}
+        if unknown:
+            raise K31Error(f"{op}: config keys {sorted(unknown)} are not indexer constexprs (NQ, PB, KEYS_MAJOR, num_warps)")
+        cfg = {**cfg, **config}
     if nsplit is None:         # key splits: ~512 programs in all (counted for NQ = 1 in prefill)
         blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
         progs = b * -(-n // cfg.get("NQ", 1))

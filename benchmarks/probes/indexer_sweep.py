@@ -1,0 +1,64 @@
+"""Probe: the decode Lightning Indexer (bf16 scoring, one query token per sequence) over pinned
+configs x key splits, at the DSA benchmark's shapes. Heads-major (the dot [64 heads, 128] x
+[128, keys], the head sum across warps) against KEYS_MAJOR ([keys, 128] x [128, 64 heads], the head
+sum inside a quad), with PB pages per step and nsplit programs per sequence (the tail of the last
+wave depends on programs per SM: 4 at 128 registers, 3 at 158, 2 at 239). Every variant's scores
+are checked against the heads-major default first. CUDA-graph medians; writes
+results/indexer_sweep.json and .md.
+
+    python benchmarks/probes/indexer_sweep.py [--shapes 64x32768,32x131072]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CONFIGS = [{"PB": 1, "num_warps": 4}, {"PB": 1, "KEYS_MAJOR": True, "num_warps": 4},
+           {"PB": 2, "KEYS_MAJOR": True, "num_warps": 4}, {"PB": 2, "KEYS_MAJOR": True, "num_warps": 8}]
+SPLITS = [4, 6, 8, 12, 16]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    import harness
+    from dsa import make_step
+    from k31dsl.ops.dsa.indexer import lightning_indexer
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="64x32768,32x131072")
+    args = ap.parse_args(argv)
+    rows = []
+    for shape in args.shapes.replace("+", ",").split(","):
+        b, length = map(int, shape.split("x"))
+        (qc, qs, w, icache, *_rest), _ = make_step(b, length, 2048, 64, 128, "cuda")
+        table, ks, ke = _rest[2], _rest[3], _rest[4]
+        floor_ms = b * length * 132 / 4.28e12 * 1e3
+
+        def call(cfg, ns):
+            return lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", nsplit=ns, config=cfg,
+                                     target="triton")
+        want = call(CONFIGS[0], 8)
+        scale = float(want.abs().max())
+        for cfg in CONFIGS:
+            for ns in SPLITS:
+                got = call(cfg, ns)
+                err = float((got - want).abs().max()) / scale
+                ms = harness.graph_median_ms(lambda: call(cfg, ns))
+                row = {"shape": f"B={b} L={length}", "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
+                       "nsplit": ns, "programs": b * ns, "graph ms": ms, "x floor": ms / floor_ms,
+                       "key TB/s": b * length * 132 / (ms * 1e-3) / 1e12, "max err / max|score|": err}
+                rows.append(row)
+                print(row, flush=True)
+    cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
+    harness.write("indexer_sweep", {"env": harness.environment(), "rows": rows}, cols, rows,
+                  notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
+                        "Floor: B*L*132 B at 4.28 TB/s.")
+    harness.print_table(cols, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
