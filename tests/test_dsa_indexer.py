@@ -94,6 +94,22 @@ def test_keys_major_scoring(n, config):
                         ks.numpy(), ke.numpy(), got.shape[1]))
 
 
+def test_key_splits_fill_whole_waves():
+    """The decode split count: whole waves at the pinned config's occupancy (B=64 L=32K on 132 SMs
+    x 3: 6 splits = 384 programs, not 8 = 512), and the cheapest count a brute force finds."""
+    assert I.key_splits(64, 512, 396) == 6 and I.key_splits(32, 2048, 396) == 12
+    rng = np.random.default_rng()
+    for _ in range(50):
+        progs, blocks, slots = int(rng.integers(1, 300)), int(rng.integers(1, 80)), int(rng.integers(8, 400))
+
+        def cost(s):
+            per = -(-blocks // s)
+            return -(-progs * -(-blocks // per) // slots) * (per + 2)
+        got = I.key_splits(progs, blocks, slots)
+        cap = min(blocks, 4 * -(-slots // progs))
+        assert 1 <= got <= max(1, cap) and cost(got) == min(cost(s) for s in range(1, max(1, cap) + 1))
+
+
 def test_indexer_config_keys_are_checked():
     g, _ = _gen()
     cache, table, qc, qs, w, ks, ke = C.paged_setup([20], 1, 16, g)

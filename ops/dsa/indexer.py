@@ -31,6 +31,8 @@ tokens against pages of keys; the fused LI+SFA decode kernel calls them too.
 """
 from __future__ import annotations
 
+import functools
+
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
@@ -282,19 +284,46 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
     return cache
 
 
-def _li_config(n: int) -> dict:
+# The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps (sm_90a:
+# 158 registers, three programs per SM). Probe of 1 Dec (probes/indexer_sweep.py, H200): B=64 L=32K
+# 0.180 ms at 384 programs (one whole wave) against 0.250 for the best heads-major config, whose
+# 128 registers fit four per SM; at 512 programs (1.3 waves) KEYS_MAJOR took 0.245.
+DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4}
+DECODE_BF16_PER_SM = 3
+SM_COUNT = 132                      # H200; the GPU's own count is used when there is one
+
+
+def _li_config(n: int, h: int, mma: str) -> dict:
     """Tokens per program NQ (rows NQ*64 of the dot) and pages per step PB for decode: all n <= 4
-    tokens of a sequence share each key page they load. One token per sequence leaves PB to the
-    Triton runtime, which on a GPU tunes between the two NQ = 1 configs (elsewhere the first, PB
-    2): on sm_90a (bf16 scoring, 4 warps) PB 2 takes 179 registers (two programs per SM) and PB 1
-    128 (four), and the B=64 decode step's indexer ran at 3.4x its byte floor with PB 2.
-    Prefill (n > 4) fixes nothing: the runtime tunes over every config."""
+    tokens of a sequence share each key page they load. One token per sequence with bf16 scoring
+    at 64 heads pins DECODE_BF16 (the split count is then chosen for its occupancy); otherwise
+    NQ = 1 leaves PB to the Triton runtime, which on a GPU tunes between the NQ = 1 configs
+    (elsewhere the first). Prefill (n > 4) fixes nothing: the runtime tunes over every config."""
     if n == 1:
-        return {"NQ": 1}
+        return dict(DECODE_BF16) if mma == "bf16" and h == 64 else {"NQ": 1}
     if n <= 4:
         nq = next_pow2(n)
         return {"NQ": nq, "PB": 1 if nq == 4 else 2}
     return {}
+
+
+@functools.lru_cache(maxsize=256)
+def key_splits(programs: int, blocks: int, slots: int, setup_blocks: int = 2) -> int:
+    """Key splits per program row so that the grid fills whole waves: the split count s minimising
+    waves(s) * (blocks per program + setup), where a program scores per = cdiv(blocks, s) key
+    blocks, cdiv(blocks, per) programs per row have work and `slots` programs run at once. Ties go
+    to fewer splits. (512 programs at three per SM on 132 SMs are 1.3 waves: 0.245 ms against
+    0.180 at 384.)"""
+    best, best_cost = 1, None
+    for s_ in range(1, max(1, min(blocks, 4 * -(-slots // programs))) + 1):     # up to 4 waves' worth
+        per = -(-blocks // s_)
+        if s_ > 1 and -(-blocks // per) < s_:        # same split as a smaller count: skip
+            continue
+        waves = -(-programs * -(-blocks // per) // slots)
+        cost = waves * (per + setup_blocks)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s_, cost
+    return best
 
 
 def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
@@ -347,16 +376,21 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     if t == 0 or max_len == 0:
         return scores
     n = t // b
-    cfg = _li_config(n)
+    cfg = _li_config(n, h, mma)
     if config:
         unknown = set(config) - {"NQ", "PB", "KEYS_MAJOR", "num_warps"}
         if unknown:
             raise K31Error(f"{op}: config keys {sorted(unknown)} are not indexer constexprs (NQ, PB, KEYS_MAJOR, num_warps)")
         cfg = {**cfg, **config}
-    if nsplit is None:         # key splits: ~512 programs in all (counted for NQ = 1 in prefill)
+    if nsplit is None:
         blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
         progs = b * -(-n // cfg.get("NQ", 1))
-        nsplit = max(1, min(blocks, -(-512 // progs)))
+        if cfg == DECODE_BF16:                 # its occupancy is known: fill whole waves
+            sms = torch.cuda.get_device_properties(q_codes.device).multi_processor_count \
+                if q_codes.is_cuda else SM_COUNT
+            nsplit = key_splits(progs, blocks, sms * DECODE_BF16_PER_SM)
+        else:                                  # ~512 programs in all (counted for NQ = 1 in prefill)
+            nsplit = max(1, min(blocks, -(-512 // progs)))
     kc, ksc = indexer_cache_views(cache)
     lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
                                     block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h, **cfg,
