@@ -101,24 +101,6 @@ def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("H, bk", [(5, 16), (20, 32)])
-def test_sfa_v_halves_match_oracle(target, H, bk):
-    """VSPLIT = 2: a program per output half (the score tile computed by both, the program's own
-    latent tiles first); lse written once; ragged heads, invalid and duplicate indices, a lonely
-    query."""
-    g = _gen()
-    cache = _filled_cache(g, 3)
-    n = 3 * A.PAGE
-    q = torch.randn(3, H, A.LATENT + A.ROPE, generator=g).bfloat16()
-    idx = torch.randint(-2, n + 3, (3, 70), generator=g, dtype=torch.int32)
-    idx[0, 1::3] = idx[0, 0]
-    idx[-1] = -1
-    o, lse = A.sparse_mla_attention(q, cache, idx, 0.135234, target=target, BK=bk, VSPLIT=2)
-    _check_sfa(o, lse, q, cache, idx, 0.135234)
-    assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
-
-
-@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("split", [1, 3])
 def test_sfa_prefetch_changes_nothing(target, split):
     """PREFETCH gathers block j + 1 before folding block j (the step graph's GPU form): the same

@@ -42,12 +42,6 @@ SFA_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 8}, {"BH": 64, "BK": 64, "num_w
                {"BH": 32, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 16, "num_warps": 4},
                {"BH": 16, "BK": 32, "num_warps": 8}, {"BH": 32, "BK": 32, "num_warps": 8},
                {"BH": 16, "BK": 32, "num_warps": 8, "PREFETCH": True}, {"BH": 32, "BK": 32, "num_warps": 8, "PREFETCH": True}]
-# The unsplit kernel also tries the V-half form (VSPLIT 2; sm_90a, BH 64 / BK 32 / 4 warps: in-loop
-# spill reloads 110 -> 42 per block and 64x32 score MMAs instead of 64x16, at twice the score MMAs).
-SFA_FWD_CONFIGS = SFA_CONFIGS + [{"BH": 64, "BK": 32, "VSPLIT": 2, "num_warps": 4},
-                                 {"BH": 64, "BK": 32, "VSPLIT": 2, "num_warps": 8},
-                                 {"BH": 32, "BK": 32, "VSPLIT": 2, "num_warps": 4},
-                                 {"BH": 32, "BK": 64, "VSPLIT": 2, "num_warps": 4}]
 SM_COUNT = 132                     # H200: the split heuristic's target of >= ~4 programs per SM
 
 
@@ -206,98 +200,24 @@ def empty_online_state(BH):
             k.zeros((BH, 128), k.f32), k.zeros((BH, 128), k.f32), k.zeros((BH, 128), k.f32))
 
 
-# The V-half form (VSPLIT = 2): program (query, head block, half vh) computes the full score tile
-# but accumulates only output columns [256 vh, 256 vh + 256): two [BH, 128] fp32 accumulators
-# instead of four, so BH 64 fits one warpgroup (4 warps, the dot's N = BK whole) without
-# spilling; the score MMAs are done twice per (query, head block). The program's own two latent
-# tiles come first in every list (tile order only changes the fp32 summation order of s).
-
-@k.func
-def half_tiles(vh):
-    """Latent tile numbers (own half first): the two this program accumulates, then the others."""
-    return 2 * vh, 2 * vh + 1, 2 - 2 * vh, 3 - 2 * vh
-
-
-@k.func
-def load_query_half(q, t, h0, vh, BH):
-    """The query's latent tiles in half_tiles order, and its rope part, as bf16."""
-    g0, g1, g2, g3 = half_tiles(vh)
-    return (q[t, k.span(h0, BH), k.span(g0 * 128, 128, other=0.0)].to(k.bf16),
-            q[t, k.span(h0, BH), k.span(g1 * 128, 128, other=0.0)].to(k.bf16),
-            q[t, k.span(h0, BH), k.span(g2 * 128, 128, other=0.0)].to(k.bf16),
-            q[t, k.span(h0, BH), k.span(g3 * 128, 128, other=0.0)].to(k.bf16),
-            q[t, k.span(h0, BH), k.span(512, 64, other=0.0)].to(k.bf16))
-
-
-@k.func
-def online_block_half(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, vh, sm_scale, m, l, a0, a1):
-    """online_block for the V-half form: the score over all four tiles (half_tiles order), the
-    probabilities applied to the program's own two tiles only."""
-    g0, g1, g2, g3 = half_tiles(vh)
-    c0 = codes[idx, k.span(g0 * 128, 128, other=0.0)].to(k.bf16)
-    c1 = codes[idx, k.span(g1 * 128, 128, other=0.0)].to(k.bf16)
-    c2 = codes[idx, k.span(g2 * 128, 128, other=0.0)].to(k.bf16)
-    c3 = codes[idx, k.span(g3 * 128, 128, other=0.0)].to(k.bf16)
-    s0 = k.load(scales, (idx, 128 + g0), other=0.0)
-    s1 = k.load(scales, (idx, 128 + g1), other=0.0)
-    s2 = k.load(scales, (idx, 128 + g2), other=0.0)
-    s3 = k.load(scales, (idx, 128 + g3), other=0.0)
-    kr = rope[idx, k.span(264, 64, other=0.0)]
-    s = k.dot(ql0, c0.T) * s0[None, :] + k.dot(ql1, c1.T) * s1[None, :] + \
-        k.dot(ql2, c2.T) * s2[None, :] + k.dot(ql3, c3.T) * s3[None, :] + k.dot(qr, kr.T)
-    s = k.where(valid[None, :], s * sm_scale, float("-inf"))
-    m_new = k.maximum(m, k.max(s, axis=1))
-    m_safe = k.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = k.exp(m - m_safe)
-    p = k.exp(s - m_safe[:, None])
-    l = l * alpha + k.sum(p, axis=1)
-    a0 = a0 * alpha[:, None] + k.dot((p * s0[None, :]).to(k.bf16), c0)
-    a1 = a1 * alpha[:, None] + k.dot((p * s1[None, :]).to(k.bf16), c1)
-    return m_new, l, a0, a1
-
-
-@k.func
-def attend_half(q, codes, scales, rope, indices, o, lse, t, h0, vh, sm_scale, BH, BK):
-    """Query t, heads [h0, h0 + BH), output columns of half vh: the whole online softmax, then o
-    (and lse, written by half 0)."""
-    ql0, ql1, ql2, ql3, qr = load_query_half(q, t, h0, vh, BH)
-    m, l, a0, a1, _, _ = empty_online_state(BH)
-    n_slots = codes.shape[0]
-    for j in range(live_blocks(indices, t, n_slots, BK)):
-        idx = indices[t, k.span(j * BK, BK, other=-1)]
-        valid = (idx >= 0) & (idx < n_slots)
-        m, l, a0, a1 = online_block_half(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, vh, sm_scale,
-                                         m, l, a0, a1)
-    ok = l > 0.0
-    inv = 1.0 / k.where(ok, l, 1.0)
-    o[t, k.span(h0, BH), k.span(vh * 256, 128)] = k.where(ok[:, None], a0 * inv[:, None], 0.0).to(k.bf16)
-    o[t, k.span(h0, BH), k.span(vh * 256 + 128, 128)] = k.where(ok[:, None], a1 * inv[:, None], 0.0).to(k.bf16)
-    k.store(lse, (t, k.span(h0, BH)), k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("inf")),
-            mask=(k.arange(BH) < BH - BH * vh))                           # half 0 only
-
-
-@k.kernel(configs=SFA_FWD_CONFIGS)
+@k.kernel(configs=SFA_CONFIGS)
 def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
                              scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
                              indices: k.Tensor[k.i32, "T", "K"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                              lse: k.Tensor[k.f32, "T", "H"], sm_scale: k.f32,
                              QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 32,
-                             PREFETCH: k.constexpr = False, VSPLIT: k.constexpr = 1):
+                             PREFETCH: k.constexpr = False):
     # One program: query t, heads [h0, h0 + BH), all its indices in blocks of BK. PREFETCH: the
     # next block's records are gathered before this block's math (two gathers in flight).
-    # VSPLIT 2: the V-half form (attend_half), a program per output half.
-    for t, hb, vh in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), VSPLIT):
+    for t, hb in k.grid(q.shape[0], k.cdiv(q.shape[1], BH)):
         h0 = hb * BH
-        if VSPLIT == 2:
-            attend_half(q, codes, scales, rope, indices, o, lse, t, h0, vh, sm_scale, BH, BK)
-        else:
-            ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
-            m, l, a0, a1, a2, a3 = empty_online_state(BH)
-            n_slots = codes.shape[0]
-            m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, 0,
-                                                 live_blocks(indices, t, n_slots, BK), n_slots, sm_scale,
-                                                 m, l, a0, a1, a2, a3, BK, PREFETCH)
-            finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
+        ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
+        m, l, a0, a1, a2, a3 = empty_online_state(BH)
+        n_slots = codes.shape[0]
+        m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, 0,
+                                             live_blocks(indices, t, n_slots, BK), n_slots, sm_scale,
+                                             m, l, a0, a1, a2, a3, BK, PREFETCH)
+        finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH)
 
 
 @k.kernel(configs=SFA_CONFIGS)
