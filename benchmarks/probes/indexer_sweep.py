@@ -37,9 +37,11 @@ def main(argv=None) -> int:
 
     import harness
     from dsa import make_step
-    from k31dsl.ops.dsa.indexer import lightning_indexer
+    from k31dsl.ops.dsa.indexer import DECODE_BF16, lightning_indexer
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
+    ap.add_argument("--stages", action="store_true",
+                    help="only the pinned decode config at its own split count, at num_stages 2..6")
     args = ap.parse_args(argv)
     rows = []
     for shape in args.shapes.replace("+", ",").split(","):
@@ -53,18 +55,20 @@ def main(argv=None) -> int:
                                      target="triton")
         want = call(CONFIGS[0], 8)
         scale = float(want.abs().max())
-        for cfg in CONFIGS:
-            for ns in splits_for(b):
-                got = call(cfg, ns)
-                err = float((got - want).abs().max()) / scale
-                ms = harness.graph_median_ms(lambda: call(cfg, ns))
-                row = {"shape": f"B={b} L={length}", "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
-                       "nsplit": ns, "programs": b * ns, "graph ms": ms, "x floor": ms / floor_ms,
-                       "key TB/s": b * length * 132 / (ms * 1e-3) / 1e12, "max err / max|score|": err}
-                rows.append(row)
-                print(row, flush=True)
+        plan = [(cfg, ns) for cfg in CONFIGS for ns in splits_for(b)]
+        if args.stages:
+            plan = [({**DECODE_BF16, "num_stages": st}, None) for st in (2, 3, 4, 5, 6)]
+        for cfg, ns in plan:
+            got = call(cfg, ns)
+            err = float((got - want).abs().max()) / scale
+            ms = harness.graph_median_ms(lambda: call(cfg, ns))
+            row = {"shape": f"B={b} L={length}", "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
+                   "nsplit": ns or "auto", "programs": b * ns if ns else "", "graph ms": ms, "x floor": ms / floor_ms,
+                   "key TB/s": b * length * 132 / (ms * 1e-3) / 1e12, "max err / max|score|": err}
+            rows.append(row)
+            print(row, flush=True)
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
-    harness.write("indexer_sweep", {"env": harness.environment(), "rows": rows}, cols, rows,
+    harness.write("indexer_sweep_stages" if args.stages else "indexer_sweep", {"env": harness.environment(), "rows": rows}, cols, rows,
                   notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
                         "Floor: B*L*132 B at 4.28 TB/s.")
     harness.print_table(cols, rows)

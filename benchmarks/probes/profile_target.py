@@ -2,7 +2,8 @@
 config (no autotuning under the profiler). `decode`: the KDA decode step at N = 64, H = 96, [V,K]
 pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23); `decode_kv`: the [K,V] pool at BV 64 /
 4 warps; `prepare`: the AttnRes prepare at n = 8, T = 8192, D = 7168, S = 6 in the tuned config
-(BD 256, 8 warps, L2 hints, ROWS3D sweep 1: KDA-session run 30; run 26 profiled it without ROWS3D).
+(BD 256, 8 warps, L2 hints, ROWS3D sweep 1: KDA-session run 30; run 26 profiled it without ROWS3D);
+`dsa_step`: the unfused DSA decode step at B = 64, L = 32K (indexer, top-k, slots, SFA).
 
     ncu --clock-control none -k regex:kda_decode_step --launch-skip 2 --launch-count 1 \\
         python3 benchmarks/probes/profile_target.py decode
@@ -42,6 +43,23 @@ def prepare(reps: int = 4):
         kern(v, q, o, m, l, 1e-6, NB=8, SB=8, **cfg)
 
 
+def dsa_step(reps: int = 4, b: int = 64, length: int = 32768):
+    """The unfused DSA decode step's launches at B=64, L=32K (benchmarks/dsa.py's inputs): the
+    indexer in its pinned decode config, top-k (set), slots, SFA at BH 64 / BK 32 / 8 warps (the
+    tuned config of DSA runs 10-14): no tuner under the profiler."""
+    from dsa import SM_SCALE, make_step
+    from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa.indexer import lightning_indexer
+    from k31dsl.ops.dsa.topk import topk
+    (qc, qs, w, icache, mq, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda")
+    for _ in range(reps):
+        scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
+        pos = topk(scores, 2048, sorted=False, target="triton")
+        slots = A.slots_of_positions(pos, table, 1, target="triton")
+        A.sparse_mla_attention(mq, mcache, slots, SM_SCALE, target="triton", BH=64, BK=32, num_warps=8)
+
+
 if __name__ == "__main__":
-    {"decode": decode, "decode_kv": lambda: decode(v_first=False), "prepare": prepare}[sys.argv[1]]()
+    {"decode": decode, "decode_kv": lambda: decode(v_first=False), "prepare": prepare,
+     "dsa_step": dsa_step}[sys.argv[1]]()
     torch.cuda.synchronize()
