@@ -141,25 +141,13 @@ def indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB):
 
 
 @k.func
-def scale_words_f32(wd):
-    """Words [BS] i32 holding a token's 4 E8M0 scale bytes (group g in byte g, little-endian) ->
-    the scales [BS, 4] f32: 2^(byte - 127), byte 0 -> 2^-127 (subnormal), 255 -> NaN."""
-    e = (wd[:, None] >> (8 * k.arange(4))[None, :]) & 0xFF
-    bits = k.where(e == 0, 0x00400000, k.where(e == 255, 0x7FC00000, e << 23))
-    return bits.bitcast(k.f32)
-
-
-@k.func
-def indexer_page_scores_keys_major(qd, w, kc, ksw, pages, NQ, H, PB):
+def indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB):
     """`indexer_page_scores_bf16` with the keys as the dot's rows: logits [PB*64, NQ*H], so the
     sum over heads runs along the MMA's columns (inside a thread and its quad: no cross-warp
-    reduction per page), and the dequantized key tile can feed the MMA from registers. The scales
-    come as one i32 word per token (`ksw`, see indexer_cache_views): a 4-byte load the Triton
-    pipeliner turns into cp.async, where the [64, 4] byte tile was a synchronous 2-byte load per
-    thread in every step."""
+    reduction per page), and the dequantized key tile can feed the MMA from registers."""
     BS = PB * 64
     c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
-    sc = scale_words_f32(k.reshape(k.load(ksw, (pages, k.span(0, 64)), other=0x7F7F7F7F), (BS,)))
+    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
     kd = k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
     r = k.relu(k.dot(kd, qd.T)) * w[None, :]
     return k.sum(k.reshape(r, (BS, NQ, H)), axis=2).T
@@ -182,8 +170,7 @@ LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, {"NQ": 1, "PB": 1, "num_warps"
 @k.kernel(configs=LI_CONFIGS)
 def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales: k.Tensor[k.e8m0, "T", "H", "D // 32"],
                             weights: k.Tensor[k.f32, "T", "H"], kc: k.Tensor[k.f8e4m3, "P", "PG", "D"],
-                            ksc: k.Tensor[k.e8m0, "P", "PG", "D // 32"], ksw: k.Tensor[k.i32, "P", "PG"],
-                            block_table: k.Tensor[k.i32, "B", "MP"],
+                            ksc: k.Tensor[k.e8m0, "P", "PG", "D // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
                             ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], scores: k.Tensor[k.f32, "T", "L"],
                             n_per_seq: k.i32, nsplit: k.i32,
                             H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1,
@@ -219,7 +206,7 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             pages = block_table[b, k.span(kb * PB, PB, other=-1)]
             if MMA_BF16:
                 if KEYS_MAJOR:
-                    sc = indexer_page_scores_keys_major(qd, w, kc, ksw, pages, NQ, H, PB)
+                    sc = indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB)
                 else:
                     sc = indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB)
             else:
@@ -253,17 +240,14 @@ def _check_cache(op: str, cache):
                        hint="use fewer pages per cache tensor")
 
 
-def indexer_cache_views(cache, words: bool = False):
+def indexer_cache_views(cache):
     """(codes float8_e4m3fn [P, 64, 128], scales float8_e8m0fnu [P, 64, 4]): strided views of the
-    block-split pages (no copy). words=True adds the scales as int32 [P, 64], one word per token
-    (its 4 scale bytes, group g in byte g: the cache is little-endian like every CUDA GPU)."""
+    block-split pages (no copy)."""
     import torch
     _check_cache("indexer_cache_views", cache)
     p = cache.shape[0]
     codes = cache[:, :CODE_BYTES].view(torch.float8_e4m3fn).view(p, PAGE, HEAD_DIM)
     scales = cache[:, CODE_BYTES:].view(torch.float8_e8m0fnu).view(p, PAGE, GROUPS)
-    if words:
-        return codes, scales, cache.view(torch.int32)[:, CODE_BYTES // 4:]
     return codes, scales
 
 
@@ -300,11 +284,15 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
     return cache
 
 
-# The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps (sm_90a:
-# 158 registers, three programs per SM). Probe of 1 Dec (probes/indexer_sweep.py, H200): B=64 L=32K
-# 0.180 ms at 384 programs (one whole wave) against 0.250 for the best heads-major config, whose
-# 128 registers fit four per SM; at 512 programs (1.3 waves) KEYS_MAJOR took 0.245.
-DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4}
+# The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps, 5
+# pipeline stages (sm_90a: 157 registers, three programs per SM). Probes of 1 Dec
+# (probes/indexer_sweep.py, H200): B=64 L=32K 0.180 ms at 384 programs (one whole wave) against
+# 0.250 for the best heads-major config, whose 128 registers fit four per SM; at 512 programs
+# (1.3 waves) KEYS_MAJOR took 0.245. num_stages 2/3/4/5: 0.184/0.182/0.182/0.152 ms (B=32 L=128K:
+# 0.360/0.355/0.355/0.295). Tried and taken out: the scales as one i32 word per token (a 4-byte
+# cp.async instead of a synchronous 2-byte load per thread each step; ncu had 40 % of the stalls
+# on L1TEX): the codes' layout changed with it and it lost (0.169 ms at 5 stages).
+DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5}
 DECODE_BF16_PER_SM = 3
 SM_COUNT = 132                      # H200; the GPU's own count is used when there is one
 
@@ -402,14 +390,14 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     if nsplit is None:
         blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
         progs = b * -(-n // cfg.get("NQ", 1))
-        if all(cfg.get(k_) == v for k_, v in DECODE_BF16.items()):    # its occupancy is known: whole waves
+        if all(cfg.get(k_) == v for k_, v in DECODE_BF16.items() if k_ != "num_stages"):   # known occupancy
             sms = torch.cuda.get_device_properties(q_codes.device).multi_processor_count \
                 if q_codes.is_cuda else SM_COUNT
             nsplit = key_splits(progs, blocks, sms * DECODE_BF16_PER_SM)
         else:                                  # ~512 programs in all (counted for NQ = 1 in prefill)
             nsplit = max(1, min(blocks, -(-512 // progs)))
-    kc, ksc, ksw = indexer_cache_views(cache, words=True)
-    lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc, ksw,
+    kc, ksc = indexer_cache_views(cache)
+    lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
                                     block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h, **cfg,
                                     **({"MMA_BF16": True} if mma == "bf16" else {}))
     return scores
