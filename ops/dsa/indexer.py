@@ -381,6 +381,8 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         return scores
     n = t // b
     cfg = _li_config(n, h, mma)
+    if mma == "fp8":                  # KEYS_MAJOR is a bf16-scoring choice: not a config to tune here
+        cfg["KEYS_MAJOR"] = False
     if config:
         unknown = set(config) - {"NQ", "PB", "KEYS_MAJOR", "num_warps", "num_stages"}
         if unknown:
