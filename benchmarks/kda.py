@@ -244,10 +244,10 @@ def prefill_rows(names, budget: float, variants=True, save=None, gate="lb"):
         others = [(*o, kw) for o in others]
         if gate == "softplus":         # the sub-chunk prep's tilings (the whole-chunk prep needs the bound)
             others = [(f"k31dsl softplus gate, {p} prep chunk {c}", c, p, kw)
-                      for c, p in ((16, "sub"), (64, "pair"), (32, "sub"), (64, "sub")) if (c, p) != tiling]
+                      for c, p in ((16, "sub"), (32, "pair"), (64, "pair"), (32, "sub"), (64, "sub")) if (c, p) != tiling]
         elif name == "T8192_H96":        # the softplus gate (no lower bound; sub prep at 64 took 20.4 ms in run 18)
             soft = dict(kw, lower_bound=None)
-            others += [("k31dsl softplus gate, sub-prep halves paired into chunk 32 (its default)", 32, "pair", soft)]
+            others += [("k31dsl softplus gate, sub prep chunk 16 (its default)", 16, "sub", soft)]
         soft_ref = None
         for label, chunk, prep, kwx in others:
             fnw = ours(args, kwx, "triton", chunk, prep=prep)

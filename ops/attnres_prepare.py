@@ -13,7 +13,10 @@ from k31dsl.ops.common import FLOAT_INPUTS
 # against 1.55 without hints at 4 warps; with the ROWS3D sweep 1, 1.465 ms (KDA-session run 30).
 # Tried and taken out (NOTES, AttnRes): 1-D source-row tiles with chunks kept on chip (2.3-3.9 ms:
 # 32-bit loads, one program per SM latency-bound), a deeper prefetch window (2.0-2.1 ms at 2-3
-# chunks ahead), a TF32 tensor-core probe (6.7-12.7 ms).
+# chunks ahead), a TF32 tensor-core probe (6.7-12.7 ms), sweep 2 on [NB, 1, BD2] tiles with BD2 =
+# 128 x warps so that the sum over the sources stays inside each thread (sm_90a: 28 -> 18 barriers,
+# 179 registers; H200, probes/prepare_configs.py: 1.662 ms at BD2 1024 / 8 warps and 1.710 at
+# BD2 512 / 4 warps against 1.451 for the config below).
 PREPARE_CONFIGS = [{"BD": bd, "WARPS": w, "REDUCE_EACH": re, "UNROLL_SRC": un, "PREFETCH": pf, "num_warps": w}
                    for bd, w, re, un, pf in (
                        (128, 4, False, False, False), (128, 4, False, False, True), (128, 4, True, False, True),
@@ -24,13 +27,6 @@ PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": F
 PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": True,
                      "KEEP": keep, "DROP": "first", "ROWS3D": True, "num_warps": w}
                     for bd, w, keep in ((128, 4, None), (256, 8, "last"), (512, 16, "last"))]
-# SWEEP2_3D: sweep 2 also loads [NB, 1, BD2] source tiles, against the weights as [NB, SB, 1] (made
-# once per row), and reduces over axis 0; with BD2 = 128 x warps every warp lies along the columns,
-# so the sum over the sources stays inside each thread (sm_90a, BD 256 / BD2 1024 / 8 warps: 18
-# barriers in the kernel against 28, 179 registers).
-PREPARE_CONFIGS += [{"BD": bd, "WARPS": w, "REDUCE_EACH": False, "UNROLL_SRC": False, "PREFETCH": True,
-                     "KEEP": keep, "DROP": "first", "ROWS3D": True, "SWEEP2_3D": True, "BD2": 128 * w, "num_warps": w}
-                    for bd, w, keep in ((128, 4, None), (256, 8, "last"))]
 # WARPS is a constexpr the kernels do not read: it carries the warp count through graph-program
 # calls (`p.call` passes constexprs, not launch options) into the fused kernel. Row kernels: BD is the
 # whole row (fixed by the call); configs choose only the warp count. At D = 7168 (BD 8192) the
@@ -95,7 +91,7 @@ def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, RO
 
 @k.func
 def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
-                     PREFETCH, KEEP, DROP, ROWS3D, BD2, SWEEP2_3D):
+                     PREFETCH, KEEP, DROP, ROWS3D):
     """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
     current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
     KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
@@ -110,30 +106,24 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
     else:
         m[k.span(0, SB), t] = zmax
         l[k.span(0, SB), t] = esum
-    chunks2 = k.cdiv(d, BD2)
-    if SWEEP2_3D:
-        e3 = e.T[:, :, None]                # [NB, SB, 1]: the weights in the source tiles' layout, once
     if PREFETCH and not UNROLL_SRC:
-        x_next = _source_chunk(v, t, chunks2 - 1, NB, BD2, DROP, SWEEP2_3D)
-    for jj in range(chunks2):
-        j = chunks2 - 1 - jj                # reverse: the chunks read last are still cached
+        x_next = _source_chunk(v, t, chunks - 1, NB, BD, DROP, False)
+    for jj in range(chunks):
+        j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
         if UNROLL_SRC:
-            acc = k.zeros((SB, BD2), k.f32)
+            acc = k.zeros((SB, BD), k.f32)
             for i in k.static_range(NB):
                 wi = k.sum(k.where((k.arange(NB) == i)[None, :], e, 0.0), axis=1)     # e[:, i]
-                xi = k.load(v, (i, t, k.span(j * BD2, BD2)), other=0.0, evict=DROP).to(k.f32)     # 0 past n
+                xi = k.load(v, (i, t, k.span(j * BD, BD)), other=0.0, evict=DROP).to(k.f32)     # 0 past n
                 acc += wi[:, None] * xi[None, :]
         else:
             if PREFETCH:
                 x = x_next.to(k.f32)
-                x_next = _source_chunk(v, t, j - 1, NB, BD2, DROP, SWEEP2_3D)     # j = 0: no traffic
+                x_next = _source_chunk(v, t, j - 1, NB, BD, DROP, False)      # j = 0: no traffic
             else:
-                x = _source_chunk(v, t, j, NB, BD2, DROP, SWEEP2_3D).to(k.f32)
-            if SWEEP2_3D:
-                acc = k.sum(e3 * x, axis=0)
-            else:
-                acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
-        k.store(o, (k.span(0, SB), t, k.span(j * BD2, BD2)), acc.to(OT), evict=DROP)
+                x = _source_chunk(v, t, j, NB, BD, DROP, False).to(k.f32)
+            acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
+        k.store(o, (k.span(0, SB), t, k.span(j * BD, BD)), acc.to(OT), evict=DROP)
 
 
 @k.kernel(configs=PREPARE_CONFIGS)
@@ -145,7 +135,7 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
                          WARPS: k.constexpr = 4, KEEP: k.constexpr = None, DROP: k.constexpr = None,
-                         ROWS3D: k.constexpr = False, BD2: k.constexpr = 0, SWEEP2_3D: k.constexpr = False):
+                         ROWS3D: k.constexpr = False):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
@@ -157,4 +147,4 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
     # keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
     for t in k.grid(v.shape[1]):
         _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB, BD,
-                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP, ROWS3D, BD2 if BD2 else BD, SWEEP2_3D)
+                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP, ROWS3D)

@@ -367,11 +367,11 @@ def test_kernels_compile_for_hopper(tmp_path):
 def test_default_tiling_is_the_measured_choice():
     """chunk_kda with chunk_size / prep left open: for few (head, sequence) pairs prep halves of
     32 paired into chunk 64, whatever the gate; otherwise the whole-chunk prep at chunk 16 under
-    the lower bound and sub-chunk halves of 16 paired into chunk 32 for the other gates
-    (bit-for-bit the explicit call on numpy); an explicit chunk keeps the unpaired kernels, an
-    explicit prep is kept."""
+    the lower bound and the sub-chunk prep at chunk 16 for the other gates (bit-for-bit the
+    explicit call on numpy); an explicit chunk keeps the unpaired kernels, an explicit prep is
+    kept."""
     from k31dsl.ops.kda.chunk import PAIR_MAX_HEADS, default_tiling
-    assert default_tiling(True) == (16, "wide") and default_tiling(False) == (32, "pair")
+    assert default_tiling(True) == (16, "wide") and default_tiling(False) == (16, "sub")
     assert default_tiling(True, None, None, PAIR_MAX_HEADS) == (64, "pair")
     assert default_tiling(True, None, None, PAIR_MAX_HEADS + 1) == (16, "wide")
     assert default_tiling(False, None, None, 1) == (64, "pair") and default_tiling(False, 64) == (64, "sub")
@@ -384,7 +384,7 @@ def test_default_tiling_is_the_measured_choice():
     g = torch.Generator().manual_seed(seed)
     for gate, hv, batch, want in (("lb", 2, 1, (64, "pair")), ("lb", 2 * PAIR_MAX_HEADS, 1, (16, "wide")),
                                   ("lb", 4, PAIR_MAX_HEADS // 2, (16, "wide")), ("softplus", 2, 1, (64, "pair")),
-                                  ("softplus", 2 * PAIR_MAX_HEADS, 1, (32, "pair"))):
+                                  ("softplus", 2 * PAIR_MAX_HEADS, 1, (16, "sub"))):
         args, kw = make_inputs(g, batch, 45 if batch == 1 else 5, 2, hv, 16, 16, torch.float32, gate)
         o, s = chunk_kda(*args, **kw, output_final_state=True, target="numpy")
         o2, s2 = _run(args, kw, "numpy", want[0], _prep=want[1])

@@ -1,7 +1,8 @@
 """Probe: the AttnRes prepare (n = 8, T = 8192, D = 7168, S = 6, fp32) at pinned configs, one
-compile each (the full benchmark's tuner compiles all of PREPARE_CONFIGS, ~20 s apiece). Default:
-the tuned config of KDA-session run 30 against the SWEEP2_3D configs. CUDA-graph medians, each
-result checked against the first config's; writes results/attnres_prepare_probe.json and .md.
+compile each (the full benchmark's tuner compiles all of PREPARE_CONFIGS, ~20 s apiece): a quick
+A/B for a kernel change. CUDA-graph medians, each result checked against the first config's;
+writes results/attnres_prepare_probe.json and .md. Run 8 of 1 Dec compared the tuned config with
+two SWEEP2_3D configs (since taken out; results/attnres_prepare_probe.md).
 
     python benchmarks/probes/prepare_configs.py
 """
@@ -13,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BASE = dict(REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True, DROP="first", ROWS3D=True)
-CONFIGS = [dict(BASE, BD=256, WARPS=8, KEEP="last", SWEEP2_3D=False, BD2=0, num_warps=8),     # every key pinned: no tuner
-           dict(BASE, BD=256, WARPS=8, KEEP="last", SWEEP2_3D=True, BD2=1024, num_warps=8),
-           dict(BASE, BD=128, WARPS=4, KEEP=None, SWEEP2_3D=True, BD2=512, num_warps=4)]
+# every constexpr pinned, so that no config is left to the tuner
+CONFIGS = [dict(BASE, BD=256, WARPS=8, KEEP="last", num_warps=8),
+           dict(BASE, BD=128, WARPS=4, KEEP=None, num_warps=4)]
 
 
 def main() -> int:

@@ -142,8 +142,13 @@ def default_tiling(lower_bound_gate: bool, chunk_size=None, prep=None, head_seqs
     gates pair the sub-chunk prep's halves (the whole-chunk one relies on a bounded per-row decay):
     softplus gate at T=8192 H=96, KDA run 18: 9.65 ms paired into chunk 32 against 20.4 at sub 64
     (exact diagonal blocks); with the diagonal blocks factorised where the decay allows (run 31)
-    2.98 ms paired into chunk 32 (prep 2.10, merge 0.26, state 0.59) against fla's 2.91."""
+    2.98 ms paired into chunk 32 (prep 2.10, merge 0.26, state 0.59) against fla's 2.91; the
+    sub-chunk prep at chunk 16 (no merge) 2.64 ms (prep 1.82, state 0.82) against fla's 2.89 in the
+    same run (1 Dec, run 8 of the 11:35 session; pair 64 4.88, sub 32 4.54, sub 64 5.25), so many
+    heads under these gates take it."""
     few = head_seqs is not None and head_seqs <= PAIR_MAX_HEADS
+    if prep is None and chunk_size is None and not lower_bound_gate and not few:
+        prep, chunk_size = "sub", 16
     if prep is None:
         if chunk_size is None:
             prep = "wide" if lower_bound_gate and not few else "pair"
