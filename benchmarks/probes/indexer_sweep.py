@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--stages", action="store_true",
                     help="only the pinned decode config at its own split count, at num_stages 2..6")
+    ap.add_argument("--maxnreg", action="store_true",
+                    help="the pinned decode config against it capped at 128 registers (four programs per SM)")
     args = ap.parse_args(argv)
     rows = []
     for shape in args.shapes.replace("+", ",").split(","):
@@ -58,6 +60,11 @@ def main(argv=None) -> int:
         plan = [(cfg, ns) for cfg in CONFIGS for ns in splits_for(b)]
         if args.stages:
             plan = [({**DECODE_BF16, "num_stages": st}, None) for st in (2, 3, 4, 5, 6)]
+        if args.maxnreg:
+            from k31dsl.ops.dsa.indexer import key_splits
+            blocks = -(-length // 64)
+            plan = [(DECODE_BF16, None), ({**DECODE_BF16, "maxnreg": 128}, key_splits(b, blocks, SMS * 4)),
+                    ({**DECODE_BF16, "maxnreg": 128}, None)]
         for cfg, ns in plan:
             got = call(cfg, ns)
             err = float((got - want).abs().max()) / scale
@@ -68,7 +75,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(row, flush=True)
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
-    harness.write("indexer_sweep_stages" if args.stages else "indexer_sweep", {"env": harness.environment(), "rows": rows}, cols, rows,
+    harness.write("indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else "indexer_sweep", {"env": harness.environment(), "rows": rows}, cols, rows,
                   notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
                         "Floor: B*L*132 B at 4.28 TB/s.")
     harness.print_table(cols, rows)

@@ -15,8 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BASE = dict(REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True, DROP="first", ROWS3D=True)
 # every constexpr pinned, so that no config is left to the tuner
+# maxnreg 128 (sm_90a, no spill at either): two programs per SM at 8 warps (133 -> 127 registers),
+# four at 4 warps (133 -> 128)
 CONFIGS = [dict(BASE, BD=256, WARPS=8, KEEP="last", num_warps=8),
-           dict(BASE, BD=128, WARPS=4, KEEP=None, num_warps=4)]
+           dict(BASE, BD=256, WARPS=8, KEEP="last", num_warps=8, maxnreg=128),
+           dict(BASE, BD=128, WARPS=4, KEEP=None, num_warps=4),
+           dict(BASE, BD=128, WARPS=4, KEEP=None, num_warps=4, maxnreg=128)]
 
 
 def main() -> int:

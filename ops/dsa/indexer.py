@@ -384,10 +384,10 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     if mma == "fp8":                  # KEYS_MAJOR is a bf16-scoring choice: not a config to tune here
         cfg["KEYS_MAJOR"] = False
     if config:
-        unknown = set(config) - {"NQ", "PB", "KEYS_MAJOR", "num_warps", "num_stages"}
+        unknown = set(config) - {"NQ", "PB", "KEYS_MAJOR", "num_warps", "num_stages", "maxnreg"}
         if unknown:
             raise K31Error(f"{op}: config keys {sorted(unknown)} are not indexer constexprs or launch options "
-                           "(NQ, PB, KEYS_MAJOR, num_warps, num_stages)")
+                           "(NQ, PB, KEYS_MAJOR, num_warps, num_stages, maxnreg)")
         cfg = {**cfg, **config}
     if nsplit is None:
         blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))

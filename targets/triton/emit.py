@@ -37,7 +37,7 @@ INFIX = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^", 
 HELPERS = ("_fmax", "_fmin", "_round_bf16", "_bf16_from_bits", "_bf16_to_bits", "_rne_shift",
            "_fp8_encode", "_fp8_encode_hw", "_fp8_decode", "_e8m0_encode", "_e8m0_decode",
            "_float_to_int", "_softplus", "_trunc", "_topk", "_topk_i64", "_f32_order", "_idiv", "_imod")
-LAUNCH_KEYS = ("num_warps", "num_stages")
+LAUNCH_KEYS = ("num_warps", "num_stages", "maxnreg")
 
 
 def detect_mode() -> str:
