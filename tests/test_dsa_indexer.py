@@ -96,8 +96,10 @@ def test_keys_major_scoring(n, config):
 
 def test_key_splits_fill_whole_waves():
     """The decode split count: whole waves at the pinned config's occupancy (B=64 L=32K on 132 SMs
-    x 3: 6 splits = 384 programs, not 8 = 512), and the cheapest count a brute force finds."""
+    at three programs each: 6 splits = 384 programs, not 8 = 512; at four: 8), and the cheapest
+    count a brute force finds."""
     assert I.key_splits(64, 512, 396) == 6 and I.key_splits(32, 2048, 396) == 12
+    assert I.key_splits(64, 512, 528) == 8 and I.key_splits(32, 2048, 528) == 16
     rng = np.random.default_rng()
     for _ in range(50):
         progs, blocks, slots = int(rng.integers(1, 300)), int(rng.integers(1, 80)), int(rng.integers(8, 400))

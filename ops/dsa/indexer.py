@@ -285,15 +285,17 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
 
 
 # The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps, 5
-# pipeline stages (sm_90a: 157 registers, three programs per SM). Probes of 1 Dec
+# pipeline stages, at most 128 registers (sm_90a: four programs per SM; 157 uncapped, three). Probes of 1 Dec
 # (probes/indexer_sweep.py, H200): B=64 L=32K 0.180 ms at 384 programs (one whole wave) against
 # 0.250 for the best heads-major config, whose 128 registers fit four per SM; at 512 programs
 # (1.3 waves) KEYS_MAJOR took 0.245. num_stages 2/3/4/5: 0.184/0.182/0.182/0.152 ms (B=32 L=128K:
 # 0.360/0.355/0.355/0.295). Tried and taken out: the scales as one i32 word per token (a 4-byte
 # cp.async instead of a synchronous 2-byte load per thread each step; ncu had 40 % of the stalls
-# on L1TEX): the codes' layout changed with it and it lost (0.169 ms at 5 stages).
-DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5}
-DECODE_BF16_PER_SM = 3
+# on L1TEX): the codes' layout changed with it and it lost (0.169 ms at 5 stages). Capped at 128
+# registers (13 spill reloads per step) four programs fit per SM: 0.140 ms at 512 programs against
+# 0.152 uncapped at 384 (B=32 L=128K: 0.279 against 0.296; run 9 of that session).
+DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
+DECODE_BF16_PER_SM = 4
 SM_COUNT = 132                      # H200; the GPU's own count is used when there is one
 
 
@@ -393,6 +395,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
         progs = b * -(-n // cfg.get("NQ", 1))
         if all(cfg.get(k_) == v for k_, v in DECODE_BF16.items() if k_ != "num_stages"):   # known occupancy
+            # (a config that overrides maxnreg is another occupancy: it gets the generic split below)
             sms = torch.cuda.get_device_properties(q_codes.device).multi_processor_count \
                 if q_codes.is_cuda else SM_COUNT
             nsplit = key_splits(progs, blocks, sms * DECODE_BF16_PER_SM)
