@@ -325,3 +325,31 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 def test_kernels_compile_for_hopper(tmp_path):
     assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
                                           "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"], tmp_path, index_types=("int32",))
+
+
+def test_decode_register_cap_reaches_the_cubin(tmp_path):
+    """DECODE_BF16's maxnreg (a launch key like num_warps) is a launch option of the gpu-mode
+    module, and the sm_90 cubin Triton builds with it stays within 128 registers (157 without)."""
+    import os
+    import subprocess
+    import sys
+    from k31dsl.targets.triton.emit import LAUNCH_KEYS, TritonEmitter
+    cx = {k_: v for k_, v in I.DECODE_BF16.items() if k_ not in LAUNCH_KEYS}
+    launch = {k_: v for k_, v in I.DECODE_BF16.items() if k_ in LAUNCH_KEYS}
+    assert launch["maxnreg"] == 128
+    kern = I.lightning_indexer_paged.ir(H=64, MMA_BF16=True, **cx)
+    assert TritonEmitter(kern, launch).launch_options()["maxnreg"] == 128
+    script = (
+        "import glob, pathlib, subprocess, triton\n"
+        "from k31dsl.ops.dsa import indexer as I\n"
+        "from k31dsl.targets.triton.aot import compile_for_gpu\n"
+        f"c = compile_for_gpu(I.lightning_indexer_paged.ir(H=64, MMA_BF16=True, **{cx!r}), pathlib.Path({str(tmp_path)!r}),\n"
+        f"                    arch=90, **{launch!r})\n"
+        f"f = pathlib.Path({str(tmp_path)!r}) / 'k.cubin'; f.write_bytes(c.asm['cubin'])\n"
+        "tool = glob.glob(str(pathlib.Path(triton.__file__).parent / 'backends/nvidia/bin/cuobjdump'))[0]\n"
+        "print(subprocess.run([tool, '-res-usage', str(f)], capture_output=True, text=True).stdout)\n")
+    env = {k_: v for k_, v in os.environ.items() if k_ != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    regs = [int(w.split(":")[1]) for w in res.stdout.split() if w.startswith("REG:")]
+    assert regs and max(regs) <= 128, res.stdout
