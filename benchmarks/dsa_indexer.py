@@ -237,8 +237,14 @@ def main(argv=None) -> int:
         print("smoke: ok" if not bad else f"smoke: FAILED {bad}")
         return 1 if bad else 0
     results["rows"] = rows
+    from k31dsl.ops.dsa.indexer import lightning_indexer_paged
+    from k31dsl.ops.dsa.topk import topk_segments
+    tuned = [r for label, kdef in (("lightning_indexer_paged", lightning_indexer_paged), ("topk_segments", topk_segments))
+             for r in harness.tuning_rows(label, kdef["triton"])]
+    results["tuning"] = tuned
     path = harness.write("dsa_indexer", results, cols, rows,
-                         notes=f"copy ceiling {ceiling:.3g} TB/s; anchors use bf16 keys (decode: pre-gathered)")
+                         notes=f"copy ceiling {ceiling:.3g} TB/s; anchors use bf16 keys (decode: pre-gathered)",
+                         extra=harness.tuning_section(tuned))
     print(f"wrote {path}")
     return 1 if bad else 0
 

@@ -153,18 +153,32 @@ def indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB):
     return k.sum(k.reshape(r, (BS, NQ, H)), axis=2).T
 
 
+# The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps, 5
+# pipeline stages, at most 128 registers (sm_90a: four programs per SM; 157 uncapped, three).
+# Probes of 1 Dec (probes/indexer_sweep.py, H200): B=64 L=32K 0.180 ms at 384 programs (one whole wave) against
+# 0.250 for the best heads-major config, whose 128 registers fit four per SM; at 512 programs
+# (1.3 waves) KEYS_MAJOR took 0.245. num_stages 2/3/4/5: 0.184/0.182/0.182/0.152 ms (B=32 L=128K:
+# 0.360/0.355/0.355/0.295). Tried and taken out: the scales as one i32 word per token (a 4-byte
+# cp.async instead of a synchronous 2-byte load per thread each step; ncu had 40 % of the stalls
+# on L1TEX): the codes' layout changed with it and it lost (0.169 ms at 5 stages). Capped at 128
+# registers (13 spill reloads per step) four programs fit per SM: 0.140 ms at 512 programs against
+# 0.152 uncapped at 384 (B=32 L=128K: 0.279 against 0.296; run 9 of that session).
+DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
+DECODE_BF16_PER_SM = 4
+
 # (NQ query tokens, PB pages) per program -> warps. Decode fixes NQ/PB from the tokens per
 # sequence (these then only set num_warps); prefill lets the autotuner choose among all of them.
 # M = NQ * 64 rows of the dot, one warpgroup per 64 rows.
 # KEYS_MAJOR (bf16 scoring only; the fp8 path ignores it) puts the keys on the dot's rows:
 # sm_90a, NQ 1: 20 -> 10 barriers and 80 -> 4 shuffles per kernel, 128 -> 158 registers at PB 1.
+# DECODE_BF16 is a config too, so the prefill tuner tries it (not yet measured there).
 LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, {"NQ": 1, "PB": 1, "num_warps": 4},
               {"NQ": 2, "PB": 2, "num_warps": 8}, {"NQ": 2, "PB": 1, "num_warps": 4},
               {"NQ": 4, "PB": 1, "num_warps": 8},
               {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4},
               {"NQ": 1, "PB": 2, "KEYS_MAJOR": True, "num_warps": 4},
               {"NQ": 1, "PB": 2, "KEYS_MAJOR": True, "num_warps": 8},
-              {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4}]
+              {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4}, DECODE_BF16]
 
 
 @k.kernel(configs=LI_CONFIGS)
@@ -284,18 +298,6 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
     return cache
 
 
-# The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps, 5
-# pipeline stages, at most 128 registers (sm_90a: four programs per SM; 157 uncapped, three). Probes of 1 Dec
-# (probes/indexer_sweep.py, H200): B=64 L=32K 0.180 ms at 384 programs (one whole wave) against
-# 0.250 for the best heads-major config, whose 128 registers fit four per SM; at 512 programs
-# (1.3 waves) KEYS_MAJOR took 0.245. num_stages 2/3/4/5: 0.184/0.182/0.182/0.152 ms (B=32 L=128K:
-# 0.360/0.355/0.355/0.295). Tried and taken out: the scales as one i32 word per token (a 4-byte
-# cp.async instead of a synchronous 2-byte load per thread each step; ncu had 40 % of the stalls
-# on L1TEX): the codes' layout changed with it and it lost (0.169 ms at 5 stages). Capped at 128
-# registers (13 spill reloads per step) four programs fit per SM: 0.140 ms at 512 programs against
-# 0.152 uncapped at 384 (B=32 L=128K: 0.279 against 0.296; run 9 of that session).
-DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
-DECODE_BF16_PER_SM = 4
 SM_COUNT = 132                      # H200; the GPU's own count is used when there is one
 
 
