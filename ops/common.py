@@ -26,6 +26,13 @@ def resolve_target(target: str | None) -> str:
 _DTYPE_OF: dict = {}     # torch dtype -> DSL dtype, filled on first use (ops run per call: keep it cheap)
 
 
+def config_for(target: str, config: dict) -> dict:
+    """A kernel config as a call on `target` takes it: Triton also gets the launch options
+    (num_warps, num_stages, maxnreg); the other targets only the constexprs."""
+    from k31dsl.targets.triton.emit import LAUNCH_KEYS
+    return dict(config) if target == "triton" else {n: v for n, v in config.items() if n not in LAUNCH_KEYS}
+
+
 def require_tensor(op: str, name: str, t, dtypes=FLOAT_INPUTS, min_rank: int = 1):
     """The input's DSL dtype, or a K31Error that says what was expected."""
     import torch

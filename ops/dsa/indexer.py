@@ -35,7 +35,7 @@ import functools
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
+from k31dsl.ops.common import config_for, next_pow2, require_tensor, resolve_target
 
 PAGE = 64                      # tokens per page
 HEAD_DIM = 128                 # indexer head dim
@@ -405,6 +405,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
             nsplit = max(1, min(blocks, -(-512 // progs)))
     kc, ksc = indexer_cache_views(cache)
     lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
-                                    block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h, **cfg,
+                                    block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h,
+                                    **config_for(target, cfg),
                                     **({"MMA_BF16": True} if mma == "bf16" else {}))
     return scores
