@@ -154,15 +154,10 @@ def indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB):
 
 
 # The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps, 5
-# pipeline stages, at most 128 registers (sm_90a: four programs per SM; 157 uncapped, three).
-# Probes of 1 Dec (probes/indexer_sweep.py, H200): B=64 L=32K 0.180 ms at 384 programs (one whole wave) against
-# 0.250 for the best heads-major config, whose 128 registers fit four per SM; at 512 programs
-# (1.3 waves) KEYS_MAJOR took 0.245. num_stages 2/3/4/5: 0.184/0.182/0.182/0.152 ms (B=32 L=128K:
-# 0.360/0.355/0.355/0.295). Tried and taken out: the scales as one i32 word per token (a 4-byte
-# cp.async instead of a synchronous 2-byte load per thread each step; ncu had 40 % of the stalls
-# on L1TEX): the codes' layout changed with it and it lost (0.169 ms at 5 stages). Capped at 128
-# registers (13 spill reloads per step) four programs fit per SM: 0.140 ms at 512 programs against
-# 0.152 uncapped at 384 (B=32 L=128K: 0.279 against 0.296; run 9 of that session).
+# pipeline stages, at most 128 registers (sm_90a: 13 spill reloads per step, four programs per SM;
+# 157 registers uncapped, three). H200, B=64 L=32K (probes/indexer_sweep.py; NOTES, DSA indexer):
+# 0.140 ms at 512 programs; uncapped 0.152 at 384, 0.182 at 3 stages; the best heads-major config
+# 0.250. Tried and taken out: the key scales as one i32 word per token (0.169 ms).
 DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
 DECODE_BF16_PER_SM = 4
 
@@ -320,8 +315,8 @@ def key_splits(programs: int, blocks: int, slots: int, setup_blocks: int = 2) ->
     """Key splits per program row so that the grid fills whole waves: the split count s minimising
     waves(s) * (blocks per program + setup), where a program scores per = cdiv(blocks, s) key
     blocks, cdiv(blocks, per) programs per row have work and `slots` programs run at once. Ties go
-    to fewer splits. (512 programs at three per SM on 132 SMs are 1.3 waves: 0.245 ms against
-    0.180 at 384.)"""
+    to fewer splits. (At three programs per SM on 132 SMs, 512 programs are 1.3 waves: 0.245 ms
+    against 0.180 at 384.)"""
     best, best_cost = 1, None
     for s_ in range(1, max(1, min(blocks, 4 * -(-slots // programs))) + 1):     # up to 4 waves' worth
         per = -(-blocks // s_)
