@@ -323,8 +323,9 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "CACHE_WRITE", "Q_CHAIN", "K_CHAIN", "W_CHAIN",
-                                          "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"], tmp_path, index_types=("int32",))
+    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "CACHE_WRITE",
+                                          "Q_CHAIN", "K_CHAIN", "W_CHAIN", "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"],
+                               tmp_path, index_types=("int32",))
 
 
 def test_decode_register_cap_reaches_the_cubin(tmp_path):
@@ -343,8 +344,8 @@ def test_decode_register_cap_reaches_the_cubin(tmp_path):
         "import glob, pathlib, subprocess, triton\n"
         "from k31dsl.ops.dsa import indexer as I\n"
         "from k31dsl.targets.triton.aot import compile_for_gpu\n"
-        f"c = compile_for_gpu(I.lightning_indexer_paged.ir(H=64, MMA_BF16=True, **{cx!r}), pathlib.Path({str(tmp_path)!r}),\n"
-        f"                    arch=90, **{launch!r})\n"
+        f"kern = I.lightning_indexer_paged.ir(H=64, MMA_BF16=True, **{cx!r})\n"
+        f"c = compile_for_gpu(kern, pathlib.Path({str(tmp_path)!r}), arch=90, **{launch!r})\n"
         f"f = pathlib.Path({str(tmp_path)!r}) / 'k.cubin'; f.write_bytes(c.asm['cubin'])\n"
         "tool = glob.glob(str(pathlib.Path(triton.__file__).parent / 'backends/nvidia/bin/cuobjdump'))[0]\n"
         "print(subprocess.run([tool, '-res-usage', str(f)], capture_output=True, text=True).stdout)\n")
