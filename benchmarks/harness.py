@@ -63,6 +63,12 @@ def write(name: str, payload: dict, columns: list[str], rows: list[dict], notes:
     return path
 
 
+def report(name: str, columns: list[str], rows: list[dict], notes: str = "") -> Path:
+    """A probe's ending: print the table, then results/<name>.json ({"env", "rows"}) and .md."""
+    print_table(columns, rows)
+    return write(name, {"env": environment(), "rows": rows}, columns, rows, notes=notes)
+
+
 def _table(columns: list[str], rows: list[dict]) -> list[str]:
     return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
             + ["| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |" for r in rows])

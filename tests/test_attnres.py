@@ -192,10 +192,8 @@ def test_every_prepare_config_matches_the_oracle(target):
     v = _t(rng.standard_normal((n, t, d)) * np.exp(rng.standard_normal((n, t, 1))))
     q = _t(rng.standard_normal((s, d)) * 2 / np.sqrt(d))
     want = ref.prepare(to_f64(v), to_f64(q), 1e-6)
-    def small(cfg):                            # BD2 (sweep 2's chunk) scaled down too, unlike BD: 5 ragged chunks
-        return {key: (16 if key == "BD2" else val) for key, val in cfg.items() if key not in ("num_warps", "BD")}
     for cfg in ar.PREPARE_CONFIGS:
-        cx = small(cfg)
+        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD")}
         nan = float("nan")                     # not empty(): a freed block could hold the last config's answer
         o, m, l = torch.full((s, t, d), nan), torch.full((s, t), nan), torch.full((s, t), nan)
         ar.attnres_prepare_rows[target](v, q, o, m, l, 1e-6, NB=4, SB=4, BD=min(cfg["BD"], 32), **cx)
@@ -204,7 +202,7 @@ def test_every_prepare_config_matches_the_oracle(target):
     vb = v.to(torch.bfloat16)                   # full AttnRes (FINAL): bf16 in and out, one query
     full = ref.attnres(to_f64(vb), to_f64(q[0]), 1e-6)
     for cfg in ar.PREPARE_CONFIGS:
-        cx = small(cfg)
+        cx = {key: val for key, val in cfg.items() if key not in ("num_warps", "BD")}
         h, stats = torch.full((1, t, d), float("nan"), dtype=torch.bfloat16), torch.empty(1, t)
         ar.attnres_prepare_rows[target](vb, q[:1], h, stats, stats, 1e-6, NB=4, SB=1, BD=min(cfg["BD"], 32),
                                         FINAL=True, **cx)

@@ -94,10 +94,9 @@ def main() -> int:
     eager = triton.testing.do_bench(lambda: torch_prepare(v, q, 1e-6), warmup=10, rep=100)
     rows.append({"BD": "torch eager", "ms": eager, "TB/s (read once + O)": nbytes / eager / 1e9})
     cols = ["BD", "warps", "stages", "hints", "ms", "TB/s (read once + O)", "max rel err vs eager fp32"]
-    harness.print_table(cols, rows)
-    harness.write("attnres_mma_probe", {"env": harness.environment(), "rows": rows}, cols, rows,
-                  notes="Hand-written Triton probe (benchmarks/probes/attnres_mma_probe.py): TF32 tensor-core "
-                        "prepare, n=8 T=8192 D=7168 S=6 fp32, do_bench medians; byte floor 3.29 GB.")
+    harness.report("attnres_mma_probe", cols, rows,
+                   notes="Hand-written Triton probe (benchmarks/probes/attnres_mma_probe.py): TF32 tensor-core "
+                         "prepare, n=8 T=8192 D=7168 S=6 fp32, do_bench medians; byte floor 3.29 GB.")
     return 0
 
 

@@ -76,10 +76,9 @@ def main(argv=None) -> int:
             print(row, flush=True)
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
     name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else "indexer_sweep"
-    harness.write(name, {"env": harness.environment(), "rows": rows}, cols, rows,
-                  notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
-                        "Floor: B*L*132 B at 4.28 TB/s.")
-    harness.print_table(cols, rows)
+    harness.report(name, cols, rows,
+                   notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
+                         "Floor: B*L*132 B at 4.28 TB/s.")
     return 0
 
 

@@ -30,9 +30,8 @@ def main() -> int:
             print(rows[-1], flush=True)
         del a, b
     cols = ["bytes", "kernel", "us", "TB/s (r+w)"]
-    harness.print_table(cols, rows)
-    harness.write("inplace_ceiling", {"env": harness.environment(), "rows": rows}, cols, rows,
-                  notes="torch elementwise kernels, do_bench medians (not CUDA-graph replays); bytes read + written.")
+    harness.report("inplace_ceiling", cols, rows,
+                   notes="torch elementwise kernels, do_bench medians (not CUDA-graph replays); bytes read + written.")
     return 0
 
 

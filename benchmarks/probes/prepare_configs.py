@@ -48,10 +48,9 @@ def main() -> int:
                      "TB/s": nbytes / (ms * 1e-3) / 1e12, "max rel diff vs first": err})
         print(rows[-1], flush=True)
     cols = ["config", "graph ms", "TB/s", "max rel diff vs first"]
-    harness.write("attnres_prepare_probe", {"env": harness.environment(), "rows": rows}, cols, rows,
-                  notes="AttnRes prepare n=8 T=8192 D=7168 S=6 fp32 at pinned configs "
-                        "(benchmarks/probes/prepare_configs.py); bytes: blocks read once + O, M, L written.")
-    harness.print_table(cols, rows)
+    harness.report("attnres_prepare_probe", cols, rows,
+                   notes="AttnRes prepare n=8 T=8192 D=7168 S=6 fp32 at pinned configs "
+                         "(benchmarks/probes/prepare_configs.py); bytes: blocks read once + O, M, L written.")
     return 0
 
 

@@ -130,12 +130,18 @@ def indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H):
 
 
 @k.func
+def page_keys_bf16(kc, ksc, pages, BS):
+    """The keys of the PB = BS / 64 pages `pages`, dequantized exactly: bf16 [BS, 128]."""
+    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
+    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
+    return k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
+
+
+@k.func
 def indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB):
     """Like `indexer_page_scores` from `indexer_query_bf16`'s operands: scores [NQ, PB*64]."""
     BS = PB * 64
-    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
-    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
-    kd = k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
+    kd = page_keys_bf16(kc, ksc, pages, BS)
     r = k.relu(k.dot(qd, kd.T)) * w[:, None]
     return k.sum(k.reshape(r, (NQ, H, BS)), axis=1)
 
@@ -146,9 +152,7 @@ def indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB):
     sum over heads runs along the MMA's columns (inside a thread and its quad: no cross-warp
     reduction per page), and the dequantized key tile can feed the MMA from registers."""
     BS = PB * 64
-    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
-    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
-    kd = k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
+    kd = page_keys_bf16(kc, ksc, pages, BS)
     r = k.relu(k.dot(kd, qd.T)) * w[None, :]
     return k.sum(k.reshape(r, (BS, NQ, H)), axis=2).T
 
