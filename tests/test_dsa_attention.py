@@ -101,6 +101,41 @@ def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("T, H, K, pages, qdt, split, bks", [
+    (4, 5, 40, 3, torch.bfloat16, None, (None, None)),  # heads padded to a 16-row block, one segment
+    (3, 20, 70, 2, torch.float32, 3, (16, 32)),         # f32 q; pass 2 reads blocks pass 1 wrote in halves
+    (2, 70, 150, 3, torch.bfloat16, 5, (32, 16)),       # two head blocks; segments left empty
+])
+def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks):
+    """The two-pass form (scores + statistics, then the value product per 128-column tile) on the
+    one-pass test's inputs: ragged heads and index counts, several segments (some empty, some of
+    only -1), each pass with its own block size, lonely queries."""
+    from k31dsl.ops.dsa import sfa_two_pass as TP
+    g = _gen()
+    cache = _filled_cache(g, pages)
+    n = pages * A.PAGE
+    q = torch.randn(T, H, A.LATENT + A.ROPE, generator=g).to(qdt)
+    idx = torch.randint(-2, n + 3, (T, K), generator=g, dtype=torch.int32)
+    idx[0, K // 3:] = -1                                         # a compacted list: -1 padding at the end
+    idx[1, :K // 2] = -1                                         # leading segments without a valid index
+    idx[-1] = -1                                                 # a lonely query
+    if bks == (None, None):
+        o, lse = A.sparse_mla_attention(q, cache, idx, 0.1, form="two_pass", split=split, target=target)
+    else:                                                        # the passes by hand, each with its BK
+        o = torch.full((T, H, A.LATENT), float("nan"), dtype=torch.bfloat16)
+        lse = torch.full((T, H), float("nan"))
+        bh = 1 << (H - 1).bit_length() if H <= 64 else 64
+        cfg1 = {"BH": min(bh, 64), "BK": bks[0]}
+        views = A.cache_views(cache)
+        s = torch.full((T, H, K), float("nan"))                  # unwritten columns must never be read
+        part_m, part_l = torch.empty(split, T, H), torch.empty(split, T, H)
+        TP.sfa_scores[target](q, *views, idx, s, part_m, part_l, 0.1, **cfg1)
+        TP.sfa_values[target](views[0], views[1], idx, s, part_m, part_l, o, lse, NSB=8, BH=cfg1["BH"], BK=bks[1])
+    _check_sfa(o, lse, q, cache, idx, 0.1)
+    assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("split", [1, 3])
 def test_sfa_prefetch_changes_nothing(target, split):
     """PREFETCH gathers block j + 1 before folding block j (the step graph's GPU form): the same
@@ -195,6 +230,10 @@ def test_slots_of_positions(target):
                                     torch.zeros(2, 8, dtype=torch.int32), None), "sm_scale"),
     (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
                                     torch.zeros(2, 8, dtype=torch.int32), float("nan")), "sm_scale"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), 0.1, form="three_pass"), "form"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), 0.1, form="two_pass", split=0), "split"),
     (lambda: A.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
      "next_n"),
 ])
@@ -213,3 +252,5 @@ def test_compiles_for_hopper(tmp_path):
     """Default constexprs are the real decode sizes: 64-head blocks of 576/512, 32 indices a step."""
     assert_compiles_for_hopper(A.__file__, ["mla_cache_write_rows", "sparse_mla_attention_fwd",
                                             "slots_of_positions_rows"], tmp_path)
+    from k31dsl.ops.dsa import sfa_two_pass
+    assert_compiles_for_hopper(sfa_two_pass.__file__, ["sfa_scores", "sfa_values"], tmp_path)

@@ -95,13 +95,20 @@ def online_block(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, sm_sca
 
 
 @k.func
+def score_tile(ql0, ql1, ql2, ql3, qr, c0, c1, c2, c3, s0, s1, s2, s3, kr, valid, sm_scale):
+    """The [heads, keys] scaled scores of gathered records (code tiles as bf16, their scales [BK],
+    rope keys); -inf where the index is not valid."""
+    s = k.dot(ql0, c0.T) * s0[None, :] + k.dot(ql1, c1.T) * s1[None, :] + \
+        k.dot(ql2, c2.T) * s2[None, :] + k.dot(ql3, c3.T) * s3[None, :] + k.dot(qr, kr.T)
+    return k.where(valid[None, :], s * sm_scale, float("-inf"))
+
+
+@k.func
 def fold_records(ql0, ql1, ql2, ql3, qr, c0, c1, c2, c3, s0, s1, s2, s3, kr, valid, sm_scale, m, l, a0, a1, a2, a3):
     """Gathered records (code tiles c0..c3 as bf16: E4M3 -> bf16 is exact, their scales [BK],
     rope keys) folded into the running softmax state. No dequantized row is built: the scales
     multiply the score tile and the probability tile."""
-    s = k.dot(ql0, c0.T) * s0[None, :] + k.dot(ql1, c1.T) * s1[None, :] + \
-        k.dot(ql2, c2.T) * s2[None, :] + k.dot(ql3, c3.T) * s3[None, :] + k.dot(qr, kr.T)
-    s = k.where(valid[None, :], s * sm_scale, float("-inf"))
+    s = score_tile(ql0, ql1, ql2, ql3, qr, c0, c1, c2, c3, s0, s1, s2, s3, kr, valid, sm_scale)
     m_new = k.maximum(m, k.max(s, axis=1))
     m_safe = k.where(m_new == float("-inf"), 0.0, m_new)               # nothing valid yet: no NaN
     alpha = k.exp(m - m_safe)
@@ -402,7 +409,11 @@ def _check_scale(op: str, sm_scale):
                             "= 0.135234); there is no default")
 
 
-def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int = 1, target: str | None = None, **config):
+FORMS = ("one_pass", "two_pass")
+
+
+def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = None, form: str = "one_pass",
+                         target: str | None = None, **config):
     """Sparse MLA attention (MQA mode) over the paged FP8 latent cache.
 
     q [T, H, 576] bf16/f32 (512 absorbed latent dims, then 64 rope dims; f32 is rounded to bf16,
@@ -411,7 +422,10 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int = 1, target:
     sm_scale explicit. Returns (o [T, H, 512] bf16, lse [T, H] fp32, natural log); a query with
     no valid index gets o = 0 and lse = +inf. split > 1: the index list in that many segments
     (flash-decoding: fp32 partial outputs and lse per segment, then a combine kernel), the form
-    for few queries on a GPU (sfa_split chooses it for the model's decode steps)."""
+    for few queries on a GPU (sfa_split chooses it for the model's decode steps).
+    form "two_pass" (sfa_two_pass.py): scores and their softmax statistics first, then the value
+    product per 128-column tile; split is then pass 1's segment count (default: ~4 programs per
+    SM on a GPU, else 1). It keeps an fp32 [T, H, topk] score buffer: decode-sized calls."""
     import torch
     target = resolve_target(target)
     op = "sparse_mla_attention"
@@ -423,8 +437,10 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int = 1, target:
     if idx.shape[0] != q.shape[0]:
         raise K31Error(f"{op}: `indices` must have one row per query ({q.shape[0]}), got {list(idx.shape)}")
     _check_scale(op, sm_scale)
-    if isinstance(split, bool) or not isinstance(split, int) or split < 1:
-        raise K31Error(f"{op}: split must be an int >= 1, got {split!r}")
+    if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 1):
+        raise K31Error(f"{op}: split must be an int >= 1 (or None), got {split!r}")
+    if form not in FORMS:
+        raise K31Error(f"{op}: form must be one of {', '.join(FORMS)}, got {form!r}")
     T, H = q.shape[0], q.shape[1]
     o = torch.zeros((T, H, LATENT), dtype=torch.bfloat16, device=q.device)
     lse = torch.full((T, H), float("inf"), dtype=torch.float32, device=q.device)
@@ -436,7 +452,12 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int = 1, target:
     bh = min(max(16, 1 << (H - 1).bit_length()), cap)     # the smallest head block holding H, within cap
     if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs
         kw["BH"] = bh
-    if split > 1:
+    if form == "two_pass":
+        from k31dsl.ops.dsa import sfa_two_pass as TP
+        if split is None:
+            split = TP.score_segments(T, H, idx.shape[1], kw.get("BH", 64)) if q.device.type == "cuda" else 1
+        return TP.sparse_mla_attention_two_pass(target, q.contiguous(), (c, s, r), idx, sm_scale, o, lse, split, kw)
+    if split is not None and split > 1:
         part_o = torch.empty((split, T, H, LATENT), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((split, T, H), dtype=torch.float32, device=q.device)
         sparse_mla_attention_split[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
@@ -517,10 +538,12 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
     dev = device_for(target)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for T, H, K, pages, qdt, scale, split in ((3, 5, 40, 3, torch.bfloat16, 0.135234, 1),
-                                              (2, 20, 70, 2, torch.float32, 0.05, 1),
-                                              (3, 5, 100, 2, torch.bfloat16, 0.135234, 3),
-                                              (2, 5, 200, 4, torch.bfloat16, 0.1, 6)):     # 6 segments: 2 combine loads
+    for T, H, K, pages, qdt, scale, split, form in (
+            (3, 5, 40, 3, torch.bfloat16, 0.135234, 1, "one_pass"),
+            (2, 20, 70, 2, torch.float32, 0.05, 1, "one_pass"),
+            (3, 5, 100, 2, torch.bfloat16, 0.135234, 3, "one_pass"),
+            (2, 5, 200, 4, torch.bfloat16, 0.1, 6, "one_pass"),         # 6 segments: 2 combine loads
+            (3, 20, 100, 2, torch.bfloat16, 0.1, 3, "two_pass")):
         n = pages * PAGE
         cache = new_mla_cache(pages)
         mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
@@ -531,12 +554,14 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
         idx[-1] = -1                                                             # a lonely query
         if split > 1:
             idx[0, : K // 2] = -1                       # query 0: its first segments hold no valid index
-        o, lse = sparse_mla_attention(q.to(dev), cache.to(dev), idx.to(dev), scale, split=split, target=target)
+        o, lse = sparse_mla_attention(q.to(dev), cache.to(dev), idx.to(dev), scale, split=split, form=form,
+                                      target=target)
         lat, rope = ref.mla_cache_decode(cache.numpy())
         q_mma = ref.round_to(to_f64(q), ref.BF16)                  # the kernel's MMA operand
         want_o, want_l = ref.sparse_mla_attention(q_mma, lat, rope, idx.numpy(), scale)
         e_o, e_l = sfa_errors(o, lse, want_o, want_l)
-        name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q" + (f" split={split}" if split > 1 else "")
+        name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q" + (f" split={split}" if split > 1 else "") + \
+            (" two-pass" if form == "two_pass" else "")
         out.append(CaseResult(f"{name}: o", e_o, 2e-2, e_o <= 2e-2, "max abs err / max |o| (bf16 output)"))
         out.append(CaseResult(f"{name}: lse", e_l, 1e-3, e_l <= 1e-3, "max abs err (natural log)"))
     return out
@@ -545,7 +570,10 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
 register(OpSpec("mla_cache_write", "dsa", mla_cache_write, [mla_cache_write_rows],
                 "paged MLA latent cache write: 656 B records (512 E4M3 in 128-tiles + 4 fp32 scales + 64 bf16 rope)",
                 _check_write, exact=True, tags=["dsa", "fp8", "cache"]))
+from k31dsl.ops.dsa import sfa_two_pass as _two_pass  # noqa: E402 - its kernels use this module's helpers
+
 register(OpSpec("sparse_mla_attention", "dsa", sparse_mla_attention,
-                [sparse_mla_attention_fwd, sparse_mla_attention_split, sparse_mla_attention_combine],
+                [sparse_mla_attention_fwd, sparse_mla_attention_split, sparse_mla_attention_combine,
+                 _two_pass.sfa_scores, _two_pass.sfa_values],
                 "sparse MLA attention over the paged FP8 latent cache (physical indices, -1 ignored, lse natural log)",
                 _check_sfa, tags=["dsa", "attention"]))

@@ -1,0 +1,132 @@
+"""Sparse MLA attention in two passes, the decode form for a GPU (attention.py has the one-pass
+kernels and the cache layout).
+
+The one-pass kernel holds, per program, the query's [64, 576] operands, the [64, 512] fp32 output
+accumulators and the score tile at once: on sm_90a that is 255 registers, one 8-warp program per
+SM and spilled MMA descriptors reloaded every block (benchmarks/NOTES.md, DSA). Splitting the
+softmax from the value product leaves each pass with half of that state:
+
+  pass 1 `sfa_scores`  program (query, head block, index segment): the scaled scores of the
+         segment's gathered records, written to an fp32 [T, H, topk] buffer (-inf where the index
+         is not valid), and the segment's running max m and sum l of exp(score - m).
+  pass 2 `sfa_values`  program (query, head block, 128-column tile g of the latent): lse from the
+         segments' (m, l); then o[:, g] = sum over the live blocks of (exp(s - lse) * scale_g) @ code_g,
+         already normalised, so no online rescaling and one [BH, 128] accumulator.
+
+Pass 2 gathers only its own 128-byte code tile of each record, so the two passes together read
+each record's bytes once (pass 1: codes, scales, rope; pass 2: one code tile and one scale per
+program); the scores make one fp32 round trip (T * H * topk * 4 B written once, read by the four
+column tiles' programs, mostly from L2). Scores beyond a query's last valid index (top-k lists
+come compacted) are neither written nor read: both passes walk live_blocks only.
+"""
+from __future__ import annotations
+
+import k31dsl as k
+from k31dsl.ops.dsa.attention import LATENT, TILE, gather_records, live_blocks, load_query, score_tile
+
+SCORE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 32, "num_warps": 4},
+                 {"BH": 64, "BK": 64, "num_warps": 8}, {"BH": 32, "BK": 64, "num_warps": 4}]
+VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 4}, {"BH": 64, "BK": 128, "num_warps": 4},
+                 {"BH": 64, "BK": 64, "num_warps": 8}, {"BH": 32, "BK": 64, "num_warps": 4}]
+SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
+
+
+@k.kernel(configs=SCORE_CONFIGS)
+def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
+               scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+               indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
+               part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
+               QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64):
+    # Segment sg of query t's live index blocks: blocks [sg * per, (sg + 1) * per) with
+    # per = cdiv(live, NS) (the last segments may be short or empty: m = -inf, l = 0).
+    for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_m.shape[0]):
+        h0 = hb * BH
+        ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
+        n_slots = codes.shape[0]
+        live = live_blocks(indices, t, n_slots, BK)
+        per = k.cdiv(live, part_m.shape[0])
+        m = k.full((BH,), float("-inf"), k.f32)
+        l = k.zeros((BH,), k.f32)
+        for j in range(k.maximum(k.minimum(per, live - sg * per), 0)):
+            j0 = (sg * per + j) * BK
+            valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = gather_records(codes, scales, rope, indices, t, j0, n_slots, BK)
+            sc = score_tile(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16), c3.to(k.bf16),
+                            s0, s1, s2, s3, kr, valid, sm_scale)
+            s[t, k.span(h0, BH), k.span(j0, BK)] = sc
+            m_new = k.maximum(m, k.max(sc, axis=1))
+            m_safe = k.where(m_new == float("-inf"), 0.0, m_new)          # nothing valid yet: no NaN
+            l = l * k.exp(m - m_safe) + k.sum(k.exp(sc - m_safe[:, None]), axis=1)
+            m = m_new
+        part_m[sg, t, k.span(h0, BH)] = m
+        part_l[sg, t, k.span(h0, BH)] = l
+
+
+@k.func
+def segments_lse(part_m, part_l, t, h0, BH, NSB):
+    """lse [BH] of query t's heads from the segments' (m, l): max m + log sum l exp(m - max m);
+    +inf for a head without any valid index (every l = 0)."""
+    pm = k.load(part_m, (k.span(0, NSB), t, k.span(h0, BH)), other=float("-inf"))      # [NSB, BH]
+    pl = k.load(part_l, (k.span(0, NSB), t, k.span(h0, BH)), other=0.0)
+    mx = k.max(pm, axis=0)
+    ms = k.where(mx == float("-inf"), 0.0, mx)
+    den = k.sum(pl * k.exp(pm - ms[None, :]), axis=0)
+    ok = den > 0.0
+    return k.where(ok, ms + k.log(k.where(ok, den, 1.0)), float("inf"))
+
+
+@k.kernel(configs=VALUE_CONFIGS)
+def sfa_values(codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S", "R // 4"],
+               indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
+               part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"],
+               o: k.Tensor[k.bf16, "T", "H", "DV"], lse: k.Tensor[k.f32, "T", "H"],
+               BH: k.constexpr = 64, BK: k.constexpr = 64, NSB: k.constexpr = 1):
+    # NSB: the segment count rounded up to a power of two (the caller passes it). Every column
+    # tile's program computes the same lse and writes it.
+    for t, hb, g in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], 128)):
+        h0 = hb * BH
+        row_lse = segments_lse(part_m, part_l, t, h0, BH, NSB)
+        n_slots = codes.shape[0]
+        acc = k.zeros((BH, 128), k.f32)
+        for j in range(live_blocks(indices, t, n_slots, BK)):
+            idx = indices[t, k.span(j * BK, BK, other=-1)]
+            valid = (idx >= 0) & (idx < n_slots)
+            sc = k.load(s, (t, k.span(h0, BH), k.span(j * BK, BK)), other=float("-inf"))
+            p = k.where(valid[None, :], k.exp(sc - row_lse[:, None]), 0.0)
+            c = codes[idx, k.span(g * 128, 128, other=0.0)].to(k.bf16)
+            sg = k.load(scales, (idx, 128 + g), other=0.0)
+            acc += k.dot((p * sg[None, :]).to(k.bf16), c)
+        o[t, k.span(h0, BH), k.span(g * 128, 128)] = acc.to(k.bf16)
+        lse[t, k.span(h0, BH)] = row_lse
+
+
+def score_segments(t: int, h: int, topk: int, bh: int, bk: int = 64, sm_count: int = 132) -> int:
+    """Index segments per (query, head block) for pass 1: doubled while the programs stay within
+    ~4 per SM and each segment keeps at least one BK block."""
+    programs = t * -(-h // bh)
+    blocks = -(-topk // bk)
+    ns = 1
+    while ns * 2 <= blocks and programs * ns * 2 <= 4 * sm_count:
+        ns *= 2
+    return ns
+
+
+def fits(t: int, h: int, topk: int) -> bool:
+    """Whether the fp32 score buffer of a call stays within SCORE_BUDGET (decode-sized calls)."""
+    return t * h * topk * 4 <= SCORE_BUDGET
+
+
+def sparse_mla_attention_two_pass(target: str, q, views, idx, sm_scale: float, o, lse, segments: int, kw: dict):
+    """Launch both passes into o / lse (torch tensors allocated by the caller). kw: BH (and any
+    other config keys) pinned for both passes."""
+    import torch
+    c, sc, r = views
+    T, H = q.shape[0], q.shape[1]
+    s = torch.empty((T, H, idx.shape[1]), dtype=torch.float32, device=q.device)
+    part_m = torch.empty((segments, T, H), dtype=torch.float32, device=q.device)
+    part_l = torch.empty((segments, T, H), dtype=torch.float32, device=q.device)
+    sfa_scores[target](q, c, sc, r, idx, s, part_m, part_l, float(sm_scale), **kw)
+    sfa_values[target](c, sc, idx, s, part_m, part_l, o, lse, NSB=1 << (segments - 1).bit_length(), **kw)
+    return o, lse
+
+
+assert LATENT == 4 * TILE            # pass 2's column tiles are the cache's 128-column scale tiles
