@@ -110,7 +110,11 @@ def stage_times(args, topk, length, target):
     stages["slots"] = lambda: A.slots_of_positions(pos, table, t // table.shape[0], target=target)
     slots = stages["slots"]()
     stages["sfa"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, target=target)
-    split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target))   # li_sfa_unfused's choice
+    stages["sfa one-pass"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, form="one_pass",
+                                                            target=target)
+    stages["sfa two-pass"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, form="two_pass",
+                                                            target=target)
+    split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target))   # the one-pass form's split
     if split > 1:                       # flash-decoding form (the model's decode steps)
         stages[f"sfa split{split}"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, split=split,
                                                                     target=target)
@@ -187,11 +191,13 @@ def tuning_tables() -> list[dict]:
     """Every config the Triton autotuner timed for the unfused path's kernels."""
     import importlib
     import harness
-    A, I, K = (importlib.import_module(f"k31dsl.ops.dsa.{m}") for m in ("attention", "indexer", "topk"))
+    A, I, K, TP = (importlib.import_module(f"k31dsl.ops.dsa.{m}") for m in ("attention", "indexer", "topk",
+                                                                               "sfa_two_pass"))
     kernels = [("lightning_indexer_paged", I.lightning_indexer_paged), ("topk_segments", K.topk_segments),
                ("sparse_mla_attention_fwd", A.sparse_mla_attention_fwd),
                ("sparse_mla_attention_split", A.sparse_mla_attention_split),
-               ("sparse_mla_attention_combine", A.sparse_mla_attention_combine)]
+               ("sparse_mla_attention_combine", A.sparse_mla_attention_combine),
+               ("sfa_scores", TP.sfa_scores), ("sfa_values", TP.sfa_values)]
     return [r for label, kdef in kernels for r in harness.tuning_rows(label, kdef["triton"])]
 
 

@@ -44,7 +44,7 @@ def all_ops() -> dict[str, OpSpec]:
     from k31dsl.ops import attnres  # noqa: F401
     from k31dsl.ops import kda  # noqa: F401
     from k31dsl.ops.dsa import indexer_checks  # noqa: F401
-    from k31dsl.ops.dsa import attention, fused  # noqa: F401
+    from k31dsl.ops.dsa import attention_checks, fused  # noqa: F401
     from k31dsl.ops import nn  # noqa: F401
     from k31dsl.ops.dsa import mla  # noqa: F401
     from k31dsl.ops import moe  # noqa: F401

@@ -21,7 +21,6 @@ import math
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import FLOAT_INPUTS, require_tensor, resolve_target
-from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 PAGE = 64
 LATENT = 512
@@ -324,6 +323,13 @@ def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tenso
         slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
 
 
+def sfa_form(t: int, h: int, topk: int, on_gpu: bool) -> str:
+    """The form li_sfa_unfused and the model's decode steps take: two passes on a GPU when the fp32
+    score buffer fits sfa_two_pass.SCORE_BUDGET (decode-sized calls), else one pass."""
+    from k31dsl.ops.dsa import sfa_two_pass
+    return "two_pass" if on_gpu and sfa_two_pass.fits(t, h, topk) else "one_pass"
+
+
 def max_head_block(target: str) -> int:
     """Heads per program: 64 on a GPU (the [64, 512] fp32 accumulators live in registers); 32 on
     ascendc, whose 192 KB Unified Buffer holds the BH = 32 tiles but not BH = 64 (~340 KB)."""
@@ -412,7 +418,7 @@ def _check_scale(op: str, sm_scale):
 FORMS = ("one_pass", "two_pass")
 
 
-def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = None, form: str = "one_pass",
+def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = None, form: str | None = None,
                          target: str | None = None, **config):
     """Sparse MLA attention (MQA mode) over the paged FP8 latent cache.
 
@@ -423,7 +429,7 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     no valid index gets o = 0 and lse = +inf. split > 1: the index list in that many segments
     (flash-decoding: fp32 partial outputs and lse per segment, then a combine kernel), the form
     for few queries on a GPU (sfa_split chooses it for the model's decode steps).
-    form "two_pass" (sfa_two_pass.py): scores and their softmax statistics first, then the value
+    form (default: sfa_form's choice) "two_pass" (sfa_two_pass.py): scores and their softmax statistics first, then the value
     product per 128-column tile; split is then pass 1's segment count (default: ~4 programs per
     SM on a GPU, else 1). It keeps an fp32 [T, H, topk] score buffer: decode-sized calls."""
     import torch
@@ -439,6 +445,8 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     _check_scale(op, sm_scale)
     if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 1):
         raise K31Error(f"{op}: split must be an int >= 1 (or None), got {split!r}")
+    if form is None:
+        form = sfa_form(q.shape[0], q.shape[1], idx.shape[1], target == "triton" and q.is_cuda)
     if form not in FORMS:
         raise K31Error(f"{op}: form must be one of {', '.join(FORMS)}, got {form!r}")
     T, H = q.shape[0], q.shape[1]
@@ -496,28 +504,6 @@ def random_latent(n: int, gen, dtype):
     return x.to(dtype)
 
 
-def _check_write(target: str, seed: int = 0) -> list[CaseResult]:
-    import numpy as np
-    import torch
-    from k31dsl.ops.testing import device_for, load_oracle, mismatches, to_f64
-    ref = load_oracle("dsa_attention")
-    dev = device_for(target)
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for n, pages, dt, pow2 in ((70, 3, torch.bfloat16, False), (33, 2, torch.float32, True), (5, 1, torch.float16, False)):
-        kv, kr = random_latent(n, g, dt), torch.randn(n, ROPE, generator=g).to(dt)
-        slots = torch.randperm(pages * PAGE, generator=g)[:n].int()
-        slots[n // 2] = -1                                        # padding token: skipped
-        before = torch.randint(0, 256, (pages, PAGE, RECORD), generator=g, dtype=torch.uint8)
-        cache = before.clone().to(dev)
-        mla_cache_write(cache, kv.to(dev), kr.to(dev), slots.to(dev), pow2_scale=pow2, target=target)
-        want = ref.mla_cache_write(before.numpy(), to_f64(kv), to_f64(kr), slots.numpy(), pow2)
-        bad = mismatches(cache.cpu().numpy(), want)
-        out.append(CaseResult(f"write {n} tokens {str(dt)[6:]} into {pages} pages, pow2_scale={pow2}", bad, 0,
-                              bad == 0, "cache bytes differing from the oracle's records"))
-    return out
-
-
 def sfa_errors(o, lse, want_o, want_lse) -> tuple[float, float]:
     """(max |o - want| / max |want|, max |lse - want| over finite lse; inf when +inf rows differ)."""
     import numpy as np
@@ -529,51 +515,3 @@ def sfa_errors(o, lse, want_o, want_lse) -> tuple[float, float]:
     e_o = float(np.abs(got_o - want_o).max() / max(np.abs(want_o).max(), 1e-30)) if want_o.size else 0.0
     e_l = float(np.abs(got_l[~lonely] - want_lse[~lonely]).max()) if (~lonely).any() else 0.0
     return e_o, e_l
-
-
-def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
-    import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
-    ref = load_oracle("dsa_attention")
-    dev = device_for(target)
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for T, H, K, pages, qdt, scale, split, form in (
-            (3, 5, 40, 3, torch.bfloat16, 0.135234, 1, "one_pass"),
-            (2, 20, 70, 2, torch.float32, 0.05, 1, "one_pass"),
-            (3, 5, 100, 2, torch.bfloat16, 0.135234, 3, "one_pass"),
-            (2, 5, 200, 4, torch.bfloat16, 0.1, 6, "one_pass"),         # 6 segments: 2 combine loads
-            (3, 20, 100, 2, torch.bfloat16, 0.1, 3, "two_pass")):
-        n = pages * PAGE
-        cache = new_mla_cache(pages)
-        mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
-                        torch.arange(n, dtype=torch.int32), target="numpy")
-        q = torch.randn(T, H, LATENT + ROPE, generator=g).to(qdt)
-        idx = torch.randint(-3, n + 5, (T, K), generator=g, dtype=torch.int32)   # -1.. and past the end
-        idx[1, K // 3:] = -1                          # a compacted top-k list: -1 padding at the end
-        idx[-1] = -1                                                             # a lonely query
-        if split > 1:
-            idx[0, : K // 2] = -1                       # query 0: its first segments hold no valid index
-        o, lse = sparse_mla_attention(q.to(dev), cache.to(dev), idx.to(dev), scale, split=split, form=form,
-                                      target=target)
-        lat, rope = ref.mla_cache_decode(cache.numpy())
-        q_mma = ref.round_to(to_f64(q), ref.BF16)                  # the kernel's MMA operand
-        want_o, want_l = ref.sparse_mla_attention(q_mma, lat, rope, idx.numpy(), scale)
-        e_o, e_l = sfa_errors(o, lse, want_o, want_l)
-        name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q" + (f" split={split}" if split > 1 else "") + \
-            (" two-pass" if form == "two_pass" else "")
-        out.append(CaseResult(f"{name}: o", e_o, 2e-2, e_o <= 2e-2, "max abs err / max |o| (bf16 output)"))
-        out.append(CaseResult(f"{name}: lse", e_l, 1e-3, e_l <= 1e-3, "max abs err (natural log)"))
-    return out
-
-
-register(OpSpec("mla_cache_write", "dsa", mla_cache_write, [mla_cache_write_rows],
-                "paged MLA latent cache write: 656 B records (512 E4M3 in 128-tiles + 4 fp32 scales + 64 bf16 rope)",
-                _check_write, exact=True, tags=["dsa", "fp8", "cache"]))
-from k31dsl.ops.dsa import sfa_two_pass as _two_pass  # noqa: E402 - its kernels use this module's helpers
-
-register(OpSpec("sparse_mla_attention", "dsa", sparse_mla_attention,
-                [sparse_mla_attention_fwd, sparse_mla_attention_split, sparse_mla_attention_combine,
-                 _two_pass.sfa_scores, _two_pass.sfa_values],
-                "sparse MLA attention over the paged FP8 latent cache (physical indices, -1 ignored, lse natural log)",
-                _check_sfa, tags=["dsa", "attention"]))

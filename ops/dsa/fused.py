@@ -390,12 +390,14 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
 
 def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
                    topk: int, sm_scale, *, return_indices: bool = False, max_len: int | None = None,
-                   mma: str = "fp8", sfa_split: int | None = None, target: str | None = None):
+                   mma: str = "fp8", sfa_split: int | None = None, sfa_form: str | None = None,
+                   target: str | None = None):
     """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits [T, max_len]
     to global memory) -> topk -> slots_of_positions -> sparse_mla_attention. max_len (default:
     max(ke), a host sync) bounds the logits' width; mma as lightning_indexer's. Positions come
     out in position order (topk sorted=False: attention needs the set only). sfa_split: the
-    attention's index-list segments (default: attention.sfa_split's choice on a GPU, else 1)."""
+    attention's index-list segments (default: attention.sfa_split's choice on a GPU, else 1);
+    sfa_form: sparse_mla_attention's form (default: attention.sfa_form's choice)."""
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
@@ -410,10 +412,12 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
                                mma=mma, target=target)
     pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
     slots = A.slots_of_positions(pos, block_table, t // b, target=target)
-    if sfa_split is None:
-        gpu = target == "triton" and mla_q.is_cuda
+    gpu = target == "triton" and mla_q.is_cuda
+    if sfa_form is None:
+        sfa_form = A.sfa_form(t, mla_q.shape[1], topk, gpu)
+    if sfa_split is None and sfa_form == "one_pass":
         sfa_split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target)) if gpu else 1
-    o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, split=sfa_split, target=target)
+    o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, split=sfa_split, form=sfa_form, target=target)
     return (o, lse, pos) if return_indices else (o, lse)
 
 
