@@ -109,7 +109,7 @@ def stage_times(args, topk, length, target):
     pos = stages["topk"]()
     stages["slots"] = lambda: A.slots_of_positions(pos, table, t // table.shape[0], target=target)
     slots = stages["slots"]()
-    stages["sfa"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, target=target)
+    stages["sfa"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, target=target)   # its default
     stages["sfa one-pass"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, form="one_pass",
                                                             target=target)
     stages["sfa two-pass"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, form="two_pass",
@@ -117,7 +117,7 @@ def stage_times(args, topk, length, target):
     split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target))   # the one-pass form's split
     if split > 1:                       # flash-decoding form (the model's decode steps)
         stages[f"sfa split{split}"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, split=split,
-                                                                    target=target)
+                                                                    form="one_pass", target=target)
     out = {}
     for name, fn in stages.items():
         out[f"stage {name} graph ms"] = harness.graph_median_ms(fn)

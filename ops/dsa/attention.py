@@ -324,10 +324,12 @@ def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tenso
 
 
 def sfa_form(t: int, h: int, topk: int, on_gpu: bool) -> str:
-    """The form li_sfa_unfused and the model's decode steps take: two passes on a GPU when the fp32
-    score buffer fits sfa_two_pass.SCORE_BUDGET (decode-sized calls), else one pass."""
+    """The form sparse_mla_attention, li_sfa_unfused and the model's steps take by default: two
+    passes on a GPU for 64 heads or more (where it was measured: DSA run of 13:13 UTC 1 Dec, 128
+    heads, 0.301 vs 0.346 ms at 64 queries, 0.159 vs 0.209 (split 4) at 32) when the fp32 score
+    buffer fits sfa_two_pass.SCORE_BUDGET (decode-sized calls); else one pass."""
     from k31dsl.ops.dsa import sfa_two_pass
-    return "two_pass" if on_gpu and sfa_two_pass.fits(t, h, topk) else "one_pass"
+    return "two_pass" if on_gpu and h >= 64 and sfa_two_pass.fits(t, h, topk) else "one_pass"
 
 
 def max_head_block(target: str) -> int:
