@@ -3,7 +3,8 @@ config (no autotuning under the profiler). `decode`: the KDA decode step at N = 
 pool, BV 16 / 1 warp (the tuned config of KDA runs 22-23); `decode_kv`: the [K,V] pool at BV 64 /
 4 warps; `prepare`: the AttnRes prepare at n = 8, T = 8192, D = 7168, S = 6 in the tuned config
 (BD 256, 8 warps, L2 hints, ROWS3D sweep 1: KDA-session run 30; run 26 profiled it without ROWS3D);
-`dsa_step`: the unfused DSA decode step at B = 64, L = 32K (indexer, top-k, slots, SFA).
+`dsa_step`: the unfused DSA decode step at B = 64, L = 32K (indexer, top-k, slots, one-pass SFA).
+`sfa_two_pass`: the two passes of the two-pass SFA at the same shape.
 
     ncu --clock-control none -k regex:kda_decode_step --launch-skip 2 --launch-count 1 \\
         python3 benchmarks/probes/profile_target.py decode
@@ -56,10 +57,32 @@ def dsa_step(reps: int = 4, b: int = 64, length: int = 32768):
         scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
         pos = topk(scores, 2048, sorted=False, target="triton")
         slots = A.slots_of_positions(pos, table, 1, target="triton")
-        A.sparse_mla_attention(mq, mcache, slots, SM_SCALE, target="triton", BH=64, BK=32, num_warps=8)
+        A.sparse_mla_attention(mq, mcache, slots, SM_SCALE, form="one_pass", target="triton", BH=64, BK=32,
+                               num_warps=8)
+
+
+def sfa_two_pass(reps: int = 4, b: int = 64, length: int = 32768):
+    """The two-pass SFA at the DSA step's B=64, L=32K, each pass in its first config (the tuned ones
+    of the 13:30 UTC probe run), two score segments: no tuner under the profiler."""
+    from dsa import SM_SCALE, make_step
+    from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa import sfa_two_pass as TP
+    from k31dsl.ops.dsa.indexer import lightning_indexer
+    from k31dsl.ops.dsa.topk import topk
+    (qc, qs, w, icache, mq, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda")
+    scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
+    slots = A.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
+    views = A.cache_views(mcache)
+    t, h, k = mq.shape[0], mq.shape[1], slots.shape[1]
+    s = torch.empty((t, h, k), device="cuda")
+    pm, pl = torch.empty((2, t, h), device="cuda"), torch.empty((2, t, h), device="cuda")
+    o, lse = torch.empty((t, h, 512), dtype=torch.bfloat16, device="cuda"), torch.empty((t, h), device="cuda")
+    for _ in range(reps):
+        TP.sfa_scores["triton"](mq, *views, slots, s, pm, pl, SM_SCALE, **TP.SCORE_CONFIGS[0])
+        TP.sfa_values["triton"](views[0], views[1], slots, s, pm, pl, o, lse, NSB=2, **TP.VALUE_CONFIGS[0])
 
 
 if __name__ == "__main__":
     {"decode": decode, "decode_kv": lambda: decode(v_first=False), "prepare": prepare,
-     "dsa_step": dsa_step}[sys.argv[1]]()
+     "dsa_step": dsa_step, "sfa_two_pass": sfa_two_pass}[sys.argv[1]]()
     torch.cuda.synchronize()

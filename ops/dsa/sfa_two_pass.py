@@ -24,12 +24,14 @@ from __future__ import annotations
 import k31dsl as k
 from k31dsl.ops.dsa.attention import LATENT, TILE, gather_records, live_blocks, load_query, score_tile
 
-# Candidates from probes/sfa_forms.py (H200, the DSA step's shapes; NOTES.md, DSA): the score pass
-# fits two programs per SM at one or two pipeline stages (q's [64, 576] bf16 tile alone is 72 KB of
-# shared memory; sm_90a: BK 16 126 registers 92 KB, BK 32 230 registers 110 KB).
-SCORE_CONFIGS = [{"BH": 64, "BK": bk, "num_warps": 4, "num_stages": st} for bk, st in ((32, 1), (16, 1), (32, 2), (64, 3))]
-VALUE_CONFIGS = [{"BH": 64, "BK": bk, "VT": vt, "num_warps": 8, "num_stages": st}
-                 for bk, vt, st in ((64, 1, 2), (32, 2, 2), (64, 2, 1), (32, 4, 1))]
+# Candidates from probes/sfa_forms.py (H200, the DSA step's shapes, 128 heads; NOTES.md, DSA, and
+# results/sfa_forms*.md). Score pass: two programs per SM at one pipeline stage (q's [64, 576] bf16
+# tile alone is 72 KB of shared memory; sm_90a: BK 32 230 registers / 110 KB): 0.144 ms at 64
+# queries against 0.204 for BK 64 at three stages. Value pass: BK 64 at one stage 0.140 ms, two
+# stages 0.155; all 128 heads per program 0.165; a register cap of 80 (spills) 0.213; two or four
+# column tiles per program (the score tile read once) 0.21 / 0.26 at two stages.
+SCORE_CONFIGS = [{"BH": 64, "BK": bk, "num_warps": 4, "num_stages": st} for bk, st in ((32, 1), (16, 1), (64, 3))]
+VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": 8, "num_stages": st} for bh, st in ((64, 1), (64, 2), (128, 1))]
 SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
 
 
@@ -76,46 +78,28 @@ def segments_lse(part_m, part_l, t, h0, BH, NSB):
     return k.where(ok, ms + k.log(k.where(ok, den, 1.0)), float("inf"))
 
 
-@k.func
-def tile_product(acc, p, codes, scales, idx, col):
-    """acc + (p * scale_col) @ code tile col (128 columns) of the gathered records."""
-    c = codes[idx, k.span(col * 128, 128, other=0.0)].to(k.bf16)
-    sc = k.load(scales, (idx, 128 + col), other=0.0)
-    return acc + k.dot((p * sc[None, :]).to(k.bf16), c)
-
-
 @k.kernel(configs=VALUE_CONFIGS)
 def sfa_values(codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S", "R // 4"],
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"],
                o: k.Tensor[k.bf16, "T", "H", "DV"], lse: k.Tensor[k.f32, "T", "H"],
-               BH: k.constexpr = 64, BK: k.constexpr = 64, VT: k.constexpr[1, 2, 4] = 1, NSB: k.constexpr = 1):
-    # Program (t, head block, column group g): VT of the four 128-column tiles, so the score tile
-    # and its exp are loaded / computed once per VT tiles. NSB: the segment count rounded up to a
-    # power of two (the caller passes it). Every column group's program writes the same lse.
-    for t, hb, g in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], 128 * VT)):
+               BH: k.constexpr = 64, BK: k.constexpr = 64, NSB: k.constexpr = 1):
+    # NSB: the segment count rounded up to a power of two (the caller passes it). Every column
+    # tile's program computes the same lse and writes it.
+    for t, hb, g in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], 128)):
         h0 = hb * BH
         row_lse = segments_lse(part_m, part_l, t, h0, BH, NSB)
         n_slots = codes.shape[0]
-        acc0, acc1 = k.zeros((BH, 128), k.f32), k.zeros((BH, 128), k.f32)
-        acc2, acc3 = k.zeros((BH, 128), k.f32), k.zeros((BH, 128), k.f32)
+        acc = k.zeros((BH, 128), k.f32)
         for j in range(live_blocks(indices, t, n_slots, BK)):
             idx = indices[t, k.span(j * BK, BK, other=-1)]
             valid = (idx >= 0) & (idx < n_slots)
             sc = k.load(s, (t, k.span(h0, BH), k.span(j * BK, BK)), other=float("-inf"))
             p = k.where(valid[None, :], k.exp(sc - row_lse[:, None]), 0.0)
-            acc0 = tile_product(acc0, p, codes, scales, idx, g * VT)
-            if VT >= 2:
-                acc1 = tile_product(acc1, p, codes, scales, idx, g * VT + 1)
-            if VT == 4:
-                acc2 = tile_product(acc2, p, codes, scales, idx, g * VT + 2)
-                acc3 = tile_product(acc3, p, codes, scales, idx, g * VT + 3)
-        o[t, k.span(h0, BH), k.span(g * VT * 128, 128)] = acc0.to(k.bf16)
-        if VT >= 2:
-            o[t, k.span(h0, BH), k.span((g * VT + 1) * 128, 128)] = acc1.to(k.bf16)
-        if VT == 4:
-            o[t, k.span(h0, BH), k.span((g * VT + 2) * 128, 128)] = acc2.to(k.bf16)
-            o[t, k.span(h0, BH), k.span((g * VT + 3) * 128, 128)] = acc3.to(k.bf16)
+            c = codes[idx, k.span(g * 128, 128, other=0.0)].to(k.bf16)
+            sg = k.load(scales, (idx, 128 + g), other=0.0)
+            acc += k.dot((p * sg[None, :]).to(k.bf16), c)
+        o[t, k.span(h0, BH), k.span(g * 128, 128)] = acc.to(k.bf16)
         lse[t, k.span(h0, BH)] = row_lse
 
 
