@@ -437,10 +437,16 @@ class Frontend(ExprMixin):
             if len(args) == 3 and args[2] == 0:
                 raise self.err(it, "k.static_range step must not be zero", "use a positive step")
             return self.unrolled(st, range(*args))
-        if fn is not range:
-            raise self.err(it, "kernels loop only over range(...), k.static_range(...), k.grid(...) "
+        attrs = {}
+        if lang.builtin_name(fn) == "range":
+            attrs = self.range_hints(it)
+        elif fn is not range:
+            raise self.err(it, "kernels loop only over range(...), k.range(...), k.static_range(...), k.grid(...) "
                            "or a compile-time tuple", "write `for i in range(n):`")
-        if it.keywords or not 1 <= len(args) <= 3:
+        elif it.keywords:
+            raise self.err(it, "range() takes no keyword arguments",
+                           "write k.range(lo, hi, step, stages=N) for a pipelining hint")
+        if not 1 <= len(args) <= 3:
             raise self.err(it, "range() takes 1 to 3 positional arguments", "write range(n) or range(lo, hi, step)")
         args = [0, args[0], 1] if len(args) == 1 else (args + [1] if len(args) == 2 else args)
         for a in args:
@@ -454,7 +460,25 @@ class Frontend(ExprMixin):
         if not isinstance(st.target, ast.Name):
             raise self.err(st.target, "a range loop target must be a single name", "write `for j in range(n):`")
         lo, hi, step = (self.as_value(a, it, D.i32) for a in args)
-        self.runtime_loop(st, lo, hi, step)
+        self.runtime_loop(st, lo, hi, step, attrs)
+
+    def range_hints(self, it: ast.Call) -> dict:
+        """k.range's keyword hints as `for` attrs: stages=N (a compile-time int >= 1, or None for
+        none) asks the Triton target to software-pipeline the loop's loads N deep (tl.range
+        num_stages: Triton then pipelines loads that feed no dot too); other targets ignore it."""
+        attrs = {}
+        for kw in it.keywords:
+            if kw.arg != "stages":
+                raise self.err(kw.value if kw.arg else it, f"k.range takes no keyword `{kw.arg}`",
+                               "the one hint is stages=N")
+            v = self.expr(kw.value)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise self.err(kw.value, f"k.range stages must be a compile-time int >= 1 (or None), got "
+                               f"{self.describe(v)}", "pass a literal or a constexpr, e.g. stages=STAGES")
+            attrs["stages"] = v
+        return attrs
 
     def unrolled(self, st: ast.For, values):
         if len(values) > MAX_UNROLL:
@@ -464,7 +488,7 @@ class Frontend(ExprMixin):
             self.assign(st.target, v, st)
             self.stmts(st.body)
 
-    def runtime_loop(self, st: ast.For, lo, hi, step):
+    def runtime_loop(self, st: ast.For, lo, hi, step, attrs: dict | None = None):
         ivname = st.target.id
         assigned = _assigned_names(st.body)
         carried = sorted(n for n in assigned if n != ivname and n in self.env
@@ -512,7 +536,7 @@ class Frontend(ExprMixin):
             self.in_loop -= 1
             inner_locals = self.loop_locals
             self.block, self.env, self.loop_locals = outer_block, outer_env, outer_locals
-        results = self.emit("for", [lo, hi, step] + inits, {}, st, regions=[body])
+        results = self.emit("for", [lo, hi, step] + inits, dict(attrs or {}), st, regions=[body])
         for r, (n, i) in zip(results, slots):
             r.hint = n if i is None else f"{n}_{i}"
         for n in carried:

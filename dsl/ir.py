@@ -28,7 +28,8 @@ The op set (operands | attrs -> results). "tile" means any TileType, scalars are
   broadcast     x              | shape                 -> tile of shape
   reshape       x              | shape                 -> tile of shape (row-major)
   cat           a[L], b[L]     | -                     -> [2L] (a then b)
-  for           lo, hi, step, init* | -  region(iv, carried*) -> carried*
+  for           lo, hi, step, init* | stages?  region(iv, carried*) -> carried*
+                (stages: a pipelining hint from k.range, read by the Triton target only)
   yield         v*             | -                     -> -   (terminates a for body)
 
 INDEX KINDS of load/store (attr `index`, one entry per tensor axis, each consumes one operand):

@@ -270,6 +270,7 @@ ATTR_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reverse": (lambda x: isinstance(x, bool), "true or false"),
     "precision": (lambda x: x in ("ieee", "tf32"), '"ieee" or "tf32"'),
     "evict": (lambda x: x in ("first", "last"), '"first" or "last"'),
+    "stages": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
     "index": (lambda x: isinstance(x, (list, tuple)) and all(isinstance(e, str) for e in x), "a list of strings"),
 }
 

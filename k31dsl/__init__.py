@@ -16,7 +16,7 @@ from k31dsl.dsl.lang import (Tensor, constexpr, func, kernel, KernelDef, FuncDef
                              grid, span, arange, zeros, full, exp, exp2, log, log2, sqrt, rsqrt, abs,
                              sigmoid, softplus, relu, floor, ceil, maximum, minimum, where, sum, max,
                              min, cumsum, dot, topk, take, cat, reshape, broadcast_to, cdiv, load,
-                             store, static_range, cast, bitcast)
+                             store, static_range, range, cast, bitcast)
 from k31dsl.version import __version__  # noqa: F401
 
 bool = bool_  # noqa: A001 - k.bool reads naturally in annotations

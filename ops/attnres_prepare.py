@@ -45,7 +45,7 @@ def _source_chunk(v, t, j, NB, BD, hint, ROWS3D):
 
 
 @k.func
-def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, ROWS3D):
+def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, ROWS3D, STAGES):
     """Sweep 1: every source's sum of squares and its dot with every query, the logits z [SB, NB]
     (before masking). [NB, BD] source chunks meet [SB, BD] query chunks through [SB, NB, BD]
     broadcasts; with ROWS3D the source chunk is loaded as [NB, 1, BD] against [1, SB, BD] queries,
@@ -64,7 +64,7 @@ def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, RO
     if PREFETCH:
         x_next = _source_chunk(v, t, 0, NB, BD, KEEP, ROWS3D)
         q_next = q[k.span(0, SB, other=0.0), k.span(0, BD, other=0.0)]
-    for j in range(chunks):
+    for j in k.range(chunks, stages=STAGES):
         if PREFETCH:
             x = x_next.to(k.f32)
             qt = q_next
@@ -91,12 +91,12 @@ def _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, RO
 
 @k.func
 def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL, REDUCE_EACH, UNROLL_SRC,
-                     PREFETCH, KEEP, DROP, ROWS3D):
+                     PREFETCH, KEEP, DROP, ROWS3D, STAGES):
     """attnres_prepare_rows for token row t. PREFETCH issues the next chunk's loads before the
     current chunk's arithmetic (two chunks in flight per program: the loop is latency-bound).
     KEEP / DROP: L2 hints (None: none) on sweep 1's source loads (KEEP "last": read again by
     sweep 2) and on sweep 2's loads and the O stores (DROP "first": not read again)."""
-    z = _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, ROWS3D)
+    z = _sweep1(v, q, eps, t, d, chunks, NB, SB, BD, REDUCE_EACH, PREFETCH, KEEP, ROWS3D, STAGES)
     z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
     zmax = k.max(z, axis=1)
     e = k.exp(z - zmax[:, None])
@@ -108,7 +108,7 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
         l[k.span(0, SB), t] = esum
     if PREFETCH and not UNROLL_SRC:
         x_next = _source_chunk(v, t, chunks - 1, NB, BD, DROP, False)
-    for jj in range(chunks):
+    for jj in k.range(chunks, stages=STAGES):
         j = chunks - 1 - jj                 # reverse: the chunks read last are still cached
         if UNROLL_SRC:
             acc = k.zeros((SB, BD), k.f32)
@@ -135,16 +135,17 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
                          FINAL: k.constexpr = False, REDUCE_EACH: k.constexpr = False,
                          UNROLL_SRC: k.constexpr = False, PREFETCH: k.constexpr = False,
                          WARPS: k.constexpr = 4, KEEP: k.constexpr = None, DROP: k.constexpr = None,
-                         ROWS3D: k.constexpr = False):
+                         ROWS3D: k.constexpr = False, STAGES: k.constexpr = None):
     # FINAL (full AttnRes, S = 1): write O / L in OT and skip the statistics.
     # REDUCE_EACH: reduce the dot products over each chunk (registers SB * NB) instead of keeping
     # an [SB, NB, BD] accumulator. UNROLL_SRC: the second sweep unrolls over the sources, one
     # row load and one [SB, BD] multiply-add each (no reduction across threads).
     # PREFETCH: the next chunk's loads are issued before the current chunk's arithmetic.
     # KEEP / DROP: L2 hints (_prepare_one_row). ROWS3D: sweep 1 on [NB, 1, BD] source tiles
-    # (_sweep1; REDUCE_EACH does not apply).
+    # (_sweep1; REDUCE_EACH does not apply). STAGES: both sweeps' loops as k.range(stages=STAGES), so
+    # Triton software-pipelines their loads STAGES deep through shared memory (cp.async).
     # NB/SB (sources/queries, powers of two) are always passed by the callers; the defaults (4)
     # keep the unrolled IR of `kernel.ir()` (round-trip tests, `k31dsl compile`) small.
     for t in k.grid(v.shape[1]):
         _prepare_one_row(v, q, o, m, l, eps, t, v.shape[0], v.shape[2], k.cdiv(v.shape[2], BD), OT, NB, SB, BD,
-                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP, ROWS3D)
+                         FINAL, REDUCE_EACH, UNROLL_SRC, PREFETCH, KEEP, DROP, ROWS3D, STAGES)

@@ -113,7 +113,7 @@ class PyEmitter:
             # carried values live in one variable across iterations, named after the result
             self.names[c.uid] = self.name(r)
             self.line(depth, f"{self.names[c.uid]} = {self.init_expr(init)}")
-        self.line(depth, f"for {self.name(iv)} in {self.loop_range(lo, hi, step)}:")
+        self.line(depth, f"for {self.name(iv)} in {self.loop_range(lo, hi, step, op.attrs)}:")
         fix = self.loop_index(iv)
         if fix is not None:
             self.line(depth + 1, fix)
@@ -127,7 +127,8 @@ class PyEmitter:
             self.line(depth + 1, "pass")
         self.last_src = None
 
-    def loop_range(self, lo, hi, step) -> str:
+    def loop_range(self, lo, hi, step, attrs: dict) -> str:
+        """The loop's iterator; attrs are the `for` op's hints (stages), which only Triton reads."""
         return f"range({self.n(lo)}, {self.n(hi)}, {self.n(step)})"
 
     def loop_index(self, iv: Value) -> str | None:

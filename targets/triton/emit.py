@@ -93,6 +93,13 @@ class TritonEmitter(PyEmitter):
     def reserved(self) -> set[str]:
         return super().reserved() | set(HELPERS) | {"grid", "float", "int", "bool"}
 
+    def loop_range(self, lo, hi, step, attrs: dict) -> str:
+        # k.range(stages=N): an explicit num_stages also makes Triton pipeline loads that feed no
+        # dot (its AssignLatencies pass pipelines those only for loops carrying the attribute)
+        if attrs.get("stages") is None:
+            return super().loop_range(lo, hi, step, attrs)
+        return f"tl.range({self.n(lo)}, {self.n(hi)}, {self.n(step)}, num_stages={int(attrs['stages'])})"
+
     # ------------------------------------------------------------ types and operand forms
     def carrier(self, dt: D.DType) -> str:
         """The tl dtype a value of `dt` lives in inside the kernel."""
