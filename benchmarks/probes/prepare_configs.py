@@ -20,10 +20,16 @@ BASE = dict(REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True, DROP="first", RO
 # BD 256 / 8 warps: 146 registers, 32 / 48 / 80 KB smem at 3 / 4 / 6 stages; BD 128 / 4 warps:
 # 142 registers, 16 / 24 / 40 KB), the manual prefetch off.
 PIPE = dict(BASE, PREFETCH=False)
-CONFIGS = [dict(BASE, BD=256, WARPS=8, KEEP="last", num_warps=8)]
-CONFIGS += [dict(PIPE, BD=256, WARPS=8, KEEP="last", STAGES=st, num_warps=8) for st in (3, 4, 6)]
-CONFIGS += [dict(PIPE, BD=128, WARPS=4, KEEP=None, STAGES=st, num_warps=4) for st in (3, 4, 6)]
-CONFIGS += [dict(PIPE, BD=256, WARPS=8, KEEP="last", STAGES=4, num_warps=8, maxnreg=128)]
+# Run 5 (results/attnres_prepare_probe_stages.md): 1.448 ms for the tuned config; 1.221 at BD 256 /
+# 8 warps / 6 stages; 1.200 at BD 128 / 4 warps / 6 stages. Run 6: deeper (sm_90a: BD 128 / 4 warps
+# at 10 stages 72 KB smem, 142 registers; at 8 stages capped to 128 registers 118, no spill;
+# BD 64 / 2 warps at 12 stages 44 KB, 146 registers).
+CONFIGS = [dict(PIPE, BD=128, WARPS=4, KEEP=None, STAGES=6, num_warps=4)]
+CONFIGS += [dict(PIPE, BD=128, WARPS=4, KEEP=keep, STAGES=st, num_warps=4) for keep, st in ((None, 8), (None, 10),
+                                                                                             ("last", 8))]
+CONFIGS += [dict(PIPE, BD=128, WARPS=4, KEEP=None, STAGES=8, num_warps=4, maxnreg=128)]
+CONFIGS += [dict(PIPE, BD=64, WARPS=2, KEEP=None, STAGES=st, num_warps=2) for st in (8, 12)]
+CONFIGS += [dict(PIPE, BD=256, WARPS=8, KEEP="last", STAGES=8, num_warps=8)]
 
 def main() -> int:
     import torch
