@@ -134,7 +134,7 @@ def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
     if final:
         kw["FINAL"] = True
     if sb * nb > 64 or nb > 16:
-        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False,
+        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), PREFETCH=False, ROWS3D=False, STAGES=None,
                   KEEP=None, DROP=None)
     prepare_kernel(target)(v, q, o, m, l, eps, **kw)
 

@@ -357,6 +357,27 @@ CASES = {
                 for j in range(0, 64, s):  # <-
                     x[j] = 0.0
         """, "step must be a positive compile-time integer"),
+    "range_stages_zero": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                for j in k.range(4, stages=0):  # <-
+                    x[j] = 0.0
+        """, "stages must be a compile-time int >= 1"),
+    "range_unknown_hint": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                for j in k.range(4, unroll=2):  # <-
+                    x[j] = 0.0
+        """, "takes no keyword `unroll`"),
+    "plain_range_keyword": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(1):
+                for j in range(4, stages=2):  # <-
+                    x[j] = 0.0
+        """, "range() takes no keyword arguments"),
     "int_literal_out_of_range": ("""
         @k.kernel
         def kern(x: k.Tensor[k.i32, "N"]):

@@ -342,7 +342,7 @@ def test_bad_inputs_raise_k31error(call, needle):
 
 
 # the benchmark's shapes: S = 6 -> SB 8, n = 8, the largest chunk; D = 7168 -> one 8192 row tile
-PREPARE_BENCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, REDUCE_EACH=True, UNROLL_SRC=True)
+PREPARE_BENCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=128, WARPS=4, ROWS3D=True, STAGES=6)
 PREPARE_PREFETCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, WARPS=16, PREFETCH=True)
 PREPARE_HINTS = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=256, WARPS=8, PREFETCH=True, KEEP="last",
                             DROP="first")

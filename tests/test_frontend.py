@@ -109,6 +109,41 @@ def test_static_range_unrolls():
     np.testing.assert_allclose(y.numpy(), np.exp(x.astype(np.float64)) + 0.5 + 1.0 + 1.5 + 2.0, rtol=1e-5)
 
 
+@k.kernel
+def pipelined_rowsum(x: k.Tensor[k.f32, "N", "D"], y: k.Tensor[k.f32, "N"], BD: k.constexpr = 16,
+                     ST: k.constexpr = 3):
+    for i in k.grid(x.shape[0]):
+        acc = k.zeros((BD,), k.f32)
+        for j in k.range(k.cdiv(x.shape[1], BD), stages=ST):
+            acc += x[i, k.span(j * BD, BD, other=0.0)]
+        y[i] = k.sum(acc, axis=0)
+
+
+@pytest.mark.parametrize("target", ["numpy", "triton", "ascendc"])
+def test_range_stages_is_a_hint(target):
+    """k.range(stages=N) marks the loop op (`stages` attr; None: no attr) and leaves the results
+    as range() gives them on every target."""
+    loops = [op for op in all_ops(pipelined_rowsum.ir()) if op.name == "for"]
+    assert [op.attrs for op in loops] == [{"stages": 3}]
+    assert [op.attrs for op in all_ops(pipelined_rowsum.ir(ST=None)) if op.name == "for"] == [{}]
+    x = torch.from_numpy(rand(5 * 70).reshape(5, 70))
+    y = torch.zeros(5)
+    pipelined_rowsum[target](x, y)
+    np.testing.assert_allclose(y.numpy(), x.double().sum(1).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_range_stages_reach_triton_and_the_text_form():
+    from k31dsl.dsl.parse import parse_kernel
+    from k31dsl.dsl.text import print_kernel
+    from k31dsl.targets.triton.emit import emit
+    ir = pipelined_rowsum.ir()
+    text = print_kernel(ir)
+    assert "{stages = 3}" in text and print_kernel(parse_kernel(text)) == text
+    src = emit(ir, mode="gpu")
+    assert "tl.range(0, " in src and "num_stages=3)" in src
+    assert "tl.range" not in emit(pipelined_rowsum.ir(ST=None), mode="gpu")
+
+
 def test_configs_first_entry_and_explicit_override():
     assert act.ir().constexprs["BD"] == 32
     assert act.ir(BD=64).constexprs["BD"] == 64
@@ -353,3 +388,26 @@ def test_explicit_load_store_masks_and_augmented_store():
     want[even] = np.minimum(x[even].astype(np.float64), 0.25)
     want[::16] += 100.0
     np.testing.assert_allclose(y, want, rtol=1e-6)
+
+
+def test_range_stages_pipeline_dot_free_loads_on_hopper(tmp_path):
+    """What the hint is for: with stages=3 Triton turns the loop's plain loads (no dot in the
+    loop) into cp.async copies through shared memory on sm_90; without it they stay ld.global."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = (
+        "import pathlib, sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "from test_frontend import pipelined_rowsum\n"
+        "from k31dsl.targets.triton.aot import compile_for_gpu\n"
+        "for st in (3, None):\n"
+        f"    c = compile_for_gpu(pipelined_rowsum.ir(ST=st), pathlib.Path({str(tmp_path)!r}), arch=90)\n"
+        "    print(st, c.asm['ptx'].count('cp.async.ca') + c.asm['ptx'].count('cp.async.cg'),\n"
+        "          c.asm['ptx'].count('ld.global'))\n")
+    env = {k_: v for k_, v in os.environ.items() if k_ != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in res.stdout.splitlines() if line}
+    assert counts["3"][0] > 0 and counts["None"][0] == 0, counts

@@ -296,3 +296,15 @@ def test_verifier_accepts_the_op_library():
                 verify(kdef.ir(**cx))
                 count += 1
     assert count, "the op library registers no kernels"
+
+
+def test_loop_stages_hint_must_be_a_positive_int():
+    """The `stages` attr of a `for` (k.range's pipelining hint): an integer >= 1, else a problem of
+    the attr-types rule (e.g. in a hand-edited .k31 file)."""
+    kern = base.ir()
+    loop = _loop(kern)
+    loop.attrs["stages"] = 2
+    assert not problems(kern)
+    for bad in (0, -1, 2.5, "3"):
+        loop.attrs["stages"] = bad
+        assert [p.rule for p in problems(kern)] == ["attr-types"], bad

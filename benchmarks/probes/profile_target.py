@@ -37,7 +37,7 @@ def prepare(reps: int = 4):
     v = torch.randn(n, t, d, device="cuda")
     q = torch.randn(s, d, device="cuda") * (2.0 / d ** 0.5)
     o, m, l = torch.empty(s, t, d, device="cuda"), torch.empty(s, t, device="cuda"), torch.empty(s, t, device="cuda")
-    cfg = dict(BD=256, WARPS=8, REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=True,
+    cfg = dict(BD=256, WARPS=8, PREFETCH=True,
                KEEP="last", DROP="first", ROWS3D=True, num_warps=8)
     kern = ar.prepare_kernel("triton")
     for _ in range(reps):

@@ -112,7 +112,7 @@ class AttnResStream:
         nb, sb = max(2, next_pow2(n)), max(1, next_pow2(S))
         kw = {"NB": nb, "SB": sb}
         if sb * nb > 64 or nb > 16:         # ops/attnres.py's rule for large source x query counts
-            kw.update(BD=max(16, min(128, 8192 // (sb * nb))), REDUCE_EACH=False, UNROLL_SRC=False, PREFETCH=False)
+            kw.update(BD=max(16, min(128, 8192 // (sb * nb))), PREFETCH=False, ROWS3D=False, STAGES=None)
         self.O, self.M, self.L = p.call(attnres_prepare_rows, self.src, queries, self.O, self.M, self.L,
                                         self.cfg.attnres_eps, **kw)
         self.queries = queries
