@@ -19,13 +19,14 @@ SM_SCALE = 0.135234
 # every constexpr pinned (a config that leaves one open is tuned again)
 # run 1 (13:02 UTC, results/sfa_forms_run1.md) timed more score configs and segment counts, and
 # value configs with VT 2 / 4 column tiles per program (since removed: they lost).
-# run 2 (13:30 UTC): the score pass's winner of run 1 and value-pass variants around run 1's winner
-# (BH 64 / BK 64 / VT 1 / 8 warps / 2 stages): one stage, a register cap of 80 (three programs per
-# SM; sm_90a: 23 B spill), all 128 heads per program (210 registers at BK 64, 152 at BK 32).
+# run 2 (13:30 UTC) timed value-pass variants (one stage won: 0.140 ms at B=64).
+# run 7 (13:37 UTC): the passes' loops as k.range(stages=STAGES), which pipelines every load of the
+# loop (the score tile and the index loads too), at one launch stage (sm_90a: values STAGES 2 / 3
+# 128 registers, 50 KB; scores BK 16 STAGES 2 134 registers, 103 KB; BK 16 STAGES 3 ~113 KB).
 SCORE_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
-VALUE_CONFIGS = [{"BH": bh, "BK": bk, "num_warps": 8, "num_stages": st, **({"maxnreg": mr} if mr else {})}
-                 for bh, bk, st, mr in ((64, 64, 2, None), (64, 64, 1, None), (64, 64, 2, 80), (128, 64, 2, None),
-                                        (128, 32, 2, None), (128, 64, 1, None))]
+SCORE_CONFIGS += [{"BH": 64, "BK": 16, "num_warps": 4, "num_stages": 1, "STAGES": st} for st in (2, 3)]
+VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 8, "num_stages": 1, **({"STAGES": st} if st else {})}
+                 for st in (None, 2, 3)]
 
 def fmt(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         o = torch.empty_like(ref_o)
         lse = torch.empty_like(ref_l)
         best_score = {}
-        for ns in (2, 4):
+        for ns in (2, 4) if b == 32 else (2,):
             pm = torch.empty((ns, T, H), dtype=torch.float32, device="cuda")
             pl = torch.empty_like(pm)
             for cfg in SCORE_CONFIGS:
