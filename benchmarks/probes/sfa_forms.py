@@ -20,13 +20,11 @@ SM_SCALE = 0.135234
 # run 1 (13:02 UTC, results/sfa_forms_run1.md) timed more score configs and segment counts, and
 # value configs with VT 2 / 4 column tiles per program (since removed: they lost).
 # run 2 (13:30 UTC) timed value-pass variants (one stage won: 0.140 ms at B=64).
-# run 7 (13:37 UTC): the passes' loops as k.range(stages=STAGES), which pipelines every load of the
-# loop (the score tile and the index loads too), at one launch stage (sm_90a: values STAGES 2 / 3
-# 128 registers, 50 KB; scores BK 16 STAGES 2 134 registers, 103 KB; BK 16 STAGES 3 ~113 KB).
+# run 7 (13:37 UTC, results/sfa_forms_stages.md; its "one pass" rows are the two-pass default: the
+# probe did not yet pin form="one_pass") timed the passes' loops as k.range(stages=2 / 3): all lost,
+# and the STAGES constexpr was taken out of the kernels again.
 SCORE_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
-SCORE_CONFIGS += [{"BH": 64, "BK": 16, "num_warps": 4, "num_stages": 1, "STAGES": st} for st in (2, 3)]
-VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 8, "num_stages": 1, **({"STAGES": st} if st else {})}
-                 for st in (None, 2, 3)]
+VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 8, "num_stages": 1}]
 
 def fmt(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
@@ -53,15 +51,16 @@ def main(argv=None) -> int:
         del scores
         views = A.cache_views(mcache)
         T, H, K = q.shape[0], q.shape[1], slots.shape[1]
-        ref_o, ref_l = A.sparse_mla_attention(q, mcache, slots, SM_SCALE, target="triton")
+        ref_o, ref_l = A.sparse_mla_attention(q, mcache, slots, SM_SCALE, form="one_pass", target="triton")
         scale = float(ref_o.float().abs().max())
         base = {"B": b, "L": length}
-        one = harness.graph_median_ms(lambda: A.sparse_mla_attention(q, mcache, slots, SM_SCALE, target="triton"))
+        one = harness.graph_median_ms(lambda: A.sparse_mla_attention(q, mcache, slots, SM_SCALE, form="one_pass",
+                                                                    target="triton"))
         rows.append({**base, "form": "one pass (tuned)", "ms": one})
         split = A.sfa_split(T, H, K, 64)
         if split > 1:
             ms = harness.graph_median_ms(lambda: A.sparse_mla_attention(q, mcache, slots, SM_SCALE, split=split,
-                                                                       target="triton"))
+                                                                       form="one_pass", target="triton"))
             rows.append({**base, "form": f"split {split} + combine", "ms": ms})
         print(rows[-2:], flush=True)
         s = torch.empty((T, H, K), dtype=torch.float32, device="cuda")

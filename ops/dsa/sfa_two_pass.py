@@ -29,7 +29,9 @@ from k31dsl.ops.dsa.attention import LATENT, TILE, gather_records, live_blocks, 
 # tile alone is 72 KB of shared memory; sm_90a: BK 32 230 registers / 110 KB): 0.144 ms at 64
 # queries against 0.204 for BK 64 at three stages. Value pass: BK 64 at one stage 0.140 ms, two
 # stages 0.155; all 128 heads per program 0.165; a register cap of 80 (spills) 0.213; two or four
-# column tiles per program (the score tile read once) 0.21 / 0.26 at two stages.
+# column tiles per program (the score tile read once) 0.21 / 0.26 at two stages. Either loop as
+# k.range(stages=2 or 3) (every load pipelined, the score tile and indices too): values 0.155,
+# scores at BK 16 0.217-0.236 (results/sfa_forms_stages.md).
 SCORE_CONFIGS = [{"BH": 64, "BK": bk, "num_warps": 4, "num_stages": st} for bk, st in ((32, 1), (16, 1), (64, 3))]
 VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": 8, "num_stages": st} for bh, st in ((64, 1), (64, 2), (128, 1))]
 SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
@@ -40,8 +42,7 @@ def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S"
                scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
-               QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64,
-               STAGES: k.constexpr = None):
+               QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64):
     # Segment sg of query t's live index blocks: blocks [sg * per, (sg + 1) * per) with
     # per = cdiv(live, NS) (the last segments may be short or empty: m = -inf, l = 0).
     for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_m.shape[0]):
@@ -52,7 +53,7 @@ def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S"
         per = k.cdiv(live, part_m.shape[0])
         m = k.full((BH,), float("-inf"), k.f32)
         l = k.zeros((BH,), k.f32)
-        for j in k.range(k.maximum(k.minimum(per, live - sg * per), 0), stages=STAGES):
+        for j in range(k.maximum(k.minimum(per, live - sg * per), 0)):
             j0 = (sg * per + j) * BK
             valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = gather_records(codes, scales, rope, indices, t, j0, n_slots, BK)
             sc = score_tile(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16), c3.to(k.bf16),
@@ -84,16 +85,15 @@ def sfa_values(codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S",
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"],
                o: k.Tensor[k.bf16, "T", "H", "DV"], lse: k.Tensor[k.f32, "T", "H"],
-               BH: k.constexpr = 64, BK: k.constexpr = 64, NSB: k.constexpr = 1, STAGES: k.constexpr = None):
+               BH: k.constexpr = 64, BK: k.constexpr = 64, NSB: k.constexpr = 1):
     # NSB: the segment count rounded up to a power of two (the caller passes it). Every column
-    # tile's program computes the same lse and writes it. STAGES (both passes): the index-block
-    # loop as k.range(stages=STAGES), its loads pipelined by Triton (the score tile included).
+    # tile's program computes the same lse and writes it.
     for t, hb, g in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], 128)):
         h0 = hb * BH
         row_lse = segments_lse(part_m, part_l, t, h0, BH, NSB)
         n_slots = codes.shape[0]
         acc = k.zeros((BH, 128), k.f32)
-        for j in k.range(live_blocks(indices, t, n_slots, BK), stages=STAGES):
+        for j in range(live_blocks(indices, t, n_slots, BK)):
             idx = indices[t, k.span(j * BK, BK, other=-1)]
             valid = (idx >= 0) & (idx < n_slots)
             sc = k.load(s, (t, k.span(h0, BH), k.span(j * BK, BK)), other=float("-inf"))
