@@ -13,11 +13,12 @@ softmax from the value product leaves each pass with half of that state:
          segments' (m, l); then o[:, g] = sum over the live blocks of (exp(s - lse) * scale_g) @ code_g,
          already normalised, so no online rescaling and one [BH, 128] accumulator.
 
-Pass 2 gathers only its own 128-byte code tile of each record, so the two passes together read
-each record's bytes once (pass 1: codes, scales, rope; pass 2: one code tile and one scale per
-program); the scores make one fp32 round trip (T * H * topk * 4 B written once, read by the four
-column tiles' programs, mostly from L2). Scores beyond a query's last valid index (top-k lists
-come compacted) are neither written nor read: both passes walk live_blocks only.
+Traffic: pass 1 gathers whole 656-byte records (once per head block, the second from L2 in
+the main); pass 2's four column programs each gather only their 128-byte code tile and its scale,
+so the 512 code bytes of a record are read once more in all. The scores make one fp32 round trip
+(T * H * topk * 4 B written once, read by the four column tiles' programs, mostly from L2).
+Scores past a query's last valid index (top-k lists come compacted) are neither written nor
+read: both passes walk live_blocks only.
 """
 from __future__ import annotations
 
