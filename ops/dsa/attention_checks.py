@@ -12,7 +12,6 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 
 def _check_write(target: str, seed: int = 0) -> list[CaseResult]:
-    import numpy as np
     import torch
     from k31dsl.ops.testing import device_for, load_oracle, mismatches, to_f64
     ref = load_oracle("dsa_attention")
