@@ -101,15 +101,15 @@ def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("T, H, K, pages, qdt, split, bks", [
-    (4, 5, 40, 3, torch.bfloat16, None, (None, None)),  # heads padded to a 16-row block, one segment
-    (3, 20, 70, 2, torch.float32, 3, (16, 32)),         # f32 q; pass 2 reads blocks pass 1 wrote in halves
-    (2, 70, 150, 3, torch.bfloat16, 5, (32, 16)),       # two head blocks; segments left empty
+@pytest.mark.parametrize("T, H, K, pages, qdt, split, bks, late", [
+    (4, 5, 40, 3, torch.bfloat16, None, (None, None), False),  # heads padded to a 16-row block, one segment
+    (3, 20, 70, 2, torch.float32, 3, (16, 32), False),         # f32 q; pass 2 reads blocks pass 1 wrote in halves
+    (2, 70, 150, 3, torch.bfloat16, 5, (32, 16), True),        # two head blocks; empty segments; LATE scoring
 ])
-def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks):
+def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks, late):
     """The two-pass form (scores + statistics, then the value product per 128-column tile) on the
     one-pass test's inputs: ragged heads and index counts, several segments (some empty, some of
-    only -1), each pass with its own block size, lonely queries."""
+    only -1), each pass with its own block size, lonely queries, both score-pass forms."""
     from k31dsl.ops.dsa import sfa_two_pass as TP
     g = _gen()
     cache = _filled_cache(g, pages)
@@ -125,7 +125,7 @@ def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks):
         o = torch.full((T, H, A.LATENT), float("nan"), dtype=torch.bfloat16)
         lse = torch.full((T, H), float("nan"))
         bh = 1 << (H - 1).bit_length() if H <= 64 else 64
-        cfg1 = {"BH": min(bh, 64), "BK": bks[0]}
+        cfg1 = {"BH": min(bh, 64), "BK": bks[0], "LATE": late}
         views = A.cache_views(cache)
         s = torch.full((T, H, K), float("nan"))                  # unwritten columns must never be read
         part_m, part_l = torch.empty(split, T, H), torch.empty(split, T, H)
