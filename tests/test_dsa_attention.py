@@ -136,6 +136,19 @@ def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks, la
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_sfa_two_pass_config_keys_reach_their_pass(target):
+    """Config keys of the public call go to the passes that take them: BK to both, LATE to the
+    score pass only (the value pass has no LATE), num_warps to both; results as the default."""
+    g = _gen()
+    cache = _filled_cache(g, 2)
+    q = torch.randn(3, 24, A.LATENT + A.ROPE, generator=g).bfloat16()
+    idx = torch.randint(-1, 2 * A.PAGE, (3, 50), generator=g, dtype=torch.int32)
+    o, lse = A.sparse_mla_attention(q, cache, idx, 0.1, form="two_pass", split=2, target=target, BK=16, LATE=True,
+                                    num_warps=4)
+    _check_sfa(o, lse, q, cache, idx, 0.1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("split", [1, 3])
 def test_sfa_prefetch_changes_nothing(target, split):
     """PREFETCH gathers block j + 1 before folding block j (the step graph's GPU form): the same
@@ -234,6 +247,9 @@ def test_slots_of_positions(target):
                                     torch.zeros(2, 8, dtype=torch.int32), 0.1, form="three_pass"), "form"),
     (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
                                     torch.zeros(2, 8, dtype=torch.int32), 0.1, form="two_pass", split=0), "split"),
+    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
+                                    torch.zeros(2, 8, dtype=torch.int32), 0.1, form="two_pass", PREFETCH=True),
+     "two-pass form takes no config key PREFETCH"),
     (lambda: A.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
      "next_n"),
 ])

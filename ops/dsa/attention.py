@@ -20,7 +20,7 @@ import math
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import FLOAT_INPUTS, require_tensor, resolve_target
+from k31dsl.ops.common import FLOAT_INPUTS, config_for, require_tensor, resolve_target
 
 PAGE = 64
 LATENT = 512
@@ -457,7 +457,7 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     if T == 0 or H == 0:
         return o, lse
     c, s, r = cache_views(cache)
-    kw = dict(config)
+    kw = config_for(target, config)                   # launch options (num_warps, ...) reach Triton only
     cap = max_head_block(target)
     bh = min(max(16, 1 << (H - 1).bit_length()), cap)     # the smallest head block holding H, within cap
     if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs

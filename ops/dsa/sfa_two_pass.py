@@ -23,6 +23,7 @@ read: both passes walk live_blocks only.
 from __future__ import annotations
 
 import k31dsl as k
+from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.dsa.attention import LATENT, TILE, gather_records, live_blocks, load_query, score_tile
 
 # Candidates from probes/sfa_forms.py (H200, the DSA step's shapes, 128 heads; NOTES.md, DSA, and
@@ -146,17 +147,32 @@ def fits(t: int, h: int, topk: int) -> bool:
     return t * h * topk * 4 <= SCORE_BUDGET
 
 
+def pass_configs(op: str, kw: dict) -> tuple[dict, dict]:
+    """The call's config keys for each pass (a key goes to every pass that has it: BH, BK and
+    launch options to both, LATE to the score pass); a key of neither pass is a K31Error."""
+    from k31dsl.dsl.frontend import LAUNCH_OPTIONS
+    parts = tuple({key: val for key, val in kw.items() if key in set(kd.signature().constexprs) | LAUNCH_OPTIONS}
+                  for kd in (sfa_scores, sfa_values))
+    unknown = sorted(set(kw) - set(parts[0]) - set(parts[1]))
+    if unknown:
+        raise K31Error(f"{op}: the two-pass form takes no config key {', '.join(unknown)}",
+                       hint="its passes take BH, BK, LATE (score pass) and launch options such as num_warps; "
+                            "PREFETCH belongs to form=\"one_pass\"")
+    return parts
+
+
 def sparse_mla_attention_two_pass(target: str, q, views, idx, sm_scale: float, o, lse, segments: int, kw: dict):
-    """Launch both passes into o / lse (torch tensors allocated by the caller). kw: BH (and any
-    other config keys) pinned for both passes."""
+    """Launch both passes into o / lse (torch tensors allocated by the caller). kw: config keys
+    pinned for the passes that take them (pass_configs)."""
     import torch
+    kw_scores, kw_values = pass_configs("sparse_mla_attention", kw)
     c, sc, r = views
     T, H = q.shape[0], q.shape[1]
     s = torch.empty((T, H, idx.shape[1]), dtype=torch.float32, device=q.device)
     part_m = torch.empty((segments, T, H), dtype=torch.float32, device=q.device)
     part_l = torch.empty((segments, T, H), dtype=torch.float32, device=q.device)
-    sfa_scores[target](q, c, sc, r, idx, s, part_m, part_l, float(sm_scale), **kw)
-    sfa_values[target](c, sc, idx, s, part_m, part_l, o, lse, NSB=1 << (segments - 1).bit_length(), **kw)
+    sfa_scores[target](q, c, sc, r, idx, s, part_m, part_l, float(sm_scale), **kw_scores)
+    sfa_values[target](c, sc, idx, s, part_m, part_l, o, lse, NSB=1 << (segments - 1).bit_length(), **kw_values)
     return o, lse
 
 
