@@ -325,9 +325,9 @@ def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tenso
 
 def sfa_form(t: int, h: int, topk: int, on_gpu: bool) -> str:
     """The form sparse_mla_attention, li_sfa_unfused and the model's steps take by default: two
-    passes on a GPU for 64 heads or more (where it was measured: DSA run of 13:13 UTC 1 Dec, 128
-    heads, 0.301 vs 0.346 ms at 64 queries, 0.159 vs 0.209 (split 4) at 32) when the fp32 score
-    buffer fits sfa_two_pass.SCORE_BUDGET (decode-sized calls); else one pass."""
+    passes on a GPU for 64 heads or more (where it was measured: DSA run 4 of the 12:56 UTC
+    session, 1 Dec, 128 heads: 0.290 vs 0.346 ms at 64 queries, 0.150 vs 0.210 (split 4) at 32)
+    when the fp32 score buffer fits sfa_two_pass.SCORE_BUDGET (decode-sized calls); else one pass."""
     from k31dsl.ops.dsa import sfa_two_pass
     return "two_pass" if on_gpu and h >= 64 and sfa_two_pass.fits(t, h, topk) else "one_pass"
 
@@ -430,10 +430,12 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     sm_scale explicit. Returns (o [T, H, 512] bf16, lse [T, H] fp32, natural log); a query with
     no valid index gets o = 0 and lse = +inf. split > 1: the index list in that many segments
     (flash-decoding: fp32 partial outputs and lse per segment, then a combine kernel), the form
-    for few queries on a GPU (sfa_split chooses it for the model's decode steps).
-    form (default: sfa_form's choice) "two_pass" (sfa_two_pass.py): scores and their softmax statistics first, then the value
-    product per 128-column tile; split is then pass 1's segment count (default: ~4 programs per
-    SM on a GPU, else 1). It keeps an fp32 [T, H, topk] score buffer: decode-sized calls."""
+    for few queries on a GPU (sfa_split chooses it).
+    form: "one_pass" (the above) or "two_pass" (sfa_two_pass.py: the scores and their softmax
+    statistics first, then the value product per 128-column tile; split is then the score pass's
+    segment count, by default ~2 programs per SM on a GPU, else 1; it keeps an fp32
+    [T, H, topk] score buffer, so it suits decode-sized calls); None: sfa_form's choice.
+    **config pins kernel constexprs (BH, BK, ...) and, on Triton, launch options (num_warps, ...)."""
     import torch
     target = resolve_target(target)
     op = "sparse_mla_attention"
