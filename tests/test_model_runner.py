@@ -110,15 +110,28 @@ def test_logits_match_reference(runs, model, target):
             assert int(a[-1].argmax()) == int(b[-1].argmax())
 
 
+def assert_same_greedy(run_a, run_b, seed):
+    """Two targets' greedy tokens agree step by step; they may part only at a step whose reference
+    logits (the same for both up to there) have no clear margin between the top two — a near tie
+    that fp32 rounding may break either way (seen at seed 1842421255: top two 0.007 apart at
+    scale 8.7 in step 7) — and after it the runs feed different tokens, so the rest is not compared."""
+    (tokens_a, _, want), (tokens_b, _, _) = run_a, run_b
+    assert len(tokens_a) == len(tokens_b)
+    for i, (a, b) in enumerate(zip(tokens_a, tokens_b)):
+        if a != b:
+            assert not clear_margin(want[i][-1]), f"seed {seed}: step {i} picks {a} vs {b} at a clear margin"
+            return
+
+
 def test_greedy_tokens_same_on_numpy_and_triton(runs, model):
-    assert runs["numpy"][0] == runs["triton"][0], f"seed {model['seed']}"
+    assert_same_greedy(runs["numpy"], runs["triton"], model["seed"])
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_greedy_tokens_same_on_numpy_and_ascendc(runs, model):
     """Prefill + DECODE_STEPS decodes through the ascendc pipeline (nz_layout, superkernel launch
     groups as SyncAll entries, streams, memory plan): the same greedy tokens as numpy."""
-    assert runs["ascendc"][0] == runs["numpy"][0], f"seed {model['seed']}"
+    assert_same_greedy(runs["numpy"], runs["ascendc"], model["seed"])
 
 
 PASS_VARIANTS = {f"{name} off": [p for p in ALL_PASSES if p != name] for name in ("superkernel", "streams", "memory_plan")}
