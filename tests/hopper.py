@@ -39,8 +39,15 @@ def assert_compiles_for_hopper(module_file: str, names: list[str], tmp_path, ind
         f"    ok = all(compile_gpu_module(getattr(m, name), pathlib.Path({str(tmp_path)!r}), it)\n"
         f"             for it in {tuple(index_types)!r})\n"
         "    print(name, 'ok' if ok else 'empty')\n")
+    out = run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0")
+    assert out.split() == [w for n in names for w in (n, "ok")], out
+
+
+def run_compiler_script(script: str, **env_extra) -> str:
+    """Run `script` in a fresh Python with TRITON_INTERPRET unset (Triton's real compiler; this
+    process has the interpreter on) plus `env_extra`; assert it succeeds and return its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "0"
+    env.update(env_extra)
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == [w for n in names for w in (n, "ok")], res.stdout + res.stderr[-2000:]
+    return res.stdout

@@ -6,7 +6,7 @@ The per-op oracle checks on every target run in tests/test_ops.py (registry)."""
 import numpy as np
 import pytest
 import torch
-from hopper import Specialised, assert_compiles_for_hopper
+from hopper import Specialised, assert_compiles_for_hopper, run_compiler_script
 
 from k31dsl import K31Error
 from k31dsl.ops.dsa import indexer as I
@@ -331,9 +331,6 @@ def test_kernels_compile_for_hopper(tmp_path):
 def test_decode_register_cap_reaches_the_cubin(tmp_path):
     """DECODE_BF16's maxnreg (a launch key like num_warps) is a launch option of the gpu-mode
     module, and the sm_90 cubin Triton builds with it stays within 128 registers (157 without)."""
-    import os
-    import subprocess
-    import sys
     from k31dsl.targets.triton.emit import LAUNCH_KEYS, TritonEmitter
     cx = {k_: v for k_, v in I.DECODE_BF16.items() if k_ not in LAUNCH_KEYS}
     launch = {k_: v for k_, v in I.DECODE_BF16.items() if k_ in LAUNCH_KEYS}
@@ -349,8 +346,6 @@ def test_decode_register_cap_reaches_the_cubin(tmp_path):
         f"f = pathlib.Path({str(tmp_path)!r}) / 'k.cubin'; f.write_bytes(c.asm['cubin'])\n"
         "tool = glob.glob(str(pathlib.Path(triton.__file__).parent / 'backends/nvidia/bin/cuobjdump'))[0]\n"
         "print(subprocess.run([tool, '-res-usage', str(f)], capture_output=True, text=True).stdout)\n")
-    env = {k_: v for k_, v in os.environ.items() if k_ != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    regs = [int(w.split(":")[1]) for w in res.stdout.split() if w.startswith("REG:")]
-    assert regs and max(regs) <= 128, res.stdout
+    out = run_compiler_script(script)
+    regs = [int(w.split(":")[1]) for w in out.split() if w.startswith("REG:")]
+    assert regs and max(regs) <= 128, out

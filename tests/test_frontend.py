@@ -394,8 +394,7 @@ def test_range_stages_pipeline_dot_free_loads_on_hopper(tmp_path):
     """What the hint is for: with stages=3 Triton turns the loop's plain loads (no dot in the
     loop) into cp.async copies through shared memory on sm_90; without it they stay ld.global."""
     import os
-    import subprocess
-    import sys
+    from hopper import run_compiler_script
     here = os.path.dirname(os.path.abspath(__file__))
     script = (
         "import pathlib, sys\n"
@@ -406,8 +405,6 @@ def test_range_stages_pipeline_dot_free_loads_on_hopper(tmp_path):
         f"    c = compile_for_gpu(pipelined_rowsum.ir(ST=st), pathlib.Path({str(tmp_path)!r}), arch=90)\n"
         "    print(st, c.asm['ptx'].count('cp.async.ca') + c.asm['ptx'].count('cp.async.cg'),\n"
         "          c.asm['ptx'].count('ld.global'))\n")
-    env = {k_: v for k_, v in os.environ.items() if k_ != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    counts = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in res.stdout.splitlines() if line}
+    counts = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in run_compiler_script(script).splitlines()
+              if line}
     assert counts["3"][0] > 0 and counts["None"][0] == 0, counts
