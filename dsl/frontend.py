@@ -488,7 +488,7 @@ class Frontend(ExprMixin):
             self.assign(st.target, v, st)
             self.stmts(st.body)
 
-    def runtime_loop(self, st: ast.For, lo, hi, step, attrs: dict | None = None):
+    def runtime_loop(self, st: ast.For, lo, hi, step, attrs: dict):
         ivname = st.target.id
         assigned = _assigned_names(st.body)
         carried = sorted(n for n in assigned if n != ivname and n in self.env
@@ -536,7 +536,7 @@ class Frontend(ExprMixin):
             self.in_loop -= 1
             inner_locals = self.loop_locals
             self.block, self.env, self.loop_locals = outer_block, outer_env, outer_locals
-        results = self.emit("for", [lo, hi, step] + inits, dict(attrs or {}), st, regions=[body])
+        results = self.emit("for", [lo, hi, step] + inits, dict(attrs), st, regions=[body])
         for r, (n, i) in zip(results, slots):
             r.hint = n if i is None else f"{n}_{i}"
         for n in carried:

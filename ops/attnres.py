@@ -124,18 +124,25 @@ def _fold(op: str, query, gain, shape: tuple):
     return q.contiguous()
 
 
-def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
-    """One prepare launch: NB/SB cover the sources/queries. The configs (autotuned on a GPU) are
-    sized for block counts (n <= 16, S * n <= 64); beyond that (full AttnRes over many layers) the
-    call fixes the plain variant with BD sized so that the accumulator holds ACC_BUDGET elements
-    (no autotuning, and no configs that unroll over 17..64 sources)."""
-    nb, sb = max(2, next_pow2(v.shape[0])), max(1, next_pow2(q.shape[0]))
+def prepare_constexprs(n: int, s: int) -> dict:
+    """attnres_prepare_rows' constexprs for n sources and s queries: NB/SB cover them. The configs
+    (autotuned on a GPU) are sized for block counts (n <= 16, S * n <= 64); beyond that (full
+    AttnRes over many layers) the call fixes the plain variant with BD sized so that the
+    accumulator holds ACC_BUDGET elements (no autotuning, and no configs that unroll over 17..64
+    sources). The op and the model's AttnRes stream both launch with these."""
+    nb, sb = max(2, next_pow2(n)), max(1, next_pow2(s))
     kw = {"NB": nb, "SB": sb}
-    if final:
-        kw["FINAL"] = True
     if sb * nb > 64 or nb > 16:
         kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), PREFETCH=False, ROWS3D=False, STAGES=None,
                   KEEP=None, DROP=None)
+    return kw
+
+
+def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
+    """One prepare launch (prepare_constexprs; FINAL for full AttnRes)."""
+    kw = prepare_constexprs(v.shape[0], q.shape[0])
+    if final:
+        kw["FINAL"] = True
     prepare_kernel(target)(v, q, o, m, l, eps, **kw)
 
 

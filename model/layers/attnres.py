@@ -15,8 +15,9 @@ Key-norm gains are folded into the queries at load time (`block_queries`).
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.ops.attnres import ROW_CONFIGS, attnres_prepare_rows, merge_partial, rmsnorm_row, row_block, row_warps
-from k31dsl.ops.common import FLOAT_INPUTS, next_pow2
+from k31dsl.ops.attnres import (ROW_CONFIGS, attnres_prepare_rows, merge_partial, prepare_constexprs, rmsnorm_row,
+                                row_block, row_warps)
+from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.model.layers.common import memo
 
 
@@ -109,12 +110,8 @@ class AttnResStream:
         self.O = g.tensor(f"b{b}_attnres_O", (S, T, D), k.f32)
         self.M = g.tensor(f"b{b}_attnres_M", (S, T), k.f32)
         self.L = g.tensor(f"b{b}_attnres_L", (S, T), k.f32)
-        nb, sb = max(2, next_pow2(n)), max(1, next_pow2(S))
-        kw = {"NB": nb, "SB": sb}
-        if sb * nb > 64 or nb > 16:         # ops/attnres.py's rule for large source x query counts
-            kw.update(BD=max(16, min(128, 8192 // (sb * nb))), PREFETCH=False, ROWS3D=False, STAGES=None)
         self.O, self.M, self.L = p.call(attnres_prepare_rows, self.src, queries, self.O, self.M, self.L,
-                                        self.cfg.attnres_eps, **kw)
+                                        self.cfg.attnres_eps, **prepare_constexprs(n, S))
         self.queries = queries
         self.partial = g.tensor(f"b{b}_partial", (T, D), k.f32)
         self.block, self.slot = b, 0
