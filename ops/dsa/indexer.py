@@ -387,10 +387,12 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     if mma == "fp8":                  # KEYS_MAJOR is a bf16-scoring choice: not a config to tune here
         cfg["KEYS_MAJOR"] = False
     if config:
-        unknown = set(config) - {"NQ", "PB", "KEYS_MAJOR", "num_warps", "num_stages", "maxnreg"}
+        from k31dsl.targets.triton.emit import LAUNCH_KEYS
+        allowed = ("NQ", "PB", "KEYS_MAJOR") + LAUNCH_KEYS
+        unknown = set(config) - set(allowed)
         if unknown:
             raise K31Error(f"{op}: config keys {sorted(unknown)} are not indexer constexprs or launch options "
-                           "(NQ, PB, KEYS_MAJOR, num_warps, num_stages, maxnreg)")
+                           f"({', '.join(allowed)})")
         cfg = {**cfg, **config}
     if nsplit is None:
         blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))

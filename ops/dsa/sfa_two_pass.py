@@ -150,8 +150,8 @@ def fits(t: int, h: int, topk: int) -> bool:
 def pass_configs(op: str, kw: dict) -> tuple[dict, dict]:
     """The call's config keys for each pass (a key goes to every pass that has it: BH, BK and
     launch options to both, LATE to the score pass); a key of neither pass is a K31Error."""
-    from k31dsl.dsl.frontend import LAUNCH_OPTIONS
-    parts = tuple({key: val for key, val in kw.items() if key in set(kd.signature().constexprs) | LAUNCH_OPTIONS}
+    from k31dsl.targets.triton.emit import LAUNCH_KEYS          # the launch options config_for passes on
+    parts = tuple({key: val for key, val in kw.items() if key in set(kd.signature().constexprs) | set(LAUNCH_KEYS)}
                   for kd in (sfa_scores, sfa_values))
     unknown = sorted(set(kw) - set(parts[0]) - set(parts[1]))
     if unknown:
