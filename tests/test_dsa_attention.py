@@ -101,12 +101,12 @@ def test_sfa_matches_oracle(target, T, H, K, pages, qdt, scale, bk):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("T, H, K, pages, qdt, split, bks, late", [
-    (4, 5, 40, 3, torch.bfloat16, None, (None, None), False),  # heads padded to a 16-row block, one segment
-    (3, 20, 70, 2, torch.float32, 3, (16, 32), False),         # f32 q; pass 2 reads blocks pass 1 wrote in halves
-    (2, 70, 150, 3, torch.bfloat16, 5, (32, 16), True),        # two head blocks; empty segments; LATE scoring
+@pytest.mark.parametrize("T, H, K, pages, qdt, split, bks", [
+    (4, 5, 40, 3, torch.bfloat16, None, (None, None)),  # heads padded to a 16-row block, one segment
+    (3, 20, 70, 2, torch.float32, 3, (16, 32)),         # f32 q; pass 2 reads blocks pass 1 wrote in halves
+    (2, 70, 150, 3, torch.bfloat16, 5, (32, 16)),       # two head blocks; empty segments
 ])
-def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks, late):
+def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks):
     """The two-pass form (scores + statistics, then the value product per 128-column tile) on the
     one-pass test's inputs: ragged heads and index counts, several segments (some empty, some of
     only -1), each pass with its own block size, lonely queries, both score-pass forms."""
@@ -125,7 +125,7 @@ def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks, la
         o = torch.full((T, H, A.LATENT), float("nan"), dtype=torch.bfloat16)
         lse = torch.full((T, H), float("nan"))
         bh = 1 << (H - 1).bit_length() if H <= 64 else 64
-        cfg1 = {"BH": min(bh, 64), "BK": bks[0], "LATE": late}
+        cfg1 = {"BH": min(bh, 64), "BK": bks[0]}
         views = A.cache_views(cache)
         s = torch.full((T, H, K), float("nan"))                  # unwritten columns must never be read
         part_m, part_l = torch.empty(split, T, H), torch.empty(split, T, H)
@@ -137,14 +137,13 @@ def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks, la
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_sfa_two_pass_config_keys_reach_their_pass(target):
-    """Config keys of the public call go to the passes that take them: BK to both, LATE to the
-    score pass only (the value pass has no LATE), num_warps to both; results as the default."""
+    """Config keys of the public call go to the passes that take them (BK and num_warps to both);
+    results as the default."""
     g = _gen()
     cache = _filled_cache(g, 2)
     q = torch.randn(3, 24, A.LATENT + A.ROPE, generator=g).bfloat16()
     idx = torch.randint(-1, 2 * A.PAGE, (3, 50), generator=g, dtype=torch.int32)
-    o, lse = A.sparse_mla_attention(q, cache, idx, 0.1, form="two_pass", split=2, target=target, BK=16, LATE=True,
-                                    num_warps=4)
+    o, lse = A.sparse_mla_attention(q, cache, idx, 0.1, form="two_pass", split=2, target=target, BK=16, num_warps=4)
     _check_sfa(o, lse, q, cache, idx, 0.1)
 
 

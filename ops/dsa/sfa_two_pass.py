@@ -33,26 +33,12 @@ from k31dsl.ops.dsa.attention import LATENT, TILE, gather_records, live_blocks, 
 # stages 0.155; all 128 heads per program 0.165; a register cap of 80 (spills) 0.213; two or four
 # column tiles per program (the score tile read once) 0.21 / 0.26 at two stages. Either loop as
 # k.range(stages=2 or 3) (every load pipelined, the score tile and indices too): values 0.155,
-# scores at BK 16 0.217-0.236 (results/sfa_forms_stages.md).
+# scores at BK 16 0.217-0.236 (results/sfa_forms_stages.md). Each record field gathered right before
+# its dot and the five products summed as they come (sm_90a: 158 registers / 86 KB at BK 32, 127 /
+# 80 KB at BK 16 / 8 warps): 0.186 and 0.325 ms against 0.142 (results/sfa_forms_late.md).
 SCORE_CONFIGS = [{"BH": 64, "BK": bk, "num_warps": 4, "num_stages": st} for bk, st in ((32, 1), (16, 1), (64, 3))]
-# Not yet timed (12:56 session, after its device time): LATE scoring (late_score_tile): BK 16 at
-# 8 warps fits two 8-warp programs per SM (127 registers, 80 KB), twice the warps of the above.
-SCORE_CONFIGS += [{"BH": 64, "BK": bk, "LATE": True, "num_warps": w, "num_stages": 1} for bk, w in ((16, 8), (32, 4))]
 VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": 8, "num_stages": st} for bh, st in ((64, 1), (64, 2), (128, 1))]
 SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
-
-
-@k.func
-def late_score_tile(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, valid, sm_scale):
-    """score_tile of the records idx, each field gathered right before its dot and the five
-    products summed as they come: fewer live tiles (sm_90a, BK 32 / 4 warps: 158 registers and
-    86 KB of shared memory against 230 / 110 KB for gather_records + score_tile)."""
-    s = k.dot(qr, rope[idx, k.span(264, 64, other=0.0)].T)
-    for g in k.static_range(4):
-        c = codes[idx, k.span(g * 128, 128, other=0.0)].to(k.bf16)
-        s = s + k.dot(ql0 if g == 0 else (ql1 if g == 1 else (ql2 if g == 2 else ql3)), c.T) * \
-            k.load(scales, (idx, 128 + g), other=0.0)[None, :]
-    return k.where(valid[None, :], s * sm_scale, float("-inf"))
 
 
 @k.kernel(configs=SCORE_CONFIGS)
@@ -60,11 +46,9 @@ def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S"
                scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
-               QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64,
-               LATE: k.constexpr = False):
+               QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64):
     # Segment sg of query t's live index blocks: blocks [sg * per, (sg + 1) * per) with
     # per = cdiv(live, NS) (the last segments may be short or empty: m = -inf, l = 0).
-    # LATE: late_score_tile instead of gather_records + score_tile (same math).
     for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_m.shape[0]):
         h0 = hb * BH
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
@@ -75,15 +59,10 @@ def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S"
         l = k.zeros((BH,), k.f32)
         for j in range(k.maximum(k.minimum(per, live - sg * per), 0)):
             j0 = (sg * per + j) * BK
-            if LATE:
-                idx = indices[t, k.span(j0, BK, other=-1)]
-                sc = late_score_tile(ql0, ql1, ql2, ql3, qr, codes, scales, rope, idx, (idx >= 0) & (idx < n_slots),
-                                     sm_scale)
-            else:
-                valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = gather_records(codes, scales, rope, indices, t, j0,
-                                                                           n_slots, BK)
-                sc = score_tile(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16),
-                                c3.to(k.bf16), s0, s1, s2, s3, kr, valid, sm_scale)
+            valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = gather_records(codes, scales, rope, indices, t, j0, n_slots,
+                                                                       BK)
+            sc = score_tile(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16), c3.to(k.bf16),
+                            s0, s1, s2, s3, kr, valid, sm_scale)
             s[t, k.span(h0, BH), k.span(j0, BK)] = sc
             m_new = k.maximum(m, k.max(sc, axis=1))
             m_safe = k.where(m_new == float("-inf"), 0.0, m_new)          # nothing valid yet: no NaN
@@ -149,14 +128,14 @@ def fits(t: int, h: int, topk: int) -> bool:
 
 def pass_configs(op: str, kw: dict) -> tuple[dict, dict]:
     """The call's config keys for each pass (a key goes to every pass that has it: BH, BK and
-    launch options to both, LATE to the score pass); a key of neither pass is a K31Error."""
+    launch options to both); a key of neither pass is a K31Error."""
     from k31dsl.targets.triton.emit import LAUNCH_KEYS          # the launch options config_for passes on
     parts = tuple({key: val for key, val in kw.items() if key in set(kd.signature().constexprs) | set(LAUNCH_KEYS)}
                   for kd in (sfa_scores, sfa_values))
     unknown = sorted(set(kw) - set(parts[0]) - set(parts[1]))
     if unknown:
         raise K31Error(f"{op}: the two-pass form takes no config key {', '.join(unknown)}",
-                       hint="its passes take BH, BK, LATE (score pass) and launch options such as num_warps; "
+                       hint="its passes take BH, BK and launch options such as num_warps; "
                             "PREFETCH belongs to form=\"one_pass\"")
     return parts
 
