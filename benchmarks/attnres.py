@@ -2,6 +2,9 @@
 math, with the copy ceiling measured in this run.
 
   1. prepare: blocks [n=8, T=8192, D=7168] fp32, S=6 queries -> O [S, T, D], M, L (fp32)
+  1b. the cached prepare (ops/attnres_cached.py): the same O, M, L with the older blocks' logits
+     from the logit cache and the newest block scored against this and --later later queries, so
+     the blocks are read once; anchors: the same cached math in torch
   2. update + RMSNorm at T=8192, D=7168: partial (fp32, in place) += delta (bf16), online-softmax
      merge with (O, M, L), next RMSNorm -> h, y (bf16); with h returned and y only
   3. the superkernel's effect at decode sizes (T = 1, 4, 16, 64): the two-kernel path vs the graph
@@ -36,6 +39,19 @@ def torch_prepare(v, q, eps: float = EPS):
     m = z.amax(1)
     e = (z - m[:, None]).exp()
     return torch.einsum("snt,ntd->std", e, v), m, e.sum(1)
+
+
+def torch_prepare_cached(v, q, z, first: int, count: int, eps: float = EPS):
+    """The cached prepare's math: the newest block scored against queries[first:] into the cache z,
+    then the softmax-weighted sum of the blocks for queries[first : first + count]."""
+    import torch
+    n = v.shape[0]
+    newest = v[n - 1]
+    z[n - 1, first:] = (q[first:] @ newest.T) * (newest.square().mean(-1) + eps).rsqrt()
+    zz = z[:n, first:first + count]                          # [n, S, T]
+    m = zz.amax(0)
+    e = (zz - m).exp()
+    return torch.einsum("nst,ntd->std", e, v), m, e.sum(0)
 
 
 def torch_update(partial, delta, q, o, m, l, w, eps: float = EPS, norm_eps: float = NORM_EPS, return_h: bool = True):
@@ -126,6 +142,38 @@ def bench_prepare(timer, dev, target, n, t, d, s, compile_fn, rows, results):
     results["prepare"] = {"shape": [n, t, d, s], "bytes": nbytes, "times_ms": times, "graph_ms": graph,
                           "rel_err_vs_eager": errs,
                           "tuned": [str(c) for c in getattr(ar.prepare_kernel(target), "_tuned", {}).values()]}
+
+
+def bench_prepare_cached(timer, dev, target, n, t, d, s, later, compile_fn, rows, results):
+    """The cached prepare at block n - 1 of a model whose later blocks add `later` queries: the
+    cache's older rows hold the logits of blocks 0 .. n - 2 (from the earlier calls)."""
+    import torch
+    from k31dsl.ops import attnres_cached as ac
+    g = torch.Generator(device=dev).manual_seed(0)
+    v = torch.randn(n, t, d, device=dev, generator=g) * torch.randn(n, t, 1, device=dev, generator=g).mul(0.5).exp()
+    q = torch.randn(s + later, d, device=dev, generator=g) * (2.0 / d ** 0.5)
+    z = torch.empty(n, s + later, t, device=dev)
+    for i in range(n - 1):
+        z[i] = (q @ v[i].T) * (v[i].square().mean(-1) + EPS).rsqrt()
+    # the blocks once, the newest again for its logits, O / M / L, the queries, the cache's entries
+    nbytes = (n + 1) * t * d * 4 + s * t * d * 4 + 2 * s * t * 4 + (s + later) * (d + t) * 4 + n * s * t * 4
+    fns = {"k31dsl": lambda: ac.attnres_prepare_cached(v, q, z, 0, s, EPS, target=target),
+           "eager": lambda: torch_prepare_cached(v, q, z, 0, s)}
+    if compile_fn is not None:
+        cp = compile_fn(torch_prepare_cached)
+        fns["torch.compile"] = lambda: cp(v, q, z, 0, s)
+    want = torch_prepare(v, q[:s])
+    errs = {w: rel_err(a, b) for w, a, b in zip("OML", fns["k31dsl"](), want)}
+    errs["cache row"] = rel_err(z[n - 1], (q @ v[n - 1].T) * (v[n - 1].square().mean(-1) + EPS).rsqrt())
+    times = {k_: timer.call_ms(f) for k_, f in fns.items()}
+    graph = {k_: timer.graph_ms(f) for k_, f in fns.items()}
+    case = f"prepare cached n={n} T={t} D={d} S={s} +{later} later"
+    for name in fns:
+        rows.append(_row(case, name, times, graph, nbytes, results.get("ceiling"),
+                         err=errs if name == "k31dsl" else None))
+    results.setdefault("prepare_cached", []).append(
+        {"shape": [n, t, d, s, later], "bytes": nbytes, "times_ms": times, "graph_ms": graph,
+         "rel_err_vs_eager": errs, "tuned": [str(c) for kd in ac.kernels(target) for c in getattr(kd, "_tuned", {}).values()]})
 
 
 def _update_inputs(dev, t, d, seed=1):
@@ -275,10 +323,14 @@ def main(argv=None) -> int:
     ap.add_argument("--t", type=int, default=8192)
     ap.add_argument("--d", type=int, default=7168)
     ap.add_argument("--s", type=int, default=6)
+    ap.add_argument("--later", default="6,42",
+                    help="cached prepare: queries of the later blocks the newest block is also scored against "
+                         "(comma list, one row each; 42 = the first block of an 8-block model at S = 6)")
     ap.add_argument("--decode", default="1,4,16,64")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile anchors")
-    ap.add_argument("--parts", default="prepare,update,decode",
-                    help="comma list of the sections to run (prepare, update, decode); results are written after each")
+    ap.add_argument("--parts", default="prepare,cached,update,decode",
+                    help="comma list of the sections to run (prepare, cached, update, decode); results are written "
+                         "after each")
     ap.add_argument("--sm90-stats", action="store_true",
                     help="no GPU: registers/spills/shared memory of every prepare config compiled for sm_90, then exit")
     args = ap.parse_args(argv)
@@ -287,7 +339,7 @@ def main(argv=None) -> int:
         sm90_stats(ar.PREPARE_CONFIGS)
         return 0
     if args.smoke:
-        args.n, args.t, args.d, args.s, args.decode, args.no_compile = 3, 4, 96, 2, "1,2", True
+        args.n, args.t, args.d, args.s, args.decode, args.no_compile, args.later = 3, 4, 96, 2, "1,2", True, "0,3"
     dev = "cpu" if args.smoke else "cuda"
     target = "triton"
     timer = Timer(args.smoke)
@@ -310,7 +362,10 @@ def main(argv=None) -> int:
         if args.smoke:
             return
         from k31dsl.ops import attnres as ar
+        from k31dsl.ops import attnres_cached as ac
         tuning = (harness.tuning_rows("attnres_prepare_rows", ar.prepare_kernel(target))
+                  + harness.tuning_rows("attnres_block_logits", ac.kernels(target)[0])
+                  + harness.tuning_rows("attnres_prepare_cached_rows", ac.kernels(target)[1])
                   + harness.tuning_rows("attnres_update_rows", ar.attnres_update_rows[target])
                   + harness.tuning_rows("rmsnorm_row", ar.rmsnorm_row[target]))
         results["rows"], results["decode_rows"], results["tuning"] = rows, decode_rows, tuning
@@ -327,6 +382,10 @@ def main(argv=None) -> int:
     if "prepare" in parts:
         bench_prepare(timer, dev, target, args.n, args.t, args.d, args.s, compile_fn, rows, results)
         save("prepare")
+    if "cached" in parts:
+        for later in [int(x) for x in args.later.split(",") if x]:
+            bench_prepare_cached(timer, dev, target, args.n, args.t, args.d, args.s, later, compile_fn, rows, results)
+        save("cached")
     if "update" in parts:
         bench_update(timer, dev, target, args.t, args.d, compile_fn, rows, results)
         save("update")

@@ -9,7 +9,7 @@ from typing import Any
 
 from . import dtypes as D
 from .frontend_exprs import GridCall, Span, int_range, is_const, is_tensor, is_tile, is_value
-from .ir import TileType
+from .ir import DOT_PRECISIONS, TileType
 
 
 def _sig(fe, node, name, args, kwargs, params: str):
@@ -281,9 +281,10 @@ def b_cumsum(fe, node, args, kwargs):
 
 def b_dot(fe, node, args, kwargs):
     a = _sig(fe, node, "dot", args, kwargs, "a, b, precision='ieee'")
-    if a["precision"] not in ("ieee", "tf32"):
-        raise fe.err(node, f"k.dot precision must be 'ieee' or 'tf32', got {fe.describe(a['precision'])}",
-                     "'ieee' is exact fp32 accumulation; 'tf32' allows tensor-core rounding")
+    if a["precision"] not in DOT_PRECISIONS:
+        raise fe.err(node, f"k.dot precision must be 'ieee', 'tf32' or 'tf32x3', got {fe.describe(a['precision'])}",
+                     "'ieee' is exact fp32 accumulation; 'tf32' allows tensor-core rounding (~1e-3); 'tf32x3' "
+                     "splits each fp32 operand into two tf32 parts (three MMAs, ~fp32 accuracy)")
     return fe.emit1("dot", [fe.operand(a["a"], node, "the left k.dot operand"),
                             fe.operand(a["b"], node, "the right k.dot operand")], {"precision": a["precision"]}, node)
 

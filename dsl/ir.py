@@ -20,7 +20,7 @@ The op set (operands | attrs -> results). "tile" means any TileType, scalars are
   bitcast       x              | dtype                 -> same width, bits reinterpreted
   sum/max/min   x              | axis (None = all)     -> reduced
   cumsum        x              | axis, reverse         -> like x
-  dot           a[M,K], b[K,N] | precision             -> f32[M,N]
+  dot           a[M,K], b[K,N] | precision             -> f32[M,N]  (ieee, tf32, tf32x3)
   topk          x[..., L]      | n                     -> values[..., n], i32 positions[..., n]
   take          x[..., L], i[..., n] | -               -> x gathered along the last axis
   expand        x              | axis                  -> rank+1
@@ -192,6 +192,8 @@ class Kernel:
 
 
 # ---------------------------------------------------------------- op families
+
+DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")   # k.dot's fp32 modes; numpy and AscendC compute all three exactly
 
 BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "maximum", "minimum",
           "and", "or", "xor", "shl", "shr"}

@@ -19,7 +19,8 @@ from . import dtypes as D
 from .errors import K31Error, Loc
 from .frontend import HOST_OPS
 from .infer import REQUIRED_ATTRS, RULES as TYPE_RULES, TypeRuleError, infer
-from .ir import BINARY, COMPARE, REDUCE, UNARY, Block, Kernel, Op, TensorType, TileType, Value, parse_index_kind
+from .ir import (BINARY, COMPARE, DOT_PRECISIONS, REDUCE, UNARY, Block, Kernel, Op, TensorType, TileType, Value,
+                 parse_index_kind)
 
 
 @dataclass
@@ -268,7 +269,7 @@ ATTR_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "other": (lambda x: x is None or _number(x), "a number or none"),
     "mask": (lambda x: isinstance(x, bool), "true or false"),
     "reverse": (lambda x: isinstance(x, bool), "true or false"),
-    "precision": (lambda x: x in ("ieee", "tf32"), '"ieee" or "tf32"'),
+    "precision": (lambda x: x in DOT_PRECISIONS, '"ieee", "tf32" or "tf32x3"'),
     "evict": (lambda x: x in ("first", "last"), '"first" or "last"'),
     "stages": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
     "index": (lambda x: isinstance(x, (list, tuple)) and all(isinstance(e, str) for e in x), "a list of strings"),

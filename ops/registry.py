@@ -41,7 +41,7 @@ def register(spec: OpSpec) -> OpSpec:
 def all_ops() -> dict[str, OpSpec]:
     """Import the op modules (which register themselves) and return the catalogue."""
     from k31dsl.ops import common, quant  # noqa: F401
-    from k31dsl.ops import attnres  # noqa: F401
+    from k31dsl.ops import attnres, attnres_cached  # noqa: F401
     from k31dsl.ops import kda  # noqa: F401
     from k31dsl.ops.dsa import indexer_checks  # noqa: F401
     from k31dsl.ops.dsa import attention_checks, fused  # noqa: F401

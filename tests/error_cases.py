@@ -378,6 +378,13 @@ CASES = {
                 for j in range(4, stages=2):  # <-
                     x[j] = 0.0
         """, "range() takes no keyword arguments"),
+    "dot_unknown_precision": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N", "N"]):
+            for i in k.grid(1):
+                a = x[k.span(0, 16), k.span(0, 16)]
+                x[k.span(0, 16), k.span(0, 16)] = k.dot(a, a, precision="bf16x3")  # <-
+        """, "k.dot precision must be 'ieee', 'tf32' or 'tf32x3'"),
     "int_literal_out_of_range": ("""
         @k.kernel
         def kern(x: k.Tensor[k.i32, "N"]):

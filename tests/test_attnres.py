@@ -13,6 +13,7 @@ import torch
 import k31dsl as k
 from k31dsl import K31Error
 from k31dsl.ops import attnres as ar
+from k31dsl.ops import attnres_cached as ac
 from k31dsl.ops.testing import load_oracle, to_f64
 
 from hopper import Specialised, assert_compiles_for_hopper
@@ -209,6 +210,59 @@ def test_every_prepare_config_matches_the_oracle(target):
         assert np.abs(to_f64(h[0]) - full).max() <= 8e-3 * np.abs(full).max(), cfg
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_cached_config_and_the_pinned_variant_match_the_oracle(target):
+    """The cached prepare's two kernels under each GPU config (paired: the logit GEMM's row tiles
+    and the sweep's chunk widths, cut to the ragged D = 70), and 17 blocks of one query each
+    through the op, past the configs' sizes (NB 32: the pinned plain sweep), where the newest
+    block is scored against up to 17 queries (QB 32)."""
+    rng = _rng()
+    t, d, nb = 2, 70, 17
+    v = _t(rng.standard_normal((nb, t, d)) * np.exp(rng.standard_normal((nb, t, 1))))
+    q = _t(rng.standard_normal((nb, d)) * 2 / np.sqrt(d))
+    score, weigh = ac.kernels(target)
+    for cfgs in list(zip(ac.LOGIT_CONFIGS, ac.CACHED_CONFIGS)) + [None]:
+        z = torch.full((nb, nb, t), float("nan"))
+        for b in range(3 if cfgs else nb):
+            if cfgs is None:
+                o, m, l = ac.attnres_prepare_cached(v[:b + 1], q, z, b, 1, target=target)
+            else:
+                lcfg, ccfg = ({key: val for key, val in c.items() if not key.startswith("num_")} for c in cfgs)
+                o, m, l = torch.empty(1, t, d), torch.empty(1, t), torch.empty(1, t)
+                score(v[:b + 1], q, z, 1e-6, b, **dict(lcfg, **ac.logit_constexprs(nb - b)))
+                weigh(v[:b + 1], z, o, m, l, b, **dict(ccfg, BD=min(ccfg["BD"], 32), **ac.cached_constexprs(b + 1, 1)))
+            for got, w in zip((o, m, l), ref.prepare(to_f64(v[:b + 1]), to_f64(q[b:b + 1]), 1e-6)):
+                assert np.abs(to_f64(got) - w).max() <= 1e-5 * np.abs(w).max(), (cfgs, b)
+
+
+def _cached(**over):
+    kw = dict(blocks=torch.zeros(2, 3, 8), queries=torch.zeros(4, 8), logits=torch.zeros(2, 4, 3), first=1, count=2)
+    kw.update(over)
+    return lambda: ac.attnres_prepare_cached(**kw, target="numpy")
+
+
+@pytest.mark.parametrize("call, needle", [
+    (_cached(queries=torch.zeros(4, 9)), "`queries` must be [Q >= 1, 8]"),
+    (_cached(first=4), "`first` must be an int in 0..3"),
+    (_cached(first=True), "`first`"),
+    (_cached(count=0), "`count` must be an int in 1..3"),
+    (_cached(first=2, count=3), "`count` must be an int in 1..2"),
+    (_cached(logits=torch.zeros(1, 4, 3)), "`logits` must be float32 [N >= 2, 4, 3]"),
+    (_cached(logits=torch.zeros(2, 4, 3, dtype=torch.float64)), "`logits`"),
+    (_cached(logits=torch.zeros(2, 3, 4).transpose(1, 2)), "contiguous"),
+    (_cached(queries=torch.zeros(300, 8), logits=torch.zeros(2, 300, 3), first=0), "at most 256"),
+    (_cached(eps=-1.0), "eps"),
+])
+def test_cached_prepare_bad_inputs_raise_and_change_nothing(call, needle):
+    """Each bad argument is a K31Error naming it, raised before the logit cache is touched."""
+    logits = call.__closure__[0].cell_contents["logits"]
+    before = logits.clone()
+    with pytest.raises(K31Error) as e:
+        call()
+    assert needle in str(e.value)
+    assert torch.equal(logits, before)
+
+
 # ---------------------------------------------------------------- the superkernel fusion
 
 def _update_args(rng, t, d):
@@ -346,6 +400,8 @@ PREPARE_BENCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=128, WARPS=4
 PREPARE_PREFETCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, WARPS=16, PREFETCH=True)
 PREPARE_HINTS = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=256, WARPS=8, PREFETCH=True, KEEP="last",
                             DROP="first")
+CACHED_LOGITS = Specialised(ac.attnres_block_logits, QB=16, BT=32, BK=64)
+CACHED_BENCH = Specialised(ac.attnres_prepare_cached_rows, NB=8, SB=8, BD=256, WARPS=8, STAGES=6, DROP="first")
 FULL_BF16 = Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
 UPDATE_ROW = Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
 RMSNORM_ROW = Specialised(ar.rmsnorm_row, BD=8192, WT=k.bf16)
@@ -363,7 +419,7 @@ FUSED_UPDATE = _FusedUpdate()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    names = ["PREPARE_BENCH", "PREPARE_PREFETCH", "PREPARE_HINTS", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
+    names = ["PREPARE_BENCH", "PREPARE_PREFETCH", "PREPARE_HINTS", "CACHED_LOGITS", "CACHED_BENCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
              "FUSED_UPDATE"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
 
