@@ -329,7 +329,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", default="1,4,16,64")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile anchors")
     ap.add_argument("--parts", default="prepare,cached,update,decode",
-                    help="comma list of the sections to run (prepare, cached, update, decode); results are written "
+                    help="comma (or +) list of the sections to run (prepare, cached, update, decode); results are written "
                          "after each")
     ap.add_argument("--sm90-stats", action="store_true",
                     help="no GPU: registers/spills/shared memory of every prepare config compiled for sm_90, then exit")
@@ -378,12 +378,12 @@ def main(argv=None) -> int:
                       extra=harness.tuning_section(tuning))
         harness.print_table(harness.TUNING_COLUMNS, tuning)
 
-    parts = set(args.parts.split(","))
+    parts = set(args.parts.replace("+", ",").split(","))
     if "prepare" in parts:
         bench_prepare(timer, dev, target, args.n, args.t, args.d, args.s, compile_fn, rows, results)
         save("prepare")
     if "cached" in parts:
-        for later in [int(x) for x in args.later.split(",") if x]:
+        for later in [int(x) for x in args.later.replace("+", ",").split(",") if x]:
             bench_prepare_cached(timer, dev, target, args.n, args.t, args.d, args.s, later, compile_fn, rows, results)
         save("cached")
     if "update" in parts:
