@@ -145,7 +145,8 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
 # 14:48 session). tf32x3 keeps the logits at about fp32 accuracy; its split operands cost
 # registers (sm_90a, QB 64: 109 at BT 64 / BK 32 / 8 warps, 180 at BK 64, 255 + spill at BT 32 /
 # BK 64 / 4 warps).
-LOGIT_CONFIGS = [{"BT": bt, "BK": 32, "num_warps": w, "num_stages": 3} for bt, w in ((64, 8), (64, 4), (32, 4))]
+LOGIT_CONFIGS = [{"BT": bt, "BK": bk, "num_warps": 4, "num_stages": st}
+                 for bt, bk, st in ((64, 32, 3), (64, 32, 6), (64, 64, 5), (32, 64, 4), (16, 64, 4))]
 CACHED_CONFIGS = [{"BD": bd, "WARPS": w, "STAGES": 6, "DROP": "first", "num_warps": w}
                   for bd, w in ((128, 4), (256, 8))]
 
@@ -154,9 +155,10 @@ CACHED_CONFIGS = [{"BD": bd, "WARPS": w, "STAGES": 6, "DROP": "first", "num_warp
 def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q", "D"],
                          z: k.Tensor[k.f32, "NZ", "Q", "T"], eps: k.f32, q0: k.i32,
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, QB: k.constexpr = 16, BT: k.constexpr = 32,
-                         BK: k.constexpr = 64):
+                         BK: k.constexpr = 64, PREC: k.constexpr = "tf32x3"):
     # z[n - 1, q0 + j, t] = q[q0 + j] . v[n - 1, t] / rms(v[n - 1, t]) for the newest of the n
-    # sources and every query from q0 on (QB >= Q - q0; the dot needs QB, BT, BK >= 16).
+    # sources and every query from q0 on (QB >= Q - q0; the dot needs QB, BT, BK >= 16). PREC:
+    # the dot's precision (probes only: "tf32" is ~1e-3 off).
     for pt in k.grid(k.cdiv(v.shape[1], BT)):
         t0 = pt * BT
         newest = v.shape[0] - 1
@@ -165,7 +167,7 @@ def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q
         for j in range(k.cdiv(v.shape[2], BK)):
             x = k.load(v, (newest, k.span(t0, BT), k.span(j * BK, BK)), other=0.0).to(k.f32)
             qc = q[k.span(q0, QB, other=0.0), k.span(j * BK, BK, other=0.0)]
-            acc += k.dot(x, qc.T, precision="tf32x3")
+            acc += k.dot(x, qc.T, precision=PREC)
             sq += k.sum(x * x, axis=1)
         r = k.rsqrt(sq / v.shape[2].to(k.f32) + eps)
         z[newest, k.span(q0, QB), k.span(t0, BT)] = (acc * r[:, None]).T
