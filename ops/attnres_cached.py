@@ -9,7 +9,7 @@ numbers in a cache tensor; the older blocks' logits come from the cache, so thei
 once, for the weighted sum alone.
 
 Two kernels (ops/attnres_prepare.py): `attnres_block_logits` scores the newest block as a
-tensor-core GEMM over row tiles (tf32x3, about fp32 accuracy) into the cache, then
+tensor-core GEMM over row tiles (operands split in bf16 pairs: about fp32 accuracy) into the cache, then
 `attnres_prepare_cached_rows` is the prepare's second sweep alone, its logits read from the cache.
 Bytes: the newest block once more (1/n of the blocks) instead of every block.
 

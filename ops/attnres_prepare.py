@@ -142,23 +142,37 @@ def attnres_prepare_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "S
 # The newest block's logits as a tensor-core GEMM over BT-row tiles, so the query table is read
 # once per tile: a row-wise logit pass (one program per row, fused with the sweep) read all its
 # queries per row, 1.4 MB at 48 queries, and took 1.65 ms against 0.96 at 12 (H200, run 2 of the
-# 14:48 session). tf32x3 keeps the logits at about fp32 accuracy; its split operands cost
-# registers (sm_90a, QB 64: 109 at BT 64 / BK 32 / 8 warps, 180 at BK 64, 255 + spill at BT 32 /
-# BK 64 / 4 warps).
+# 14:48 session). The dot splits its fp32 operands (bf16x3: ~4e-6 of the largest logit) to stay
+# at about fp32 accuracy; probes/logit_gemm.py (runs 6-7, results/attnres_logit_probe*.md) at 12 /
+# 48 queries: bf16x3 0.112 / 0.167 ms at BT 64 / BK 64 / 5 stages, Triton's tf32x3 0.161 / 0.255,
+# one tf32 pass 0.077 / 0.081 (but 7.7e-4 off), CUDA-core fp32 0.33 / 0.65; cuBLAS fp32 0.30 / 0.35.
 LOGIT_CONFIGS = [{"BT": bt, "BK": bk, "num_warps": 4, "num_stages": st}
-                 for bt, bk, st in ((64, 32, 3), (64, 32, 6), (64, 64, 5), (32, 64, 4), (16, 64, 4))]
+                 for bt, bk, st in ((64, 64, 5), (32, 64, 4), (64, 32, 4))]
 CACHED_CONFIGS = [{"BD": bd, "WARPS": w, "STAGES": 6, "DROP": "first", "num_warps": w}
                   for bd, w in ((128, 4), (256, 8))]
+
+
+@k.func
+def _split_dot(a, b):
+    """a @ b for fp32 tiles on bf16 tensor cores: each operand split into a bf16 head and the bf16
+    of its remainder, three dots (head x head, head x tail, tail x head); the dropped tail x tail and
+    the remainders' rounding leave ~2^-16 of each product."""
+    a_hi = a.to(k.bf16)
+    b_hi = b.to(k.bf16)
+    a_lo = (a - a_hi.to(k.f32)).to(k.bf16)
+    b_lo = (b - b_hi.to(k.f32)).to(k.bf16)
+    return k.dot(a_hi, b_hi) + k.dot(a_hi, b_lo) + k.dot(a_lo, b_hi)
 
 
 @k.kernel(configs=LOGIT_CONFIGS)
 def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q", "D"],
                          z: k.Tensor[k.f32, "NZ", "Q", "T"], eps: k.f32, q0: k.i32,
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, QB: k.constexpr = 16, BT: k.constexpr = 32,
-                         BK: k.constexpr = 64, PREC: k.constexpr = "tf32x3"):
+                         BK: k.constexpr = 64, PREC: k.constexpr = "bf16x3"):
     # z[n - 1, q0 + j, t] = q[q0 + j] . v[n - 1, t] / rms(v[n - 1, t]) for the newest of the n
     # sources and every query from q0 on (QB >= Q - q0; the dot needs QB, BT, BK >= 16). PREC:
-    # the dot's precision (probes only: "tf32" is ~1e-3 off).
+    # the dot's precision: tf32x3, bf16x3 (_split_dot), or "tf32" / "ieee" (probes only: tf32 is
+    # ~1e-3 off, ieee runs on CUDA cores).
     for pt in k.grid(k.cdiv(v.shape[1], BT)):
         t0 = pt * BT
         newest = v.shape[0] - 1
@@ -167,7 +181,10 @@ def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q
         for j in range(k.cdiv(v.shape[2], BK)):
             x = k.load(v, (newest, k.span(t0, BT), k.span(j * BK, BK)), other=0.0).to(k.f32)
             qc = q[k.span(q0, QB, other=0.0), k.span(j * BK, BK, other=0.0)]
-            acc += k.dot(x, qc.T, precision=PREC)
+            if PREC == "bf16x3":
+                acc += _split_dot(x, qc.T)
+            else:
+                acc += k.dot(x, qc.T, precision=PREC)
             sq += k.sum(x * x, axis=1)
         r = k.rsqrt(sq / v.shape[2].to(k.f32) + eps)
         z[newest, k.span(q0, QB), k.span(t0, BT)] = (acc * r[:, None]).T

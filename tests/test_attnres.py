@@ -233,7 +233,7 @@ def test_every_cached_config_and_the_pinned_variant_match_the_oracle(target):
                 score(v[:b + 1], q, z, 1e-6, b, **dict(lcfg, **ac.logit_constexprs(nb - b)))
                 weigh(v[:b + 1], z, o, m, l, b, **dict(ccfg, BD=min(ccfg["BD"], 32), **ac.cached_constexprs(b + 1, 1)))
             for got, w in zip((o, m, l), ref.prepare(to_f64(v[:b + 1]), to_f64(q[b:b + 1]), 1e-6)):
-                assert np.abs(to_f64(got) - w).max() <= 1e-5 * np.abs(w).max(), (cfgs, b)
+                assert np.abs(to_f64(got) - w).max() <= ar.F32_TOL * np.abs(w).max(), (cfgs, b)   # bf16x3 logits
 
 
 def _cached(**over):
