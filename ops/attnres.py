@@ -18,7 +18,8 @@ the chunks the first sweep read last (still in L2 on a GPU), and writes O. One r
 S = 6, D = 7168) or a grid-wide exchange, neither of which the DSL has (benchmarks/NOTES.md,
 AttnRes); instead the second sweep is served partly from L2 (L2 hints ask to keep the rows sweep 1
 read and to drop what sweep 2 and the O stores touch). Configs choose the chunk width, the warps,
-the reductions, prefetching and the hints.
+the reductions, prefetching and the hints. A caller that keeps each block's logits (the model
+does) reads the blocks once: `attnres_prepare_cached` (ops/attnres_cached.py).
 The update and RMSNorm kernels hold a whole row as one BD = next_pow2(D) tile, so the RMSNorm
 program reads exactly the h row that the same update program wrote: the condition for the
 superkernel pass to fuse them (h stays in registers).
@@ -129,7 +130,7 @@ def prepare_constexprs(n: int, s: int) -> dict:
     (autotuned on a GPU) are sized for block counts (n <= 16, S * n <= 64); beyond that (full
     AttnRes over many layers) the call fixes the plain variant with BD sized so that the
     accumulator holds ACC_BUDGET elements (no autotuning, and no configs that unroll over 17..64
-    sources). The op and the model's AttnRes stream both launch with these."""
+    sources). The attnres and attnres_prepare ops launch with these."""
     nb, sb = max(2, next_pow2(n)), max(1, next_pow2(s))
     kw = {"NB": nb, "SB": sb}
     if sb * nb > 64 or nb > 16:

@@ -37,9 +37,9 @@ MAX_FUTURE = 256                # queries one call scores the newest block again
 
 def logit_constexprs(future: int) -> dict:
     """attnres_block_logits' constexprs: QB covers the future queries (>= 16, the dot's minimum);
-    past 128 the call pins 16-row tiles at 8 warps (sm_90a, QB 256: 155 registers, no spill)."""
+    past 128 the call pins 16-row tiles (constexprs only: graph programs pass no launch options)."""
     qb = max(16, next_pow2(future))
-    return {"QB": qb, **({"BT": 16, "BK": 32, "num_warps": 8, "num_stages": 3} if qb > 128 else {})}
+    return {"QB": qb, **({"BT": 16, "BK": 32} if qb > 128 else {})}
 
 
 def cached_constexprs(n: int, count: int) -> dict:

@@ -1,35 +1,41 @@
 """Block Attention Residuals in a step graph, two-phase form (docs/model.md, K3 convention).
 
 Per AttnRes block b the committed sources are src_b [b + 1, T, D] fp32 (the embedding, then each
-finished block's sum). At the block's start ONE `attnres_prepare_rows` call scores every pseudo-
-query of the block — both sublayers of each of its layers, and the final aggregation after the
-last block — against src_b, reading the sources once: O [S, T, D], M, L [S, T]. Each sublayer
+finished block's sum). At the block's start the cached prepare (ops/attnres_cached.py) scores the
+newest source against every pseudo-query from this block's on into the step's logit cache
+[blocks, Q, T] (`attnres_block_logits`), then ONE `attnres_prepare_cached_rows` call sums the
+sources for the block's S queries — both sublayers of each of its layers, and the final
+aggregation after the last block — with their logits from the cache, reading the sources once:
+O [S, T, D], M, L [S, T]. Each sublayer
 then runs `attnres_slot_update_rows` (below: ops/attnres.py's merge_partial, but indexing O/M/L/queries
 at slot s, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
 `rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
 row h stays in registers). The block's first sublayer has no partial sum yet: its h is O[s] / L[s]
 (softmax over the committed blocks alone, i.e. the full attnres), and it zeroes the partial.
 At a block boundary `attnres_append_block` writes src_{b+1} = [src_b, partial + last output].
-Key-norm gains are folded into the queries at load time (`block_queries`).
+Key-norm gains are folded into the queries at load time (`block_queries`: one [Q, D] table of
+every pseudo-query in order; block b's are rows first_b .. first_b + S_b - 1).
 """
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.ops.attnres import (ROW_CONFIGS, attnres_prepare_rows, merge_partial, prepare_constexprs, rmsnorm_row,
-                                row_block, row_warps)
+from k31dsl.ops.attnres import ROW_CONFIGS, merge_partial, rmsnorm_row, row_block, row_warps
+from k31dsl.ops.attnres_cached import (attnres_block_logits, attnres_prepare_cached_rows, cached_constexprs,
+                                       logit_constexprs)
 from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.model.layers.common import memo
 
 
 @k.kernel(configs=ROW_CONFIGS)
 def attnres_slot_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor["DT", "T", "D"],
-                             q: k.Tensor[k.f32, "S", "D"], o: k.Tensor[k.f32, "S", "T", "D"],
+                             q: k.Tensor[k.f32, "Q", "D"], o: k.Tensor[k.f32, "S", "T", "D"],
                              m: k.Tensor[k.f32, "S", "T"], l: k.Tensor[k.f32, "S", "T"],
-                             h: k.Tensor["HT", "T", "D"], eps: k.f32, s: k.i32,
+                             h: k.Tensor["HT", "T", "D"], eps: k.f32, s: k.i32, qs: k.i32,
                              DT: k.constexpr[FLOAT_INPUTS] = k.f32, HT: k.constexpr[FLOAT_INPUTS] = k.f32,
                              FIRST: k.constexpr = False, BD: k.constexpr = 128, WARPS: k.constexpr = 4):
     # FIRST: the block's first sublayer (no partial yet): h = O[s] / L[s], partial = 0.
-    # Else partial += delta, the partial's logit merged into slot s's statistics (online softmax).
+    # Else partial += delta, the partial's logit (query row qs of the table) merged into slot s's
+    # statistics (online softmax).
     for t in k.grid(partial.shape[0]):
         num = o[s, t, k.span(0, BD, other=0.0)]
         m_old = m[s, t]
@@ -40,7 +46,7 @@ def attnres_slot_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor
         else:
             p = partial[t, k.span(0, BD, other=0.0)] + delta[t, k.span(0, BD, other=0.0)].to(k.f32)
             partial[t, k.span(0, BD)] = p
-            hv = merge_partial(p, q[s, k.span(0, BD, other=0.0)], num, m_old, l_old,
+            hv = merge_partial(p, q[qs, k.span(0, BD, other=0.0)], num, m_old, l_old,
                                partial.shape[1].to(k.f32), eps)
             h[t, k.span(0, BD)] = hv.to(HT)
 
@@ -57,8 +63,9 @@ def attnres_append_block(src: k.Tensor[k.f32, "N", "T", "D"], partial: k.Tensor[
             delta[t, k.span(0, BD, other=0.0)].to(k.f32)
 
 
-attnres_slot_update_rows, attnres_append_block, attnres_prepare_rows, rmsnorm_row = memo(
-    attnres_slot_update_rows, attnres_append_block, attnres_prepare_rows, rmsnorm_row)
+(attnres_slot_update_rows, attnres_append_block, attnres_block_logits, attnres_prepare_cached_rows,
+ rmsnorm_row) = memo(attnres_slot_update_rows, attnres_append_block, attnres_block_logits,
+                     attnres_prepare_cached_rows, rmsnorm_row)
 
 
 def sublayer_plan(config) -> list[list[tuple[str, str | None]]]:
@@ -74,14 +81,12 @@ def sublayer_plan(config) -> list[list[tuple[str, str | None]]]:
 
 
 def block_queries(config, weights: dict) -> dict:
-    """Derived weights: per block b, `attnres_queries_b{b}` fp32 [S, D] = query * norm (the key
-    RMSNorm's gain folded into each pseudo-query)."""
+    """The derived weight `attnres_queries` fp32 [Q, D]: every pseudo-query in sublayer_plan's
+    order, each = query * norm (the key RMSNorm's gain folded in)."""
     import torch
-    out = {}
-    for b, subs in enumerate(sublayer_plan(config)):
-        out[f"attnres_queries_b{b}"] = torch.stack(
-            [weights[f"{pre}.query"].float() * weights[f"{pre}.norm"].float() for pre, _ in subs]).contiguous()
-    return out
+    subs = [pre for block in sublayer_plan(config) for pre, _ in block]
+    return {"attnres_queries": torch.stack([weights[f"{pre}.query"].float() * weights[f"{pre}.norm"].float()
+                                            for pre in subs]).contiguous()}
 
 
 class AttnResStream:
@@ -97,6 +102,11 @@ class AttnResStream:
         self.src = g.reshape(embedding, (1, T, D), "b0_sources")
         self.bd = row_block(D)
         self.partial = None
+        self.queries = g.weight("attnres_queries")
+        self.firsts = [0]                               # block b's first row in the query table
+        for block in self.plan:
+            self.firsts.append(self.firsts[-1] + len(block))
+        self.logits = g.tensor("attnres_logits", (len(self.plan), self.firsts[-1], T), k.f32)
 
     def _start_block(self, delta):
         g, p, b = self.g, self.g.p, self.block + 1
@@ -105,14 +115,14 @@ class AttnResStream:
             n = self.src.shape[0]
             out = g.tensor(f"b{b}_sources", (n + 1, T, D), k.f32)
             self.src = p.call(attnres_append_block, self.src, self.partial, delta, out, BD=self.bd)
-        queries = g.weight(f"attnres_queries_b{b}")
-        S, n = queries.shape[0], self.src.shape[0]
+        first, S, n = self.firsts[b], len(self.plan[b]), self.src.shape[0]
         self.O = g.tensor(f"b{b}_attnres_O", (S, T, D), k.f32)
         self.M = g.tensor(f"b{b}_attnres_M", (S, T), k.f32)
         self.L = g.tensor(f"b{b}_attnres_L", (S, T), k.f32)
-        self.O, self.M, self.L = p.call(attnres_prepare_rows, self.src, queries, self.O, self.M, self.L,
-                                        self.cfg.attnres_eps, **prepare_constexprs(n, S))
-        self.queries = queries
+        self.logits = p.call(attnres_block_logits, self.src, self.queries, self.logits, self.cfg.attnres_eps, first,
+                             **logit_constexprs(self.firsts[-1] - first))
+        self.O, self.M, self.L = p.call(attnres_prepare_cached_rows, self.src, self.logits, self.O, self.M, self.L,
+                                        first, **cached_constexprs(n, S))
         self.partial = g.tensor(f"b{b}_partial", (T, D), k.f32)
         self.block, self.slot = b, 0
 
@@ -132,7 +142,8 @@ class AttnResStream:
         # FIRST loads no delta, but every parameter is bound: the embedding is a written [T, D] tensor
         d = self.embedding if first else delta
         self.partial, h = p.call(attnres_slot_update_rows, self.partial, d, self.queries, self.O, self.M, self.L, h,
-                                 self.cfg.attnres_eps, s, FIRST=first, BD=self.bd, WARPS=row_warps(self.bd))
+                                 self.cfg.attnres_eps, s, self.firsts[self.block] + s, FIRST=first, BD=self.bd,
+                                 WARPS=row_warps(self.bd))
         y = p.call(rmsnorm_row, h, g.weight(norm), y, self.cfg.rms_eps, BD=self.bd, WARPS=row_warps(self.bd))
         self.slot += 1
         return y
