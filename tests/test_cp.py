@@ -107,6 +107,16 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def _assert_same_argmax(got, want):
+    """The greedy token of every row agrees, except at a near tie: a row whose reference top-2
+    logits are closer than twice the row's largest deviation (seen: a 1.1e-3 gap at a logit scale
+    of 13.8, the CP run's KDA summation order moving logits by ~1e-3) may pick either."""
+    for r in (got.argmax(-1) != want.argmax(-1)).nonzero().flatten().tolist():
+        top = want[r].topk(2).values
+        gap, dev = float(top[0] - top[1]), float((got[r] - want[r]).abs().max())
+        assert gap <= 2 * dev, f"row {r}: greedy tokens differ with a top-2 margin {gap:.3g} > 2 x deviation {dev:.3g}"
+
+
 def _codes_close(a, b, signed: bool = True) -> bool:
     """FP8 codes (E4M3 sign-magnitude bytes, or unsigned E8M0 scales) equal or one step apart."""
     def order(x):
@@ -134,7 +144,7 @@ def test_cp_prefill_matches_single_rank(ranks, T):
     assert lg.shape == want.shape
     assert _rel(lg, want) <= 1e-2
     assert float((lg - want).abs().median()) <= 1e-4 * float(want.abs().max())
-    assert torch.equal(lg.argmax(-1), want.argmax(-1))
+    _assert_same_argmax(lg, want)
     for l in CFG.kda_layers:
         assert _rel(got["kda"][l], ref.states[f"kda{l}_pool"][slot].transpose(-1, -2)) <= 1e-5, f"layer {l} KDA state"
         for c in "qkv":
