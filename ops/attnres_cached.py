@@ -25,13 +25,17 @@ query) and needs logits[i, first : first + count] for i < n - 1 from the earlier
 from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.attnres import (ACC_BUDGET, F32_TOL, _check_sources, _eps, _fold, _queries, _rank, _rel,
+from k31dsl.ops.attnres import (ACC_BUDGET, _check_sources, _eps, _fold, _queries, _rank, _rel,
                                 _same_device, _sources)
 from k31dsl.ops.attnres_prepare import (CACHED_CONFIGS, LOGIT_CONFIGS, attnres_block_logits,  # noqa: F401
                                         attnres_prepare_cached_rows)
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
+# bf16x3 logits keep ~2^-17 of each product, so z is off by ~1e-5 of its scale and O / L move by
+# that times the logit scale: at scale 20 up to 2.3e-4 in 60 seeds of _check_cached (numpy, which
+# rounds the split operands exactly as the GPU does), 3.5e-5 at scale 2.
+LOGIT_TOL = 1e-3
 MAX_FUTURE = 256                # queries one call scores the newest block against ([BT, QB] in registers)
 
 
@@ -109,8 +113,8 @@ def attnres_prepare_cached(blocks, queries, logits, first: int, count: int, eps:
     if t:
         v = blocks.contiguous()
         score, weigh = kernels(target)
-        score(v, q, logits, eps, first, **logit_constexprs(nq - first))
-        weigh(v, logits, o, m, l, first, **cached_constexprs(n, count))
+        score(v, q, logits, eps, first, n, **logit_constexprs(nq - first))
+        weigh(v, logits, o, m, l, first, n, **cached_constexprs(n, count))
     return o, m, l
 
 
@@ -141,14 +145,14 @@ def _check_cached(target: str, seed: int = 0) -> list[CaseResult]:
             want = ref.prepare(to_f64(v[:b + 1]), to_f64(q[first:first + count]), 1e-6)
             for what, got, w in zip("OML", (o, m, l), want):
                 err = _rel(got, w, normwise=what != "L")
-                out.append(CaseResult(f"{name}: block {b} {what}", err, F32_TOL, err <= F32_TOL))
+                out.append(CaseResult(f"{name}: block {b} {what}", err, LOGIT_TOL, err <= LOGIT_TOL))
             first += count
         first, err = 0, 0.0
         for b, count in enumerate(plan):            # row b: block b against its own and all later queries
             want = ref.logits(to_f64(q[first:]), to_f64(v[b:b + 1]), 1e-6)[:, 0]
             err = max(err, max_rel_err(to_f64(z[b, first:]), want, floor=max(1.0, float(abs(want).max()))))
             first += count
-        out.append(CaseResult(f"{name}: the logit cache", err, F32_TOL, err <= F32_TOL))
+        out.append(CaseResult(f"{name}: the logit cache", err, LOGIT_TOL, err <= LOGIT_TOL))
     return out
 
 

@@ -33,10 +33,18 @@ PREPARE_CONFIGS += [{"BD": 256, "WARPS": 8, "PREFETCH": True, "KEEP": "last", "D
 @k.func
 def _source_chunk(v, t, j, NB, BD, hint, ROWS3D):
     """Chunk j of token row t's sources: [NB, BD], or [NB, 1, BD] with the token axis kept as a span
-    of one (ROWS3D). Chunks outside [0, D) and sources past n move no data and read 0."""
+    of one (ROWS3D). Chunks outside [0, D) and sources past v's rows move no data and read 0."""
     if ROWS3D:
         return k.load(v, (k.span(0, NB), k.span(t, 1), k.span(j * BD, BD)), other=0.0, evict=hint)
     return k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), other=0.0, evict=hint)
+
+
+@k.func
+def _live_chunk(v, t, j, n, NB, BD, hint):
+    """_source_chunk [NB, BD] of the first n sources only: v may be a buffer with more rows (the
+    model's source buffer, filled block by block), whose later rows are not read."""
+    return k.load(v, (k.span(0, NB), t, k.span(j * BD, BD)), mask=(k.arange(NB) < n)[:, None], other=0.0,
+                  evict=hint)
 
 
 @k.func
@@ -90,10 +98,11 @@ def _prepare_one_row(v, q, o, m, l, eps, t, n, d, chunks, OT, NB, SB, BD, FINAL,
 
 
 @k.func
-def _weigh_sources(v, o, m, l, z, t, n, chunks, OT, NB, SB, BD, FINAL, PREFETCH, DROP, STAGES):
+def _weigh_sources(v, o, m, l, z, t, n, chunks, OT, NB, SB, BD, FINAL, PREFETCH, DROP, STAGES, LIVE=False):
     """Sweep 2 of token row t from its logits z [SB, NB]: the softmax over the n sources, the
     statistics M / L (or, FINAL, the normalised weights), and O = sum_i e_i v_i chunk by chunk,
-    in reverse chunk order: the chunks read last are still in L2."""
+    in reverse chunk order: the chunks read last are still in L2. LIVE: v may hold more than n
+    rows (_live_chunk)."""
     z = k.where((k.arange(NB) < n)[None, :], z, float("-inf"))           # padded sources drop out
     zmax = k.max(z, axis=1)
     e = k.exp(z - zmax[:, None])
@@ -110,6 +119,8 @@ def _weigh_sources(v, o, m, l, z, t, n, chunks, OT, NB, SB, BD, FINAL, PREFETCH,
         if PREFETCH:
             x = x_next.to(k.f32)
             x_next = _source_chunk(v, t, j - 1, NB, BD, DROP, False)          # j = 0: no traffic
+        elif LIVE:
+            x = _live_chunk(v, t, j, n, NB, BD, DROP).to(k.f32)
         else:
             x = _source_chunk(v, t, j, NB, BD, DROP, False).to(k.f32)
         acc = k.sum(e[:, :, None] * x[None, :, :], axis=1)
@@ -166,16 +177,16 @@ def _split_dot(a, b):
 
 @k.kernel(configs=LOGIT_CONFIGS)
 def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q", "D"],
-                         z: k.Tensor[k.f32, "NZ", "Q", "T"], eps: k.f32, q0: k.i32,
+                         z: k.Tensor[k.f32, "NZ", "Q", "T"], eps: k.f32, q0: k.i32, n: k.i32,
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, QB: k.constexpr = 16, BT: k.constexpr = 32,
                          BK: k.constexpr = 64, PREC: k.constexpr = "bf16x3"):
     # z[n - 1, q0 + j, t] = q[q0 + j] . v[n - 1, t] / rms(v[n - 1, t]) for the newest of the n
-    # sources and every query from q0 on (QB >= Q - q0; the dot needs QB, BT, BK >= 16). PREC:
+    # sources (v may have more rows: a buffer filled block by block) and every query from q0 on (QB >= Q - q0; the dot needs QB, BT, BK >= 16). PREC:
     # the dot's precision: tf32x3, bf16x3 (_split_dot), or "tf32" / "ieee" (probes only: tf32 is
     # ~1e-3 off, ieee runs on CUDA cores).
     for pt in k.grid(k.cdiv(v.shape[1], BT)):
         t0 = pt * BT
-        newest = v.shape[0] - 1
+        newest = n - 1
         acc = k.zeros((BT, QB), k.f32)
         sq = k.zeros((BT,), k.f32)
         for j in range(k.cdiv(v.shape[2], BK)):
@@ -193,13 +204,13 @@ def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q
 @k.kernel(configs=CACHED_CONFIGS)
 def attnres_prepare_cached_rows(v: k.Tensor["VT", "N", "T", "D"], z: k.Tensor[k.f32, "NZ", "Q", "T"],
                                 o: k.Tensor[k.f32, "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],
-                                l: k.Tensor[k.f32, "S", "T"], q0: k.i32,
+                                l: k.Tensor[k.f32, "S", "T"], q0: k.i32, n: k.i32,
                                 VT: k.constexpr[FLOAT_INPUTS] = k.f32, NB: k.constexpr = 4, SB: k.constexpr = 4,
                                 BD: k.constexpr = 128, WARPS: k.constexpr = 4, DROP: k.constexpr = None,
                                 STAGES: k.constexpr = None):
-    # Sweep 2 alone: the logits of the n sources for the S queries from q0 on come from the cache
-    # z (SB >= S; rows past n and queries past S are masked or never stored).
+    # Sweep 2 alone over the first n rows of v: their logits for the S queries from q0 on come
+    # from the cache z (SB >= S; rows past n and queries past S are masked or never stored).
     for t in k.grid(v.shape[1]):
         zt = k.load(z, (k.span(0, NB), k.span(q0, SB), t), other=0.0).T        # [SB, NB]
-        _weigh_sources(v, o, m, l, zt, t, v.shape[0], k.cdiv(v.shape[2], BD), k.f32, NB, SB, BD, False, False, DROP,
-                       STAGES)
+        _weigh_sources(v, o, m, l, zt, t, n, k.cdiv(v.shape[2], BD), k.f32, NB, SB, BD, False, False, DROP, STAGES,
+                       True)

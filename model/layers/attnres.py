@@ -1,6 +1,6 @@
 """Block Attention Residuals in a step graph, two-phase form (docs/model.md, K3 convention).
 
-Per AttnRes block b the committed sources are src_b [b + 1, T, D] fp32 (the embedding, then each
+Per AttnRes block b the committed sources are b + 1 rows [T, D] fp32 (the embedding, then each
 finished block's sum). At the block's start the cached prepare (ops/attnres_cached.py) scores the
 newest source against every pseudo-query from this block's on into the step's logit cache
 [blocks, Q, T] (`attnres_block_logits`), then ONE `attnres_prepare_cached_rows` call sums the
@@ -12,7 +12,9 @@ at slot s, because the graph IR has no views to hand it O[s]) followed by ops/at
 `rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
 row h stays in registers). The block's first sublayer has no partial sum yet: its h is O[s] / L[s]
 (softmax over the committed blocks alone, i.e. the full attnres), and it zeroes the partial.
-At a block boundary `attnres_append_block` writes src_{b+1} = [src_b, partial + last output].
+The sources live in one buffer [blocks, T, D] of the step: `attnres_put_embedding` writes the
+embedding into row 0 and, at each block boundary, `attnres_put_source` the finished block
+(partial + last output) into row b; the prepare kernels read rows 0 .. b only.
 Key-norm gains are folded into the queries at load time (`block_queries`: one [Q, D] table of
 every pseudo-query in order; block b's are rows first_b .. first_b + S_b - 1).
 """
@@ -52,20 +54,27 @@ def attnres_slot_update_rows(partial: k.Tensor[k.f32, "T", "D"], delta: k.Tensor
 
 
 @k.kernel
-def attnres_append_block(src: k.Tensor[k.f32, "N", "T", "D"], partial: k.Tensor[k.f32, "T", "D"],
-                         delta: k.Tensor["DT", "T", "D"], out: k.Tensor[k.f32, "NO", "T", "D"],
-                         DT: k.constexpr[FLOAT_INPUTS] = k.f32, BD: k.constexpr = 128):
-    # out = [src..., partial + delta]: the finished block becomes a committed source.
-    for t in k.grid(partial.shape[0]):
-        for i in range(src.shape[0]):
-            out[i, t, k.span(0, BD)] = src[i, t, k.span(0, BD, other=0.0)]
-        out[src.shape[0], t, k.span(0, BD)] = partial[t, k.span(0, BD, other=0.0)] + \
+def attnres_put_source(src: k.Tensor[k.f32, "N", "T", "D"], x: k.Tensor["XT", "T", "D"],
+                       delta: k.Tensor["DT", "T", "D"], i: k.i32, XT: k.constexpr[FLOAT_INPUTS] = k.f32,
+                       DT: k.constexpr[FLOAT_INPUTS] = k.f32, BD: k.constexpr = 128):
+    # src[i] = x + delta: a finished block committed in place into the step's source buffer, whose
+    # earlier rows stay as they are (one row per block instead of a copy of all of them).
+    for t in k.grid(x.shape[0]):
+        src[i, t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)].to(k.f32) + \
             delta[t, k.span(0, BD, other=0.0)].to(k.f32)
 
 
-(attnres_slot_update_rows, attnres_append_block, attnres_block_logits, attnres_prepare_cached_rows,
- rmsnorm_row) = memo(attnres_slot_update_rows, attnres_append_block, attnres_block_logits,
-                     attnres_prepare_cached_rows, rmsnorm_row)
+@k.kernel
+def attnres_put_embedding(src: k.Tensor[k.f32, "N", "T", "D"], x: k.Tensor[k.f32, "T", "D"],
+                          BD: k.constexpr = 128):
+    # src[0] = x: the embedding, the first source
+    for t in k.grid(x.shape[0]):
+        src[0, t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)]
+
+
+(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_block_logits,
+ attnres_prepare_cached_rows, rmsnorm_row) = memo(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding,
+                                                  attnres_block_logits, attnres_prepare_cached_rows, rmsnorm_row)
 
 
 def sublayer_plan(config) -> list[list[tuple[str, str | None]]]:
@@ -99,8 +108,10 @@ class AttnResStream:
         self.block, self.slot = -1, 0
         T, D = embedding.shape
         self.embedding = embedding
-        self.src = g.reshape(embedding, (1, T, D), "b0_sources")
         self.bd = row_block(D)
+        # sources: the embedding, then each finished block, written row by row (block b reads 0..b)
+        self.src = g.tensor("attnres_sources", (len(self.plan), T, D), k.f32)
+        self.src = g.p.call(attnres_put_embedding, self.src, embedding, BD=self.bd)
         self.partial = None
         self.queries = g.weight("attnres_queries")
         self.firsts = [0]                               # block b's first row in the query table
@@ -112,17 +123,15 @@ class AttnResStream:
         g, p, b = self.g, self.g.p, self.block + 1
         T, D = self.src.shape[1], self.src.shape[2]
         if delta is not None:              # the finished block (partial + its last output) is committed
-            n = self.src.shape[0]
-            out = g.tensor(f"b{b}_sources", (n + 1, T, D), k.f32)
-            self.src = p.call(attnres_append_block, self.src, self.partial, delta, out, BD=self.bd)
-        first, S, n = self.firsts[b], len(self.plan[b]), self.src.shape[0]
+            self.src = p.call(attnres_put_source, self.src, self.partial, delta, b, BD=self.bd)
+        first, S, n = self.firsts[b], len(self.plan[b]), b + 1
         self.O = g.tensor(f"b{b}_attnres_O", (S, T, D), k.f32)
         self.M = g.tensor(f"b{b}_attnres_M", (S, T), k.f32)
         self.L = g.tensor(f"b{b}_attnres_L", (S, T), k.f32)
         self.logits = p.call(attnres_block_logits, self.src, self.queries, self.logits, self.cfg.attnres_eps, first,
-                             **logit_constexprs(self.firsts[-1] - first))
+                             n, **logit_constexprs(self.firsts[-1] - first))
         self.O, self.M, self.L = p.call(attnres_prepare_cached_rows, self.src, self.logits, self.O, self.M, self.L,
-                                        first, **cached_constexprs(n, S))
+                                        first, n, **cached_constexprs(n, S))
         self.partial = g.tensor(f"b{b}_partial", (T, D), k.f32)
         self.block, self.slot = b, 0
 
