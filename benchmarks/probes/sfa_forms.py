@@ -26,6 +26,9 @@ SM_SCALE = 0.135234
 # run 1 of the 14:48 session (results/sfa_forms_late.md) timed a LATE score pass (each record field
 # gathered right before its dot, the products summed as they come): 0.186 / 0.325 ms against 0.142;
 # taken out of the kernel.
+# Run 10 of the 14:48 session (results/sfa_forms_prefetch.md) timed a score pass that gathers the
+# next block's records one block ahead: BK 16 0.186 ms (as without), BK 32 0.220 (spills) against
+# 0.143; taken out of the kernel.
 SCORE_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
 VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 8, "num_stages": 1}]
 
