@@ -181,9 +181,9 @@ def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q
                          VT: k.constexpr[FLOAT_INPUTS] = k.f32, QB: k.constexpr = 16, BT: k.constexpr = 32,
                          BK: k.constexpr = 64, PREC: k.constexpr = "bf16x3"):
     # z[n - 1, q0 + j, t] = q[q0 + j] . v[n - 1, t] / rms(v[n - 1, t]) for the newest of the n
-    # sources (v may have more rows: a buffer filled block by block) and every query from q0 on (QB >= Q - q0; the dot needs QB, BT, BK >= 16). PREC:
-    # the dot's precision: tf32x3, bf16x3 (_split_dot), or "tf32" / "ieee" (probes only: tf32 is
-    # ~1e-3 off, ieee runs on CUDA cores).
+    # sources (v may have more rows: a buffer filled block by block) and every query from q0 on
+    # (QB >= Q - q0; the dot needs QB, BT, BK >= 16). PREC: bf16x3 (_split_dot), tf32x3, or the
+    # probes' "tf32" (~1e-3 off) and "ieee" (CUDA cores).
     for pt in k.grid(k.cdiv(v.shape[1], BT)):
         t0 = pt * BT
         newest = n - 1
