@@ -6,9 +6,9 @@ newest source against every pseudo-query from this block's on into the step's lo
 [blocks, Q, T] (`attnres_block_logits`), then ONE `attnres_prepare_cached_rows` call sums the
 sources for the block's S queries — both sublayers of each of its layers, and the final
 aggregation after the last block — with their logits from the cache, reading the sources once:
-O [S, T, D], M, L [S, T]. Each sublayer
-then runs `attnres_slot_update_rows` (below: ops/attnres.py's merge_partial, but indexing O/M/L/queries
-at slot s, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
+O [S, T, D], M, L [S, T]. Each sublayer then runs `attnres_slot_update_rows` (below:
+ops/attnres.py's merge_partial, but indexing O/M/L at slot s and the query table at the slot's
+row, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
 `rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
 row h stays in registers). The block's first sublayer has no partial sum yet: its h is O[s] / L[s]
 (softmax over the committed blocks alone, i.e. the full attnres), and it zeroes the partial.
