@@ -29,8 +29,13 @@ SM_SCALE = 0.135234
 # Run 10 of the 14:48 session (results/sfa_forms_prefetch.md) timed a score pass that gathers the
 # next block's records one block ahead: BK 16 0.186 ms (as without), BK 32 0.220 (spills) against
 # 0.143; taken out of the kernel.
-SCORE_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
-VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 8, "num_stages": 1}]
+# Run 14 (results/sfa_forms_heads.md): smaller head blocks, more programs per SM (sm_90a: scores
+# BH 32 / BK 64 170 registers, 40 KB, three per SM; BH 16 / BK 32 107, 22 KB, four; values BH 32 /
+# BK 64 / 4 warps 139, BH 16 128, BH 64 at 4 warps 168), against the tuned BH 64 ones: all slower
+# (B=64: scores 0.244 / 0.332 against 0.142, values 0.251 / 0.295 / 0.144 against 0.139): the
+# 64-row MMAs (wgmma) and half the gathers outweigh the occupancy.
+SCORE_CONFIGS = [{"BH": bh, "BK": bk, "num_warps": 4, "num_stages": 1} for bh, bk in ((64, 32), (32, 64), (16, 32))]
+VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": w, "num_stages": 1} for bh, w in ((64, 8), (64, 4), (32, 4), (16, 4))]
 
 def fmt(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())

@@ -37,7 +37,9 @@ from k31dsl.ops.dsa.attention import LATENT, TILE, gather_records, live_blocks, 
 # its dot and the five products summed as they come (sm_90a: 158 registers / 86 KB at BK 32, 127 /
 # 80 KB at BK 16 / 8 warps): 0.186 and 0.325 ms against 0.142 (results/sfa_forms_late.md). The next
 # block's records gathered into registers one block ahead (BK 16: 187 registers, no spill; BK 32:
-# 255 + spills): 0.186 (as BK 16 without) and 0.220 ms (results/sfa_forms_prefetch.md).
+# 255 + spills): 0.186 (as BK 16 without) and 0.220 ms (results/sfa_forms_prefetch.md). Head
+# blocks of 32 or 16 (three or four programs per SM, mma.sync, 2-4x the gathers): scores 0.244 /
+# 0.332, values 0.251 / 0.295 (results/sfa_forms_heads.md).
 SCORE_CONFIGS = [{"BH": 64, "BK": bk, "num_warps": 4, "num_stages": st} for bk, st in ((32, 1), (16, 1), (64, 3))]
 VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": 8, "num_stages": st} for bh, st in ((64, 1), (64, 2), (128, 1))]
 SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
