@@ -41,13 +41,17 @@ def torch_prepare(v, q, eps: float = EPS):
     return torch.einsum("snt,ntd->std", e, v), m, e.sum(1)
 
 
+def torch_block_logits(block, q, eps: float = EPS):
+    """Logits of one block [T, D] against queries [Q, D]: [Q, T]."""
+    return (q @ block.T) * (block.square().mean(-1) + eps).rsqrt()
+
+
 def torch_prepare_cached(v, q, z, first: int, count: int, eps: float = EPS):
     """The cached prepare's math: the newest block scored against queries[first:] into the cache z,
     then the softmax-weighted sum of the blocks for queries[first : first + count]."""
     import torch
     n = v.shape[0]
-    newest = v[n - 1]
-    z[n - 1, first:] = (q[first:] @ newest.T) * (newest.square().mean(-1) + eps).rsqrt()
+    z[n - 1, first:] = torch_block_logits(v[n - 1], q[first:], eps)
     zz = z[:n, first:first + count]                          # [n, S, T]
     m = zz.amax(0)
     e = (zz - m).exp()
@@ -154,7 +158,7 @@ def bench_prepare_cached(timer, dev, target, n, t, d, s, later, compile_fn, rows
     q = torch.randn(s + later, d, device=dev, generator=g) * (2.0 / d ** 0.5)
     z = torch.empty(n, s + later, t, device=dev)
     for i in range(n - 1):
-        z[i] = (q @ v[i].T) * (v[i].square().mean(-1) + EPS).rsqrt()
+        z[i] = torch_block_logits(v[i], q)
     # the blocks once, the newest again for its logits, O / M / L, the queries, the cache's entries
     nbytes = (n + 1) * t * d * 4 + s * t * d * 4 + 2 * s * t * 4 + (s + later) * (d + t) * 4 + n * s * t * 4
     fns = {"k31dsl": lambda: ac.attnres_prepare_cached(v, q, z, 0, s, EPS, target=target),
@@ -164,7 +168,7 @@ def bench_prepare_cached(timer, dev, target, n, t, d, s, later, compile_fn, rows
         fns["torch.compile"] = lambda: cp(v, q, z, 0, s)
     want = torch_prepare(v, q[:s])
     errs = {w: rel_err(a, b) for w, a, b in zip("OML", fns["k31dsl"](), want)}
-    errs["cache row"] = rel_err(z[n - 1], (q @ v[n - 1].T) * (v[n - 1].square().mean(-1) + EPS).rsqrt())
+    errs["cache row"] = rel_err(z[n - 1], torch_block_logits(v[n - 1], q))
     times = {k_: timer.call_ms(f) for k_, f in fns.items()}
     graph = {k_: timer.graph_ms(f) for k_, f in fns.items()}
     case = f"prepare cached n={n} T={t} D={d} S={s} +{later} later"

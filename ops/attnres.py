@@ -147,11 +147,24 @@ def _prepare_launch(target, v, q, o, m, l, eps, final: bool):
     prepare_kernel(target)(v, q, o, m, l, eps, **kw)
 
 
+def madd_kernel(kdef, target: str):
+    """kdef compiled for `target`, on Triton with multiply-add contraction (the target's default
+    keeps products and sums separately rounded, to track the reference op by op): the prepare
+    kernels' arithmetic is mostly multiply-adds, and their fp32 checks are tolerance-based."""
+    return kdef.compile(target, fp_fusion=True) if target == "triton" else kdef[target]
+
+
 def prepare_kernel(target: str):
-    """attnres_prepare_rows compiled for `target`. On Triton with multiply-add contraction (the
-    target's default keeps products and sums separately rounded, to track the reference op by op):
-    most of this kernel's arithmetic is multiply-adds, and its fp32 checks are tolerance-based."""
-    return attnres_prepare_rows.compile(target, fp_fusion=True) if target == "triton" else attnres_prepare_rows[target]
+    """attnres_prepare_rows compiled for `target` (madd_kernel)."""
+    return madd_kernel(attnres_prepare_rows, target)
+
+
+def prepare_outputs(s: int, t: int, d: int, device):
+    """A prepare's fp32 results for s queries: O [s, t, d], M and L [s, t] (uninitialised)."""
+    import torch
+    return (torch.empty((s, t, d), dtype=torch.float32, device=device),
+            torch.empty((s, t), dtype=torch.float32, device=device),
+            torch.empty((s, t), dtype=torch.float32, device=device))
 
 
 def _check_sources(op: str, name: str, v):
@@ -193,7 +206,6 @@ def attnres_prepare(blocks, queries, eps: float = 1e-6, *, norm_weights=None, ta
     [S, D]; norm_weights: optional key-RMSNorm gains [S, D] (or one [D]), folded into the queries.
     Returns fp32 (O [S, T, D], M [S, T], L [S, T]): z = q_s . v_i / rms(v_i), M = max_i z,
     L = sum_i exp(z - M), O = sum_i exp(z - M) v_i."""
-    import torch
     op = "attnres_prepare"
     target = resolve_target(target)
     _check_sources(op, "blocks", blocks)
@@ -206,10 +218,7 @@ def attnres_prepare(blocks, queries, eps: float = 1e-6, *, norm_weights=None, ta
     q = _fold(op, queries, norm_weights, (s, d))
     _same_device(op, blocks=blocks, queries=q)
     eps = _eps(op, "eps", eps)
-    dev = blocks.device
-    o = torch.empty((s, t, d), dtype=torch.float32, device=dev)
-    m = torch.empty((s, t), dtype=torch.float32, device=dev)
-    l = torch.empty((s, t), dtype=torch.float32, device=dev)
+    o, m, l = prepare_outputs(s, t, d, blocks.device)
     if t:
         _prepare_launch(target, blocks.contiguous(), q, o, m, l, eps, final=False)
     return o, m, l

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.attnres import (ACC_BUDGET, _check_sources, _eps, _fold, _queries, _rank, _rel,
-                                _same_device, _sources)
+                                _same_device, _sources, madd_kernel, prepare_outputs)
 from k31dsl.ops.attnres_prepare import (CACHED_CONFIGS, LOGIT_CONFIGS, attnres_block_logits,  # noqa: F401
                                         attnres_prepare_cached_rows)
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
@@ -61,11 +61,8 @@ def cached_constexprs(n: int, count: int) -> dict:
 
 
 def kernels(target: str):
-    """(logits, rows) compiled for `target` (Triton's with multiply-add contraction, as prepare_kernel)."""
-    if target == "triton":
-        return attnres_block_logits.compile(target, fp_fusion=True), attnres_prepare_cached_rows.compile(
-            target, fp_fusion=True)
-    return attnres_block_logits[target], attnres_prepare_cached_rows[target]
+    """(logits, rows) compiled for `target` (madd_kernel, as the plain prepare)."""
+    return madd_kernel(attnres_block_logits, target), madd_kernel(attnres_prepare_cached_rows, target)
 
 
 def _index(op: str, name: str, value, lo: int, hi: int, what: str) -> int:
@@ -109,10 +106,7 @@ def attnres_prepare_cached(blocks, queries, logits, first: int, count: int, eps:
     q = _fold(op, queries, norm_weights, (nq, d))
     _same_device(op, blocks=blocks, queries=q, logits=logits)
     eps = _eps(op, "eps", eps)
-    dev = blocks.device
-    o = torch.empty((count, t, d), dtype=torch.float32, device=dev)
-    m = torch.empty((count, t), dtype=torch.float32, device=dev)
-    l = torch.empty((count, t), dtype=torch.float32, device=dev)
+    o, m, l = prepare_outputs(count, t, d, blocks.device)
     if t:
         v = blocks.contiguous()
         score, weigh = kernels(target)
