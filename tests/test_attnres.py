@@ -239,32 +239,27 @@ def test_every_cached_config_and_the_pinned_variant_match_the_oracle(target):
                 assert np.abs(to_f64(got) - w).max() <= ac.LOGIT_TOL * np.abs(w).max(), (cfgs, b)
 
 
-def _cached(**over):
-    kw = dict(blocks=torch.zeros(2, 3, 8), queries=torch.zeros(4, 8), logits=torch.zeros(2, 4, 3), first=1, count=2)
-    kw.update(over)
-    return lambda: ac.attnres_prepare_cached(**kw, target="numpy")
-
-
-@pytest.mark.parametrize("call, needle", [
-    (_cached(queries=torch.zeros(4, 9)), "`queries` must be [Q >= 1, 8]"),
-    (_cached(first=4), "`first` must be an int in 0..3"),
-    (_cached(first=True), "`first`"),
-    (_cached(count=0), "`count` must be an int in 1..3"),
-    (_cached(first=2, count=3), "`count` must be an int in 1..2"),
-    (_cached(logits=torch.zeros(1, 4, 3)), "`logits` must be float32 [N >= 2, 4, 3]"),
-    (_cached(logits=torch.zeros(2, 4, 3, dtype=torch.float64)), "`logits`"),
-    (_cached(logits=torch.zeros(2, 3, 4).transpose(1, 2)), "contiguous"),
-    (_cached(queries=torch.zeros(300, 8), logits=torch.zeros(2, 300, 3), first=0), "at most 256"),
-    (_cached(eps=-1.0), "eps"),
+@pytest.mark.parametrize("bad, needle", [
+    (dict(queries=torch.zeros(4, 9)), "`queries` must be [Q >= 1, 8]"),
+    (dict(first=4), "`first` must be an int in 0..3"),
+    (dict(first=True), "`first`"),
+    (dict(count=0), "`count` must be an int in 1..3"),
+    (dict(first=2, count=3), "`count` must be an int in 1..2"),
+    (dict(logits=torch.zeros(1, 4, 3)), "`logits` must be float32 [N >= 2, 4, 3]"),
+    (dict(logits=torch.zeros(2, 4, 3, dtype=torch.float64)), "`logits`"),
+    (dict(logits=torch.zeros(2, 3, 4).transpose(1, 2)), "contiguous"),
+    (dict(queries=torch.zeros(300, 8), logits=torch.zeros(2, 300, 3), first=0), "at most 256"),
+    (dict(eps=-1.0), "eps"),
 ])
-def test_cached_prepare_bad_inputs_raise_and_change_nothing(call, needle):
+def test_cached_prepare_bad_inputs_raise_and_change_nothing(bad, needle):
     """Each bad argument is a K31Error naming it, raised before the logit cache is touched."""
-    logits = call.__closure__[0].cell_contents["logits"]
-    before = logits.clone()
+    kw = dict(blocks=torch.zeros(2, 3, 8), queries=torch.zeros(4, 8), logits=torch.zeros(2, 4, 3), first=1, count=2)
+    kw.update(bad)
+    before = kw["logits"].clone()
     with pytest.raises(K31Error) as e:
-        call()
+        ac.attnres_prepare_cached(**kw, target="numpy")
     assert needle in str(e.value)
-    assert torch.equal(logits, before)
+    assert torch.equal(kw["logits"], before)
 
 
 # ---------------------------------------------------------------- the superkernel fusion
