@@ -136,9 +136,9 @@ def _check_cached(target: str, seed: int = 0) -> list[CaseResult]:
         q = _queries((nq, d), g, scale)
         z = torch.full((nb, nq, t), float("nan"), device=dev)
         name = f"T={t}, D={d}, queries per block {list(plan)}, {dtype_name(dt)}, logit scale {scale}"
-        first = 0
+        first, v_dev, q_dev = 0, v.to(dev), q.to(dev)
         for b, count in enumerate(plan):
-            o, m, l = attnres_prepare_cached(v[:b + 1].to(dev), q.to(dev), z, first, count, 1e-6, target=target)
+            o, m, l = attnres_prepare_cached(v_dev[:b + 1], q_dev, z, first, count, 1e-6, target=target)
             want = ref.prepare(to_f64(v[:b + 1]), to_f64(q[first:first + count]), 1e-6)
             for what, got, w in zip("OML", (o, m, l), want):
                 err = _rel(got, w, normwise=what != "L")
