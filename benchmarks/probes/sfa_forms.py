@@ -34,8 +34,16 @@ SM_SCALE = 0.135234
 # BK 64 / 4 warps 139, BH 16 128, BH 64 at 4 warps 168), against the tuned BH 64 ones: all slower
 # (B=64: scores 0.244 / 0.332 against 0.142, values 0.251 / 0.295 / 0.144 against 0.139): the
 # 64-row MMAs (wgmma) and half the gathers outweigh the occupancy.
+# Runs 1-2 of the 16:11 session (results/sfa_forms_order.md, sfa_forms_values_prefetch.md), both
+# taken out of the kernels: each pass's programs on a flat grid in another order (a (query,
+# segment)'s two head blocks side by side: scores 0.147 against 0.143 ms; a (query, head block)'s
+# four column tiles side by side: values 0.120 / 0.139 against 0.125 / 0.141 in two runs at B=64,
+# 0.062 / 0.072 against 0.060 / 0.070 at B=32: within the runs' spread), and the value pass loading
+# block j + 1 into registers before block j's exp and dot (sm_90a BK 64 / 8 warps: 141 registers,
+# one program per SM; capped at 128: two): 0.226 / 0.158 ms against 0.139 at B=64, BK 32 0.179.
 SCORE_CONFIGS = [{"BH": bh, "BK": bk, "num_warps": 4, "num_stages": 1} for bh, bk in ((64, 32), (32, 64), (16, 32))]
 VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": w, "num_stages": 1} for bh, w in ((64, 8), (64, 4), (32, 4), (16, 4))]
+
 
 def fmt(cfg: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in cfg.items())
