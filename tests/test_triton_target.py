@@ -354,6 +354,34 @@ def test_loop_carried_tiles_and_scalars(rng):
     assert (o[:, 2] == 4).all()
 
 
+@k.kernel
+def bf16_extrema(x: k.Tensor[k.bf16, "R", "N"], y: k.Tensor[k.bf16, "R", "N"], o: k.Tensor[k.bf16, "R", "3"],
+                 BN: k.constexpr = 64):
+    for r in k.grid(x.shape[0]):
+        v = x[r, k.span(0, BN, other=float("-inf"))]
+        y[r, k.span(0, BN)] = k.maximum(k.minimum(v, 0.75), k.maximum(-0.5, v * 0.5))
+        top = k.max(v)
+        o[r, 0] = top
+        o[r, 1] = k.min(k.where(v == float("-inf"), float("inf"), v))
+        o[r, 2] = k.minimum(top, k.max(k.abs(v)) * 0.5)
+
+
+def test_bf16_extrema_keep_their_dtype(rng):
+    """bf16 maximum / minimum, elementwise (against constants) and as reductions. Triton 3.6
+    computes a bf16 maximum in f32, which a reduction's combine function may not return (a
+    compile error on the GPU only): the generated code reduces and compares in f32 and rounds back
+    (exact for extrema)."""
+    x = torch.from_numpy(rng.standard_normal((3, 50)).astype(np.float32) * 3).bfloat16()
+    got = run_both(bf16_extrema, {"x": x}, {"y": torch.zeros(3, 50, dtype=torch.bfloat16),
+                                           "o": torch.zeros(3, 3, dtype=torch.bfloat16)})
+    compare(got, exact=("y", "o"))
+    o = got["triton"]["o"].float()
+    xf = x.float()
+    assert torch.equal(o[:, 0], xf.max(1).values) and torch.equal(o[:, 1], xf.min(1).values)
+    src = k.compile(bf16_extrema, target="triton", mode="gpu").source()
+    assert "tl.reduce(v.to(tl.float32), None, _fmax)" in src and "tl.reduce(v, " not in src
+
+
 # ---------------------------------------------------------------- configs, generated code, errors
 
 @k.kernel(configs=[{"BLOCK": 32, "num_warps": 2}, {"BLOCK": 64, "num_warps": 4}])
@@ -432,7 +460,7 @@ def test_user_errors_name_the_source_line():
 # ---------------------------------------------------------------- GPU code through Triton's compiler
 
 HOPPER_CHECKED = ["fp8_encode", "fp8_decode", "matmul", "fp8_matmul", "topk_kernel", "take_cat_shapes",
-                  "running_stats", "gather_rows"]     # casts, int_math, reductions: test_target_semantics.py
+                  "running_stats", "gather_rows", "bf16_extrema"]     # casts, int_math, reductions: test_target_semantics.py
 
 
 @pytest.mark.skipif(MODE != "interpret", reason="on a GPU the tests above run the GPU code itself")

@@ -41,6 +41,11 @@ SM_SCALE = 0.135234
 # 0.062 / 0.072 against 0.060 / 0.070 at B=32: within the runs' spread), and the value pass loading
 # block j + 1 into registers before block j's exp and dot (sm_90a BK 64 / 8 warps: 141 registers,
 # one program per SM; capped at 128: two): 0.226 / 0.158 ms against 0.139 at B=64, BK 32 0.179.
+# Run 4: the score pass's latent dots in f16 (E4M3 -> f16 is one packed conversion per two codes,
+# -> bf16 two; the query tiles scaled by a power of two into f16's range; sm_90a: the loop 1212 ->
+# 1007 instructions per block, 183 registers, but Triton keeps the computed f16 query as a register
+# operand and reloads it with ldmatrix every block): 0.152 against 0.143 ms at B=64, 0.082 against
+# 0.076 at B=32 (results/sfa_forms_f16.md); taken out.
 SCORE_CONFIGS = [{"BH": bh, "BK": bk, "num_warps": 4, "num_stages": 1} for bh, bk in ((64, 32), (32, 64), (16, 32))]
 VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": w, "num_stages": 1} for bh, w in ((64, 8), (64, 4), (32, 4), (16, 4))]
 

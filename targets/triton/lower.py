@@ -168,6 +168,8 @@ def binary(em, op):
         return f"tl.{name}({A}, {B})"        # maximum / minimum
     if name in ("maximum", "minimum"):
         em.use("fmax" if name == "maximum" else "fmin")
+        if dt in LOW:        # Triton 3.6 returns f32 for a bf16 maximum: keep the IR's dtype
+            return from32(em, f"_f{name[:3]}({f32(em, a)}, {f32(em, b)})", dt)
         return f"_f{name[:3]}({A}, {B})"
     if dt in LOW and name in ("add", "sub", "mul"):
         # one 16-bit + - * rounds the same natively as through f32 (24 >= 2 * 11 + 2 bits)
@@ -278,6 +280,8 @@ def reduce(em, op):
         return f"{fn}({X}.to(tl.int32){ax}) != 0"
     if dt.is_float and op.name != "sum":
         em.use("fmax" if op.name == "max" else "fmin")
+        if dt in LOW:     # Triton 3.6's bf16 maximum returns f32, which a bf16 combine function may not: reduce in f32
+            return from32(em, f"tl.reduce({f32(em, x)}, {axis}, _f{op.name})", dt)
         return f"tl.reduce({X}, {axis}, _f{op.name})"
     if dt in LOW:
         return from32(em, f"tl.sum({f32(em, x)}{ax})", dt)
