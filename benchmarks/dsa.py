@@ -13,7 +13,8 @@ B * (L * 132 + 2048 * 656) bytes at the copy ceiling measured in this run. Befor
 fused and unfused selections are compared (rows whose key sets differ) and their outputs
 (max |o_fused - o_unfused| / max |o|). Timed variants: unfused (fp8 / bf16 indexer scoring),
 fused (one program per token), fused split4 (two launches, 4 scoring programs per token), each
-with fp8 and bf16 scoring. Writes results/dsa.json and .md (not in --smoke)."""
+with fp8 and bf16 scoring. Writes results/dsa.json and .md and the plot results/dsa_step.png (not in
+--smoke; `--plot` redraws the plot from the JSON on any machine)."""
 from __future__ import annotations
 
 import argparse
@@ -201,12 +202,62 @@ def tuning_tables() -> list[dict]:
     return [r for label, kdef in kernels for r in harness.tuning_rows(label, kdef["triton"])]
 
 
+STAGES = (("indexer", "stage indexer graph ms"), ("top-k", "stage topk graph ms"),
+          ("slots", "stage slots graph ms"), ("SFA", "stage sfa graph ms"))
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """One panel per shape: CUDA-graph times of the anchors and of each k31dsl path (the unfused bf16
+    path stacked by its launches, each timed alone; the rest of its total is launch gaps and tails),
+    with the issue's goal (torch.compile / 8) and the byte floor as vertical lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 2.6 * len(rows)), squeeze=False)
+    colors = dict(zip([n for n, _ in STAGES] + ["gaps"], ["#4c72b0", "#dd8452", "#937860", "#55a868", "#cccccc"]))
+    for ax, r in zip(axes[:, 0], rows):
+        bars = [(label, r.get(key)) for label, key in (
+            ("torch eager", "eager graph ms"), ("torch.compile", "compile graph ms"),
+            ("k31dsl fused (bf16)", "fused bf16 graph ms"), ("k31dsl fused split4 (bf16)", "fused split4 bf16 graph ms"),
+            ("k31dsl unfused (bf16)", "unfused bf16 graph ms")) if r.get(key) == r.get(key) and r.get(key)]
+        for y, (label, ms) in enumerate(bars):
+            if label != "k31dsl unfused (bf16)":
+                ax.barh(y, ms, color="#8c8c8c")
+                ax.text(ms, y, f" {ms:.3f}", va="center", fontsize=8)
+                continue
+            left = 0.0
+            for name, key in STAGES:
+                ax.barh(y, r[key], left=left, color=colors[name], label=name)
+                left += r[key]
+            ax.barh(y, max(ms - left, 0.0), left=left, color=colors["gaps"], label="gaps")
+            ax.text(ms, y, f" {ms:.3f}", va="center", fontsize=8)
+        goal = r["compile graph ms"] / 8
+        ax.axvline(goal, color="#c44e52", ls="--", lw=1, label=f"goal: compile / 8 = {goal:.3f}")
+        ax.axvline(r["floor ms"], color="black", ls=":", lw=1, label=f"byte floor {r['floor ms']:.3f}")
+        ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+        ax.set_title(f"DSA decode step, one layer: B={r['B']}, L={r['L']}", fontsize=9)
+        ax.set_xlabel("ms (CUDA-graph median)", fontsize=8)
+        ax.set_xlim(0, 1.12 * max(ms for _, ms in bars))
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter), no timing")
     ap.add_argument("--no-fused", action="store_true", help="skip the fused kernel")
+    ap.add_argument("--plot", action="store_true",
+                    help="only draw results/dsa_step.png from results/dsa.json (any machine)")
     args = ap.parse_args(argv)
+    if args.plot:
+        import json
+        res = Path(__file__).parent / "results"
+        print(plot(json.loads((res / "dsa.json").read_text())["rows"], res / "dsa_step.png"))
+        return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         row = run_shape(2, 200, 16, 16, 4, "cpu", timed=False, ceiling=None)
@@ -239,6 +290,8 @@ def main(argv=None) -> int:
         save(rows[-1])
     cols = list(dict.fromkeys(c for r in rows for c in r))
     harness.print_table(cols, rows)
+    if all(key in r for r in rows for _, key in STAGES):
+        plot(rows, harness.RESULTS / "dsa_step.png")
     harness.print_table(harness.TUNING_COLUMNS, tuning_tables())
     return 0
 
