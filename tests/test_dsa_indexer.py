@@ -82,16 +82,50 @@ def test_causal_prefill_scores(target):
     assert torch.isneginf(got[torch.ones(t, t, dtype=torch.bool).triu(1)]).all(), seed       # causal
 
 
-@pytest.mark.parametrize("n, config", [(1, {"PB": 1}), (1, {"PB": 2}), (2, {"NQ": 2, "PB": 1})])
+@pytest.mark.parametrize("n, config", [(1, {"PB": 1}), (1, {"PB": 2}), (2, {"NQ": 2, "PB": 1}),
+                                       (1, {"PB": 1, "F16": True}), (2, {"NQ": 2, "PB": 2, "F16": True})])
 def test_keys_major_scoring(n, config):
     """The KEYS_MAJOR bf16 scorer (keys on the dot's rows, head sum along its columns, the [keys,
-    tokens] result transposed back) on the Triton interpreter: ragged contexts, shuffled pages."""
+    tokens] result transposed back) and its f16 form on the Triton interpreter: ragged contexts,
+    shuffled pages."""
     g, seed = _gen()
     cache, table, qc, qs, w, ks, ke = C.paged_setup([150, 20, 67], n, 16, g)
     got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="bf16", config={**config, "KEYS_MAJOR": True},
                               target="triton")
     _scores_check(got, (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(),
                         ks.numpy(), ke.numpy(), got.shape[1]))
+
+
+@pytest.mark.parametrize("target", TARGETS[:2])
+def test_f16_scoring_splits_wide_scales(target):
+    """The f16 scorer's scale split: group scales 2^-12 .. 2^12 apart inside a token, token scales
+    from 2^-60 to 2^60 (far outside f16), a NaN scale (E8M0 0xFF) on one key: scores within a few
+    ulps of the fp64 oracle's magnitude, NaN exactly where the oracle's are."""
+    from k31dsl.ops.quant import mxfp8_quantize
+    g, seed = _gen()
+    lens, n, h = (130, 45), 2, 16
+    cache, table, _, _, w, ks, ke = C.paged_setup(lens, n, h, g)
+    spread = torch.exp2(torch.randint(-6, 7, (1, 4, 1), generator=g).float())
+    for rows, bound in ((None, 60), ("q", 40)):
+        m = sum(lens) if rows is None else len(lens) * n * h
+        v = torch.randn(m, 4, 32, generator=g) * spread * torch.exp2(
+            torch.randint(-bound, bound + 1, (m, 1, 1), generator=g).float())
+        codes, scales = mxfp8_quantize(v.reshape(m, 128), target="numpy")
+        if rows is None:
+            slots = [int(table[i, j // 64]) * 64 + j % 64 for i, ln in enumerate(lens) for j in range(ln)]
+            scales.view(torch.uint8)[7, 2] = 0xFF                  # a NaN scale on one key
+            I.indexer_cache_write(cache, codes, scales, torch.tensor(slots, dtype=torch.int32), target="numpy")
+        else:
+            qc, qs = codes.reshape(-1, h, 128), scales.reshape(-1, h, 4)
+    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="bf16", config={"PB": 1, "NQ": 2, "F16": True},
+                              target=target).numpy().astype(np.float64)
+    args = (bytes_of(qc), bytes_of(qs), w.double().numpy(), cache.numpy(), table.numpy(), ks.numpy(), ke.numpy(),
+            got.shape[1])
+    want, mag = ref.indexer_scores(*args), ref.indexer_scores_magnitude(*args)
+    assert np.isnan(want).any() and (np.isnan(got) == np.isnan(want)).all(), seed
+    assert (np.isneginf(got) == np.isneginf(want)).all(), seed
+    fin = np.isfinite(want)
+    assert (np.abs(got[fin] - want[fin]) <= 1e-5 * mag[fin] + 1e-30).all(), seed
 
 
 def test_key_splits_fill_whole_waves():
@@ -313,6 +347,7 @@ LI_DECODE = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=2)
 LI_PREFILL = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
 LI_BF16 = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
 LI_KEYS_MAJOR = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1, MMA_BF16=True, KEYS_MAJOR=True)
+LI_F16 = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1, MMA_BF16=True, F16=True)
 TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True, BL=8192)
 TOPK_STAGE1 = Specialised(topk_segments, KP=2048, BL=8192)
 TOPK_ORDER = Specialised(topk_order)
@@ -323,7 +358,7 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "CACHE_WRITE",
+    assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "LI_F16", "CACHE_WRITE",
                                           "Q_CHAIN", "K_CHAIN", "W_CHAIN", "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"],
                                tmp_path, index_types=("int32",))
 

@@ -44,6 +44,9 @@ def main(argv=None) -> int:
                     help="only the pinned decode config at its own split count, at num_stages 2..6")
     ap.add_argument("--maxnreg", action="store_true",
                     help="the pinned decode config against it capped at 128 registers (four programs per SM)")
+    ap.add_argument("--f16", action="store_true",
+                    help="the pinned decode config (f16 operands, F16) at 3-6 stages against its bf16-operand form "
+                         "(results/indexer_sweep_f16.md: run 6 of the 16:11 session)")
     args = ap.parse_args(argv)
     rows = []
     for shape in args.shapes.replace("+", ",").split(","):
@@ -65,6 +68,9 @@ def main(argv=None) -> int:
             blocks = -(-length // 64)
             plan = [(DECODE_BF16, None), ({**DECODE_BF16, "maxnreg": 128}, key_splits(b, blocks, SMS * 4)),
                     ({**DECODE_BF16, "maxnreg": 128}, None)]
+        if args.f16:
+            plan = [({**DECODE_BF16, "F16": False}, None)] + [({**DECODE_BF16, "num_stages": st}, None)
+                                                              for st in (3, 4, 5, 6)]
         for cfg, ns in plan:
             got = call(cfg, ns)
             err = float((got - want).abs().max()) / scale
@@ -75,7 +81,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(row, flush=True)
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
-    name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else "indexer_sweep"
+    name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else \
+        "indexer_sweep_f16" if args.f16 else "indexer_sweep"
     harness.report(name, cols, rows,
                    notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
                          "Floor: B*L*132 B at 4.28 TB/s.")

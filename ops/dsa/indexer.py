@@ -157,12 +157,57 @@ def indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB):
     return k.sum(k.reshape(r, (BS, NQ, H)), axis=2).T
 
 
-# The decode indexer with bf16 scoring at 64 heads: KEYS_MAJOR, one page per step, 4 warps, 5
-# pipeline stages, at most 128 registers (sm_90a: 13 spill reloads per step, four programs per SM;
-# 157 registers uncapped, three). H200, B=64 L=32K (probes/indexer_sweep.py; NOTES, DSA indexer):
-# 0.140 ms at 512 programs; uncapped 0.152 at 384, 0.182 at 3 stages; the best heads-major config
-# 0.250. Tried and taken out: the key scales as one i32 word per token (0.169 ms).
-DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
+# The f16 variant (F16) of the dequantized scoring: E4M3 -> f16 is one packed conversion per two
+# codes (-> bf16 goes through f16 and f32: three instructions per code plus the scale multiply).
+# f16 lacks bf16's exponent range, so each token's (and each query head's) four group scales are
+# split into their largest power of two 2^E and the ratios 2^(e_g - E) <= 1: the codes times the
+# ratios are exact in f16 (down to ratios of ~2^-15, below which a code's low bits fall under f16's
+# subnormals), and 2^E, a positive factor, moves out of the ReLU: onto the head weights for the
+# queries and onto each key's summed score for the keys.
+
+@k.func
+def split_scales(codes, scales, M):
+    """codes E4M3 [M, 128] and their E8M0 scales [M, 4] -> (codes * 2^(e_g - E) as f16 [M, 128],
+    2^E as f32 [M] with E the largest of the row's four exponents; NaN for a NaN scale)."""
+    eb = scales.bitcast(k.u8).to(k.i32)
+    top = k.max(eb, axis=1)
+    ratio = ((k.maximum(eb - top[:, None], -126) + 127) << 23).bitcast(k.f32).to(k.f16)
+    c = k.reshape(codes, (M, 4, 32)).to(k.f16) * ratio[:, :, None]
+    return k.reshape(c, (M, 128)), top.to(k.u8).bitcast(k.e8m0).to(k.f32)
+
+
+@k.func
+def indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H):
+    """Query tokens t0 .. t0+NQ-1 as (f16 codes scaled by their scale ratios [NQ*H, 128], head
+    weights times each head's 2^E [NQ*H])."""
+    M = NQ * H
+    c = k.reshape(q_codes[k.span(t0, NQ), k.span(0, H), k.span(0, 128, other=0.0)], (M, 128))
+    sc = k.reshape(k.load(q_scales, (k.span(t0, NQ), k.span(0, H), k.span(0, 4)), other=1.0), (M, 4))
+    qh, qf = split_scales(c, sc, M)
+    return qh, k.reshape(weights[k.span(t0, NQ), k.span(0, H, other=0.0)], (M,)) * qf
+
+
+@k.func
+def indexer_page_scores_f16(qh, w, kc, ksc, pages, NQ, H, PB):
+    """`indexer_page_scores_keys_major` on `indexer_query_f16`'s operands and f16 keys: logits
+    [PB*64, NQ*H] from one K=128 f16 dot, ReLU, head weights, the sum over heads, then each key's
+    2^E -> scores [NQ, PB*64]."""
+    BS = PB * 64
+    c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 128))
+    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0), (BS, 4))
+    kh, kf = split_scales(c, sc, BS)
+    r = k.relu(k.dot(kh, qh.T)) * w[None, :]
+    return (k.sum(k.reshape(r, (BS, NQ, H)), axis=2) * kf[:, None]).T
+
+
+# The decode indexer with dequantized scoring at 64 heads: f16 operands (F16, keys-major), one page
+# per step, 4 warps, 5 pipeline stages, at most 128 registers (sm_90a: four programs per SM; the
+# loop 598 -> 444 instructions per page against the bf16 operands). H200 (probes/indexer_sweep.py;
+# NOTES, DSA indexer): B=64 L=32K 0.128 ms, B=32 L=128K 0.248, against 0.138 / 0.276 with bf16
+# operands (3 or 4 stages: 0.145 / 0.283); bf16 uncapped 0.152 at 384 programs, 0.182 at 3 stages;
+# the best heads-major config 0.250. Tried and taken out: the key scales as one i32 word per token
+# (0.169 ms).
+DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "F16": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
 DECODE_BF16_PER_SM = 4
 
 # (NQ query tokens, PB pages) per program -> warps. Decode fixes NQ/PB from the tokens per
@@ -187,7 +232,8 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
                             ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], scores: k.Tensor[k.f32, "T", "L"],
                             n_per_seq: k.i32, nsplit: k.i32,
                             H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1,
-                            MMA_BF16: k.constexpr = False, KEYS_MAJOR: k.constexpr = False):
+                            MMA_BF16: k.constexpr = False, KEYS_MAJOR: k.constexpr = False,
+                            F16: k.constexpr = False):
     # Program (b, qb, sp): tokens b*n + qb*NQ .. (+NQ) of sequence b against the key blocks of
     # split sp. Only blocks that hold some [ks, ke) position are scored; the rest are filled
     # with -inf (no runtime branches in the DSL: three loops with computed bounds).
@@ -211,14 +257,18 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
         for kb in range(k.maximum(a, bhi), z):
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
-        if MMA_BF16:
+        if MMA_BF16 and F16:
+            qd, w = indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H)
+        elif MMA_BF16:
             qd, w = indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H)
         else:
             q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
         for kb in range(k.maximum(a, blo), k.minimum(z, bhi)):
             pages = block_table[b, k.span(kb * PB, PB, other=-1)]
             if MMA_BF16:
-                if KEYS_MAJOR:
+                if F16:             # keys-major too
+                    sc = indexer_page_scores_f16(qd, w, kc, ksc, pages, NQ, H, PB)
+                elif KEYS_MAJOR:
                     sc = indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB)
                 else:
                     sc = indexer_page_scores_bf16(qd, w, kc, ksc, pages, NQ, H, PB)
@@ -344,10 +394,11 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     b*n .. b*n+n-1 belong to sequence b (n = 1..4 query tokens per sequence in decode with
     speculative drafts; B = 1, n = T for one prefill sequence). max_len defaults to
     max_pages * 64. Positions outside [ks, ke) score -inf. mma="fp8": four fp8 dots (K=32) per page,
-    scale products applied to the logits; "bf16": operands dequantized exactly to bf16, one K=128
-    dot (fewer CUDA-core operations per key; the benchmark compares them). `config` pins kernel
-    constexprs (e.g. {"PB": 1, "KEYS_MAJOR": True}); by default decode fixes NQ (and PB for
-    drafts) and the GPU tuner chooses the rest."""
+    scale products applied to the logits; "bf16": operands dequantized exactly, one K=128 dot (fewer
+    CUDA-core operations per key; the benchmark compares them): as bf16, or with F16 (the one-token
+    decode config) as f16 codes times their scale ratios, each row's largest scale applied after the
+    ReLU. `config` pins kernel constexprs (e.g. {"PB": 1, "KEYS_MAJOR": True, "F16": False}); by
+    default decode fixes NQ (and PB for drafts) and the GPU tuner chooses the rest."""
     import torch
     target = resolve_target(target)
     op = "lightning_indexer"
@@ -388,7 +439,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         cfg["KEYS_MAJOR"] = False
     if config:
         from k31dsl.targets.triton.emit import LAUNCH_KEYS
-        allowed = ("NQ", "PB", "KEYS_MAJOR") + LAUNCH_KEYS
+        allowed = ("NQ", "PB", "KEYS_MAJOR", "F16") + LAUNCH_KEYS
         unknown = set(config) - set(allowed)
         if unknown:
             raise K31Error(f"{op}: config keys {sorted(unknown)} are not indexer constexprs or launch options "
