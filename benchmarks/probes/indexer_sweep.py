@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     ap.add_argument("--f16", action="store_true",
                     help="the pinned decode config (f16 operands, F16) at 3-6 stages against its bf16-operand form "
                          "(results/indexer_sweep_f16.md: run 6 of the 16:11 session)")
+    ap.add_argument("--caps", action="store_true",
+                    help="the pinned decode config at register caps 128 / 96 / 80 (four / five / six programs per "
+                         "SM), each at the key split that fills whole waves at its occupancy")
     args = ap.parse_args(argv)
     rows = []
     for shape in args.shapes.replace("+", ",").split(","):
@@ -71,6 +74,11 @@ def main(argv=None) -> int:
         if args.f16:
             plan = [({**DECODE_BF16, "F16": False}, None)] + [({**DECODE_BF16, "num_stages": st}, None)
                                                               for st in (3, 4, 5, 6)]
+        if args.caps:
+            from k31dsl.ops.dsa.indexer import key_splits
+            blocks = -(-length // 64)
+            plan = [({**DECODE_BF16, "maxnreg": cap}, key_splits(b, blocks, SMS * (65536 // (cap * 128))))
+                    for cap in (128, 96, 80)]
         for cfg, ns in plan:
             got = call(cfg, ns)
             err = float((got - want).abs().max()) / scale
@@ -82,7 +90,7 @@ def main(argv=None) -> int:
             print(row, flush=True)
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
     name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else \
-        "indexer_sweep_f16" if args.f16 else "indexer_sweep"
+        "indexer_sweep_f16" if args.f16 else "indexer_sweep_caps" if args.caps else "indexer_sweep"
     harness.report(name, cols, rows,
                    notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
                          "Floor: B*L*132 B at 4.28 TB/s.")
