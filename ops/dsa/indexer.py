@@ -213,7 +213,7 @@ DECODE_BF16_PER_SM = 4
 # (NQ query tokens, PB pages) per program -> warps. Decode fixes NQ/PB from the tokens per
 # sequence (these then only set num_warps); prefill lets the autotuner choose among all of them.
 # M = NQ * 64 rows of the dot, one warpgroup per 64 rows.
-# KEYS_MAJOR (bf16 scoring only; the fp8 path ignores it) puts the keys on the dot's rows:
+# KEYS_MAJOR and F16 (bf16 scoring only; the fp8 path ignores them): the keys on the dot's rows:
 # sm_90a, NQ 1: 20 -> 10 barriers and 80 -> 4 shuffles per kernel, 128 -> 158 registers at PB 1.
 # DECODE_BF16 is a config too, so the prefill tuner tries it (12:56 session: 7.42 ms at T=16384
 # against 6.88 for NQ 2 / KEYS_MAJOR), and so is the f16 form of that winner.
@@ -437,8 +437,8 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         return scores
     n = t // b
     cfg = _li_config(n, h, mma)
-    if mma == "fp8":                  # KEYS_MAJOR is a bf16-scoring choice: not a config to tune here
-        cfg["KEYS_MAJOR"] = False
+    if mma == "fp8":                  # KEYS_MAJOR and F16 are bf16-scoring choices: not configs to tune here
+        cfg["KEYS_MAJOR"] = cfg["F16"] = False
     if config:
         from k31dsl.targets.triton.emit import LAUNCH_KEYS
         allowed = ("NQ", "PB", "KEYS_MAJOR", "F16") + LAUNCH_KEYS
