@@ -125,18 +125,23 @@ def _fold(op: str, query, gain, shape: tuple):
     return q.contiguous()
 
 
-def prepare_constexprs(n: int, s: int) -> dict:
-    """attnres_prepare_rows' constexprs for n sources and s queries: NB/SB cover them. The configs
-    (autotuned on a GPU) are sized for block counts (n <= 16, S * n <= 64); beyond that (full
-    AttnRes over many layers) the call fixes the plain variant with BD sized so that the
-    accumulator holds ACC_BUDGET elements (no autotuning, and no configs that unroll over 17..64
-    sources). The attnres and attnres_prepare ops launch with these."""
+def source_tiles(n: int, s: int, **plain) -> dict:
+    """NB / SB covering n sources and s queries. The prepare kernels' configs (autotuned on a GPU)
+    are sized for block counts (n <= 16, S * n <= 64); beyond that (full AttnRes over many layers)
+    the call fixes a plain variant (`plain`: the kernel's constexprs that turn its options off)
+    with BD sized so that the accumulator holds ACC_BUDGET elements (no autotuning, and no configs
+    that unroll over 17..64 sources)."""
     nb, sb = max(2, next_pow2(n)), max(1, next_pow2(s))
     kw = {"NB": nb, "SB": sb}
     if sb * nb > 64 or nb > 16:
-        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), PREFETCH=False, ROWS3D=False, STAGES=None,
-                  KEEP=None, DROP=None)
+        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), **plain)
     return kw
+
+
+def prepare_constexprs(n: int, s: int) -> dict:
+    """attnres_prepare_rows' constexprs for n sources and s queries (source_tiles). The attnres
+    and attnres_prepare ops launch with these."""
+    return source_tiles(n, s, PREFETCH=False, ROWS3D=False, STAGES=None, KEEP=None, DROP=None)
 
 
 def _prepare_launch(target, v, q, o, m, l, eps, final: bool):

@@ -27,8 +27,8 @@ query) and needs logits[i, first : first + count] for i < n - 1 from the earlier
 from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.attnres import (ACC_BUDGET, _check_sources, _eps, _fold, _queries, _rank, _rel,
-                                _same_device, _sources, madd_kernel, prepare_outputs)
+from k31dsl.ops.attnres import (_check_sources, _eps, _fold, _queries, _rank, _rel, _same_device, _sources,
+                                madd_kernel, prepare_outputs, source_tiles)
 from k31dsl.ops.attnres_prepare import (CACHED_CONFIGS, LOGIT_CONFIGS, attnres_block_logits,  # noqa: F401
                                         attnres_prepare_cached_rows)
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
@@ -50,14 +50,9 @@ def logit_constexprs(future: int) -> dict:
 
 
 def cached_constexprs(n: int, count: int) -> dict:
-    """attnres_prepare_cached_rows' constexprs: NB / SB cover the n sources and this block's
-    count queries; past the configs' sizes (S * n > 64 or n > 16) the call pins a plain variant,
-    as prepare_constexprs does."""
-    nb, sb = max(2, next_pow2(n)), max(1, next_pow2(count))
-    kw = {"NB": nb, "SB": sb}
-    if sb * nb > 64 or nb > 16:
-        kw.update(BD=max(16, min(128, ACC_BUDGET // (sb * nb))), STAGES=None, DROP=None)
-    return kw
+    """attnres_prepare_cached_rows' constexprs for the n sources and this block's count queries
+    (source_tiles, as prepare_constexprs)."""
+    return source_tiles(n, count, STAGES=None, DROP=None)
 
 
 def kernels(target: str):
