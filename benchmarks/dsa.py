@@ -30,12 +30,11 @@ SM_SCALE = 0.135234
 SPLITS = 4          # the split-L fused variant: 4 scoring programs per token (T * 4 programs)
 
 
-def make_step(b, length, topk, h_idx, h, device, seed=0):
+def make_step(b, length, topk, h_idx, h, device, seed=0, anchors: bool = True):
     """Paged caches of B sequences of L tokens (random codes; fp32 tile scales ~ N(0,1) latents;
-    e8m0 scales near 2^0), the decode queries, and the same keys as dense bf16 tensors for the
-    torch anchors."""
+    e8m0 scales near 2^0), the decode queries, and (anchors; else None) the same keys as dense
+    bf16 tensors for the torch anchors."""
     import torch
-    from k31dsl.ops.dsa import attention as A
     g = torch.Generator(device=device).manual_seed(seed)
     pages_per = -(-length // 64)
     n_pages = b * pages_per
@@ -60,6 +59,8 @@ def make_step(b, length, topk, h_idx, h, device, seed=0):
     ks = torch.zeros(b, dtype=torch.int32, device=device)
     ke = torch.full((b,), length, dtype=torch.int32, device=device)
     args = (qc, qs, w, icache, q, mcache, bt, ks, ke)
+    if not anchors:
+        return args, None
     # dense bf16 keys in logical order for the anchors (the same values)
     perm = bt.long()
     k_dense = (kcodes.float() * torch.exp2(kscale_b.float() - 127).repeat_interleave(32, -1))[perm].view(b, -1, 128)
@@ -67,8 +68,16 @@ def make_step(b, length, topk, h_idx, h, device, seed=0):
     kv_dense = torch.cat([kv_lat, rope.float()[perm].view(b, -1, 64)], -1)[:, :length].to(torch.bfloat16)
     q_idx = (qc.float() * torch.exp2(qs.view(torch.uint8).float() - 127).repeat_interleave(32, -1)).to(torch.bfloat16)
     anchor_in = (q_idx, w, k_dense[:, :length].to(torch.bfloat16).contiguous(), q, kv_dense.contiguous())
-    del A
     return args, anchor_in
+
+
+def step_scores(b: int, length: int):
+    """The probes' decode step on the GPU: make_step at the benchmark's head counts and top-k
+    (no anchor tensors) and the step's indexer logits [B, L] from bf16 scoring."""
+    from k31dsl.ops.dsa.indexer import lightning_indexer
+    args, _ = make_step(b, length, 2048, 64, 128, "cuda", anchors=False)
+    qc, qs, w, icache, _q, _m, table, ks, ke = args
+    return args, lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
 
 
 def torch_step(q_idx, w, k_idx, q, kv, topk: int = 2048, sm_scale: float = SM_SCALE):
@@ -283,8 +292,7 @@ def main(argv=None) -> int:
                             "path's launches timed one by one",
                       extra=harness.tuning_section(tuning))
 
-    for spec in args.shapes.split(","):
-        b, length = (int(x) for x in spec.split("x"))
+    for b, length in harness.shape_pairs(args.shapes):
         rows.append(run_shape(b, length, 2048, 64, 128, "cuda", timed=True, ceiling=ceiling,
                               fused=not args.no_fused, save=save))
         save(rows[-1])

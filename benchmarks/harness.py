@@ -10,6 +10,11 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+def shape_pairs(text: str) -> list[tuple[int, int]]:
+    """--shapes "64x32768,32x131072" (or "+" between shapes, for gpu_run.sh) -> [(64, 32768), ...]."""
+    return [tuple(int(x) for x in shape.split("x")) for shape in text.replace("+", ",").split(",") if shape]
+
+
 def median_ms(fn, warmup: int = 25, rep: int = 200) -> float:
     import triton
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))

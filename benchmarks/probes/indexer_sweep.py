@@ -52,9 +52,8 @@ def main(argv=None) -> int:
                          "SM), each at the key split that fills whole waves at its occupancy")
     args = ap.parse_args(argv)
     rows = []
-    for shape in args.shapes.replace("+", ",").split(","):
-        b, length = map(int, shape.split("x"))
-        (qc, qs, w, icache, *_rest), _ = make_step(b, length, 2048, 64, 128, "cuda")
+    for b, length in harness.shape_pairs(args.shapes):
+        (qc, qs, w, icache, *_rest), _ = make_step(b, length, 2048, 64, 128, "cuda", anchors=False)
         table, ks, ke = _rest[2], _rest[3], _rest[4]
         floor_ms = b * length * 132 / 4.28e12 * 1e3
 

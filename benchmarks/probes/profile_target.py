@@ -52,7 +52,7 @@ def dsa_step(reps: int = 4, b: int = 64, length: int = 32768):
     from k31dsl.ops.dsa import attention as A
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk
-    (qc, qs, w, icache, mq, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda")
+    (qc, qs, w, icache, mq, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda", anchors=False)
     for _ in range(reps):
         scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
         pos = topk(scores, 2048, sorted=False, target="triton")
@@ -64,13 +64,11 @@ def dsa_step(reps: int = 4, b: int = 64, length: int = 32768):
 def sfa_two_pass(reps: int = 4, b: int = 64, length: int = 32768):
     """The two-pass SFA at the DSA step's B=64, L=32K, each pass in its first config (the tuned ones
     of the 13:30 UTC probe run), two score segments: no tuner under the profiler."""
-    from dsa import SM_SCALE, make_step
+    from dsa import SM_SCALE, step_scores
     from k31dsl.ops.dsa import attention as A
     from k31dsl.ops.dsa import sfa_two_pass as TP
-    from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk
-    (qc, qs, w, icache, mq, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda")
-    scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
+    (*_, mq, mcache, table, _ks, _ke), scores = step_scores(b, length)
     slots = A.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
     views = A.cache_views(mcache)
     t, h, k = mq.shape[0], mq.shape[1], slots.shape[1]

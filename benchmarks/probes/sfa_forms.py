@@ -58,19 +58,16 @@ def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import make_step
+    from dsa import step_scores
     from k31dsl.ops.dsa import attention as A
     from k31dsl.ops.dsa import sfa_two_pass as TP
-    from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     args = ap.parse_args(argv)
     rows = []
-    for shape in args.shapes.replace("+", ",").split(","):
-        b, length = map(int, shape.split("x"))
-        (qc, qs, w, icache, q, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda")
-        scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
+    for b, length in harness.shape_pairs(args.shapes):
+        (_qc, _qs, _w, icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
         slots = A.slots_of_positions(topk_op(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
         del scores
         views = A.cache_views(mcache)

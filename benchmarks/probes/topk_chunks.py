@@ -20,17 +20,14 @@ def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import make_step
-    from k31dsl.ops.dsa.indexer import lightning_indexer
+    from dsa import step_scores
     from k31dsl.ops.dsa.topk import topk
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     args = ap.parse_args(argv)
     rows = []
-    for shape in args.shapes.replace("+", ",").split(","):
-        b, length = map(int, shape.split("x"))
-        (qc, qs, w, icache, _q, _m, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda")
-        scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
+    for b, length in harness.shape_pairs(args.shapes):
+        _, scores = step_scores(b, length)
         want = topk(scores, 2048, sorted=False, target="triton")
         for chunks in (4, 8, 16):
             if chunks * 2048 > length:
