@@ -26,11 +26,13 @@ query) and needs logits[i, first : first + count] for i < n - 1 from the earlier
 """
 from __future__ import annotations
 
+import itertools
+
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.attnres import (_check_sources, _eps, _fold, _queries, _rank, _rel, _same_device, _sources,
                                 madd_kernel, prepare_outputs, source_tiles)
 from k31dsl.ops.attnres_prepare import (CACHED_CONFIGS, LOGIT_CONFIGS, attnres_block_logits,  # noqa: F401
-                                        attnres_prepare_cached_rows)
+                                        attnres_block_logits_rows, attnres_prepare_cached_rows)
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
@@ -49,15 +51,35 @@ def logit_constexprs(future: int) -> dict:
     return {"QB": qb, **({"BT": 16, "BK": 32} if qb > 128 else {})}
 
 
+ROW_FORM_MAX_T = 256            # steps up to this many rows score the newest block in the row form
+LOGIT_KERNELS = {"rows": attnres_block_logits_rows, "gemm": attnres_block_logits}
+LOGIT_FORMS = tuple(LOGIT_KERNELS)
+
+
+def logit_form(t: int) -> str:
+    """The logit kernel for a T-row step: "rows" (attnres_block_logits_rows, one program per row
+    and 16 queries) for decode-sized steps, "gemm" (attnres_block_logits, row tiles on tensor
+    cores) above ROW_FORM_MAX_T rows."""
+    return "rows" if t <= ROW_FORM_MAX_T else "gemm"
+
+
+def form_constexprs(form: str, future: int, d: int) -> dict:
+    """The constexprs of LOGIT_KERNELS[form] scoring the newest block against `future` queries."""
+    if form == "rows":
+        return {"QB": min(16, next_pow2(future)), "BD": min(256, max(16, next_pow2(d)))}
+    return logit_constexprs(future)
+
+
 def cached_constexprs(n: int, count: int) -> dict:
     """attnres_prepare_cached_rows' constexprs for the n sources and this block's count queries
     (source_tiles, as prepare_constexprs)."""
     return source_tiles(n, count, STAGES=None, DROP=None)
 
 
-def kernels(target: str):
-    """(logits, rows) compiled for `target` (madd_kernel, as the plain prepare)."""
-    return madd_kernel(attnres_block_logits, target), madd_kernel(attnres_prepare_cached_rows, target)
+def kernels(target: str, form: str = "gemm"):
+    """(logits, rows) compiled for `target` (madd_kernel, as the plain prepare); `form` picks the
+    logit kernel (logit_form)."""
+    return madd_kernel(LOGIT_KERNELS[form], target), madd_kernel(attnres_prepare_cached_rows, target)
 
 
 def _index(op: str, name: str, value, lo: int, hi: int, what: str) -> int:
@@ -67,7 +89,7 @@ def _index(op: str, name: str, value, lo: int, hi: int, what: str) -> int:
 
 
 def attnres_prepare_cached(blocks, queries, logits, first: int, count: int, eps: float = 1e-6, *,
-                           norm_weights=None, target: str | None = None):
+                           norm_weights=None, form: str | None = None, target: str | None = None):
     """Phase 1 of Block AttnRes reading the blocks once, with the logit cache (module docstring).
 
     blocks: [n, T, D] committed blocks (fp32; bf16/f16 accepted). queries: [Q, D], every
@@ -75,7 +97,8 @@ def attnres_prepare_cached(blocks, queries, logits, first: int, count: int, eps:
     folded in). logits: fp32 [N >= n, Q, T], contiguous, updated in place: row n - 1 gets the
     newest block's logits for queries first .. Q - 1; rows i < n - 1 must already hold block i's
     logits for queries first .. first + count - 1. Returns fp32 (O [count, T, D], M, L [count, T])
-    for those queries, as attnres_prepare(blocks, queries[first : first + count]) would."""
+    for those queries, as attnres_prepare(blocks, queries[first : first + count]) would.
+    form: the logit kernel, "rows" or "gemm" (default: logit_form(T), by the number of rows)."""
     import torch
     op = "attnres_prepare_cached"
     target = resolve_target(target)
@@ -98,14 +121,18 @@ def attnres_prepare_cached(blocks, queries, logits, first: int, count: int, eps:
     if not logits.is_contiguous():
         raise K31Error(f"{op}: `logits` must be contiguous (it is written in place)", hint="allocate it with "
                        "torch.empty and pass it whole; `first` selects the queries")
+    if form is not None and form not in LOGIT_FORMS:
+        raise K31Error(f"{op}: form={form!r} is not a logit form", hint=f"one of {', '.join(LOGIT_FORMS)}, or None "
+                       f"to choose by the number of rows (row form up to {ROW_FORM_MAX_T})")
     q = _fold(op, queries, norm_weights, (nq, d))
     _same_device(op, blocks=blocks, queries=q, logits=logits)
     eps = _eps(op, "eps", eps)
     o, m, l = prepare_outputs(count, t, d, blocks.device)
     if t:
         v = blocks.contiguous()
-        score, weigh = kernels(target)
-        score(v, q, logits, eps, first, n, **logit_constexprs(nq - first))
+        form = form or logit_form(t)
+        score, weigh = kernels(target, form)
+        score(v, q, logits, eps, first, n, **form_constexprs(form, nq - first, d))
         weigh(v, logits, o, m, l, first, n, **cached_constexprs(n, count))
     return o, m, l
 
@@ -125,15 +152,15 @@ def _check_cached(target: str, seed: int = 0) -> list[CaseResult]:
     cases = [((5, 200), (2, 3, 1), torch.float32, 2.0), ((3, 130), (4, 4, 4, 2), torch.float32, 20.0),
              ((2, 45), (1, 9), torch.bfloat16, 2.0), ((4, 64), (3,) * 5, torch.float32, 2.0)]
     out = []
-    for (t, d), plan, dt, scale in cases:
+    for ((t, d), plan, dt, scale), form in itertools.product(cases, LOGIT_FORMS):
         nb, nq = len(plan), sum(plan)
         v = _sources((nb, t, d), dt, g)
         q = _queries((nq, d), g, scale)
         z = torch.full((nb, nq, t), float("nan"), device=dev)
-        name = f"T={t}, D={d}, queries per block {list(plan)}, {dtype_name(dt)}, logit scale {scale}"
+        name = f"T={t}, D={d}, queries per block {list(plan)}, {dtype_name(dt)}, logit scale {scale}, {form} logits"
         first, v_dev, q_dev = 0, v.to(dev), q.to(dev)
         for b, count in enumerate(plan):
-            o, m, l = attnres_prepare_cached(v_dev[:b + 1], q_dev, z, first, count, 1e-6, target=target)
+            o, m, l = attnres_prepare_cached(v_dev[:b + 1], q_dev, z, first, count, 1e-6, form=form, target=target)
             want = ref.prepare(to_f64(v[:b + 1]), to_f64(q[first:first + count]), 1e-6)
             for what, got, w in zip("OML", (o, m, l), want):
                 err = _rel(got, w, normwise=what != "L")

@@ -201,6 +201,30 @@ def attnres_block_logits(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q
         z[newest, k.span(q0, QB), k.span(t0, BT)] = (acc * r[:, None]).T
 
 
+# Steps of a few rows (decode): the GEMM above has cdiv(T, BT) programs, one at T <= 64, each a
+# chain of dependent loads over D (H200, small preset decode: 43 us per call, four calls a step,
+# results/model_profile_run4.json). The row form gives every (row, QB queries) its own program and
+# sums the products on the CUDA cores in fp32 (exact products). It reads T * Q * D * 4 bytes of
+# queries (from L2), so it is for small T only: ops/attnres_cached.py, logit_form.
+@k.kernel
+def attnres_block_logits_rows(v: k.Tensor["VT", "N", "T", "D"], q: k.Tensor[k.f32, "Q", "D"],
+                              z: k.Tensor[k.f32, "NZ", "Q", "T"], eps: k.f32, q0: k.i32, n: k.i32,
+                              VT: k.constexpr[FLOAT_INPUTS] = k.f32, QB: k.constexpr = 16, BD: k.constexpr = 256):
+    # z[n - 1, j, t] as attnres_block_logits, for queries j = q0 + pq * QB + i < Q (programs past
+    # the table store nothing).
+    for t, pq in k.grid(v.shape[1], k.cdiv(q.shape[0], QB)):
+        newest = n - 1
+        j0 = q0 + pq * QB
+        acc = k.zeros((QB,), k.f32)
+        sq = k.zeros((BD,), k.f32)
+        for c in range(k.cdiv(v.shape[2], BD)):
+            x = v[newest, t, k.span(c * BD, BD, other=0.0)].to(k.f32)
+            qc = q[k.span(j0, QB, other=0.0), k.span(c * BD, BD, other=0.0)]
+            acc += k.sum(qc * x[None, :], axis=1)
+            sq += x * x
+        z[newest, k.span(j0, QB), t] = acc * k.rsqrt(k.sum(sq) / v.shape[2].to(k.f32) + eps)
+
+
 @k.kernel(configs=CACHED_CONFIGS)
 def attnres_prepare_cached_rows(v: k.Tensor["VT", "N", "T", "D"], z: k.Tensor[k.f32, "NZ", "Q", "T"],
                                 o: k.Tensor[k.f32, "S", "T", "D"], m: k.Tensor[k.f32, "S", "T"],

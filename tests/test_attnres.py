@@ -250,6 +250,7 @@ def test_every_cached_config_and_the_pinned_variant_match_the_oracle(target):
     (dict(logits=torch.zeros(2, 3, 4).transpose(1, 2)), "contiguous"),
     (dict(queries=torch.zeros(300, 8), logits=torch.zeros(2, 300, 3), first=0), "at most 256"),
     (dict(eps=-1.0), "eps"),
+    (dict(form="tiles"), "form='tiles' is not a logit form"),
 ])
 def test_cached_prepare_bad_inputs_raise_and_change_nothing(bad, needle):
     """Each bad argument is a K31Error naming it, raised before the logit cache is touched."""
@@ -400,6 +401,7 @@ PREPARE_PREFETCH = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=512, WARP
 PREPARE_HINTS = Specialised(ar.attnres_prepare_rows, NB=8, SB=8, BD=256, WARPS=8, PREFETCH=True, KEEP="last",
                             DROP="first")
 CACHED_LOGITS = Specialised(ac.attnres_block_logits, QB=16, BT=32, BK=64)
+CACHED_LOGITS_ROWS = Specialised(ac.attnres_block_logits_rows, **ac.form_constexprs("rows", 48, 7168))
 CACHED_BENCH = Specialised(ac.attnres_prepare_cached_rows, NB=8, SB=8, BD=256, WARPS=8, STAGES=6, DROP="first")
 FULL_BF16 = Specialised(ar.attnres_prepare_rows, VT=k.bf16, OT=k.bf16, NB=16, SB=1, FINAL=True)
 UPDATE_ROW = Specialised(ar.attnres_update_rows, BD=8192, WARPS=16)
@@ -418,7 +420,8 @@ FUSED_UPDATE = _FusedUpdate()
 
 
 def test_kernels_compile_for_hopper(tmp_path):
-    names = ["PREPARE_BENCH", "PREPARE_PREFETCH", "PREPARE_HINTS", "CACHED_LOGITS", "CACHED_BENCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
+    names = ["PREPARE_BENCH", "PREPARE_PREFETCH", "PREPARE_HINTS", "CACHED_LOGITS", "CACHED_LOGITS_ROWS",
+             "CACHED_BENCH", "FULL_BF16", "UPDATE_ROW", "RMSNORM_ROW",
              "FUSED_UPDATE"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))
 

@@ -3,10 +3,10 @@
 Per AttnRes block b the committed sources are b + 1 rows [T, D] fp32 (the embedding, then each
 finished block's sum). At the block's start the cached prepare (ops/attnres_cached.py) scores the
 newest source against every pseudo-query from this block's on into the step's logit cache
-[blocks, Q, T] (`attnres_block_logits`), then ONE `attnres_prepare_cached_rows` call sums the
-sources for the block's S queries — both sublayers of each of its layers, and the final
-aggregation after the last block — with their logits from the cache, reading the sources once:
-O [S, T, D], M, L [S, T]. Each sublayer then runs `attnres_slot_update_rows` (below:
+[blocks, Q, T] (`attnres_block_logits`, or `attnres_block_logits_rows` for decode-sized steps),
+then ONE `attnres_prepare_cached_rows` call sums the sources for the block's S queries — both
+sublayers of each of its layers, and the final aggregation after the last block — with their
+logits from the cache, reading the sources once: O [S, T, D], M, L [S, T]. Each sublayer then runs `attnres_slot_update_rows` (below:
 ops/attnres.py's merge_partial, but indexing O/M/L at slot s and the query table at the slot's
 row, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
 `rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.ops.attnres import ROW_CONFIGS, merge_partial, rmsnorm_row, row_block, row_warps
-from k31dsl.ops.attnres_cached import (attnres_block_logits, attnres_prepare_cached_rows, cached_constexprs,
-                                       logit_constexprs)
+from k31dsl.ops import attnres_cached
+from k31dsl.ops.attnres_cached import attnres_prepare_cached_rows, cached_constexprs, form_constexprs, logit_form
 from k31dsl.ops.common import FLOAT_INPUTS
 from k31dsl.model.layers.common import memo
 
@@ -72,9 +72,9 @@ def attnres_put_embedding(src: k.Tensor[k.f32, "N", "T", "D"], x: k.Tensor[k.f32
         src[0, t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)]
 
 
-(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_block_logits,
- attnres_prepare_cached_rows, rmsnorm_row) = memo(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding,
-                                                  attnres_block_logits, attnres_prepare_cached_rows, rmsnorm_row)
+(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_prepare_cached_rows, rmsnorm_row) = memo(
+    attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_prepare_cached_rows, rmsnorm_row)
+LOGIT_KERNELS = dict(zip(attnres_cached.LOGIT_KERNELS, memo(*attnres_cached.LOGIT_KERNELS.values())))
 
 
 def sublayer_plan(config) -> list[list[tuple[str, str | None]]]:
@@ -128,8 +128,9 @@ class AttnResStream:
         self.O = g.tensor(f"b{b}_attnres_O", (S, T, D), k.f32)
         self.M = g.tensor(f"b{b}_attnres_M", (S, T), k.f32)
         self.L = g.tensor(f"b{b}_attnres_L", (S, T), k.f32)
-        self.logits = p.call(attnres_block_logits, self.src, self.queries, self.logits, self.cfg.attnres_eps, first,
-                             n, **logit_constexprs(self.firsts[-1] - first))
+        form = logit_form(T)                # decode: one program per row and 16 queries; prefill: the GEMM
+        self.logits = p.call(LOGIT_KERNELS[form], self.src, self.queries, self.logits, self.cfg.attnres_eps, first,
+                             n, **form_constexprs(form, self.firsts[-1] - first, D))
         self.O, self.M, self.L = p.call(attnres_prepare_cached_rows, self.src, self.logits, self.O, self.M, self.L,
                                         first, n, **cached_constexprs(n, S))
         self.partial = g.tensor(f"b{b}_partial", (T, D), k.f32)
