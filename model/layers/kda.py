@@ -253,7 +253,8 @@ def add_kda_decode(g, l, x, verify: bool = False):
     gate, lb = gate_args(cfg)
     res = g.p.call(kda_decode_step, q, kk, v, graw, beta, pool, g.state_slots, o, g.weight(f"l{l}_kda_a_log"),
                    g.weight(f"l{l}_kda_dt_bias"), rk, ru, rg, K ** -0.5, lb, GATE=gate, L2NORM=True,
-                   REPLAY=verify, UPDATE=not verify, VFIRST=True, BK=max(16, next_pow2(K)), BV=min(16, V))
+                   REPLAY=verify, UPDATE=not verify, VFIRST=True, BK=max(16, next_pow2(K)), BV=min(16, V),
+                   PREFETCH=n > 1)          # one token: nothing to prefetch (and the one-warp config)
     o = [r for r in res if r.storage == o.storage][0] if isinstance(res, tuple) else res
     o = g.reshape(o, (N * n, HV, V), f"l{l}_kda_o3")
     return _output(g, l, o, ogate)
