@@ -13,6 +13,7 @@ from k31dsl.model.assembler import ModelRunner
 from k31dsl.model.config import TINY
 from k31dsl.ops import nn
 from k31dsl.ops.dsa import attention as A
+from k31dsl.ops.dsa import indexer as I
 from k31dsl.ops.dsa import prolog as P
 from k31dsl.ops.testing import device_for
 
@@ -165,18 +166,30 @@ def _scores_oracle(codes, q_scales, weights, cache, bt, ks, ke, n):
 
 
 @pytest.mark.parametrize("target", ["numpy", "triton"])
-@pytest.mark.parametrize("nq,bf16", [(1, False), (2, True), (4, False)])
-def test_indexer_scores_flat_forms(target, nq, bf16, rng):
-    """The step graph's indexer scoring (model/layers/dsa.py) with several tokens per program
-    and the bf16-MMA form against fp64 scores (8 tokens of 2 sequences, 3 pages of 64)."""
+@pytest.mark.parametrize("form,nq,n", [("flat", 1, 4), ("flat", 2, 4), ("flat", 4, 4), ("gpu", None, 4),
+                                       ("gpu", None, 1)])
+def test_step_indexer_scoring_forms(target, form, nq, n, rng):
+    """The step graph's indexer scoring (model/layers/dsa.py) against fp64 scores (8 tokens of
+    8 / n sequences, 3 pages of 64): `indexer_scores_flat` on the byte cache with 1, 2 and 4 tokens
+    per program, and the GPU form — lightning_indexer_paged at graph_config's constexprs and key
+    splits (DECODE_BF16 for one token, PREFILL_F16 for more: f16 keys-major) over the cache's
+    whole-page views, as the step graph passes them."""
+    from k31dsl.ops.dsa import indexer as I
     g = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 31)))
-    t, n, h, mp = 8, 4, 16, 3
+    t, h, mp = 8, 16, 3
     codes, qs, w, cache, bt, ks, ke = _score_inputs(g, t, n, h, 6, mp)
     dev = device_for(target)
     scores = torch.empty((t, mp * 64), dtype=torch.float32, device=dev)
     cd, qd, wd, kd, btd, ksd, ked = (a.to(dev) for a in (codes, qs, w, cache, bt, ks, ke))
-    dsa_layer.indexer_scores_flat._kdef[target](cd.view(torch.float8_e4m3fn), qd.view(torch.float8_e8m0fnu), wd,
-                                                kd.view(-1), btd, ksd, ked, scores, n, H=h, NQ=nq, MMA_BF16=bf16)
+    qcodes, qscales = cd.view(torch.float8_e4m3fn), qd.view(torch.float8_e8m0fnu)
+    if form == "flat":
+        dsa_layer.indexer_scores_flat._kdef[target](qcodes, qscales, wd, kd.view(-1), btd, ksd, ked, scores, n, H=h,
+                                                    NQ=nq)
+    else:
+        cfg, nsplit = I.graph_config(t // n, n, mp * 64)
+        assert cfg["F16"] and cfg["KEYS_MAJOR"] and cfg["NQ"] == min(n, 2) and nsplit > 1     # 3 pages: split
+        I.lightning_indexer_paged[target](qcodes, qscales, wd, *I.indexer_page_views(kd), btd, ksd, ked, scores, n,
+                                          nsplit, H=h, **cfg)
     scores = scores.cpu()
     want = _scores_oracle(codes, qs, w, cache, bt, ks, ke, n)
     fin = torch.isfinite(want)
@@ -195,8 +208,8 @@ SFA_COMBINE_H16 = Specialised(A.sparse_mla_attention_combine, BH=16)
 SFA_FWD_H16 = Specialised(A.sparse_mla_attention_fwd, BH=16, BK=32)
 Q_CHAIN_PREFILL = Specialised(P.indexer_q_chain, BM=64)
 K_CHAIN_PARTS = Specialised(P.indexer_k_chain_parts, BM=16)
-SCORES_PREFILL = Specialised(dsa_layer.indexer_scores_flat._kdef, H=32, NQ=4, MMA_BF16=True)
-SCORES_DECODE = Specialised(dsa_layer.indexer_scores_flat._kdef, H=32, NQ=1, MMA_BF16=True)
+SCORES_PREFILL = Specialised(I.lightning_indexer_paged, H=32, **I.graph_config(1, 4096, 4096)[0])
+SCORES_DECODE = Specialised(I.lightning_indexer_paged, H=32, **I.graph_config(64, 1, 1024)[0])
 
 
 def test_step_kernels_compile_for_hopper(tmp_path):

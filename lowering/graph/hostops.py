@@ -64,5 +64,11 @@ def reshape(inputs, outputs):
     outputs[0].copy_(inputs[0].reshape(outputs[0].shape))
 
 
+def order(inputs, outputs):
+    """Nothing at run time. The outputs are typed views of the storage the inputs were written
+    through (e.g. an indexer cache written as bytes, read as codes and scales): their new
+    versions make the graph order every reader of the views after those writers."""
+
+
 HOST_OPS = {"all_gather": all_gather, "dist_all_gather": dist_all_gather, "all_reduce": all_reduce, "to_nz": to_nz,
-            "row_slice": row_slice, "row_put": row_put, "reshape": reshape}
+            "row_slice": row_slice, "row_put": row_put, "reshape": reshape, "order": order}

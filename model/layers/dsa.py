@@ -5,17 +5,17 @@ Every step kind is the same graph (T = sequences x n tokens, tokens of one seque
   q side    q_a -> rmsnorm -> q_b -> mla_q_rows (w_uk absorbed, rope) -> Q bf16 [T, H, 576]
   kv side   kv_a -> mla_kv_rows (rmsnorm, rope) -> mla_cache_write_rows at slot_mapping
   indexer   prolog chains (q codes; keys into the paged MXFP8 cache at slot_mapping; head weights)
-            -> `indexer_scores_flat` [T, pages x 64] -> topk_segments -> slots_of_positions_rows
+            -> scores [T, pages x 64] -> topk_segments -> slots_of_positions_rows
   attend    sparse_mla_attention_fwd over the chosen slots -> mla_out_rows (w_uv) -> o_proj
 Causality comes from the key ranges: a query at position p scores keys [0, p + 1) only, and the
 step's own keys are in the caches before any query reads them (the graph orders the writes first).
 
-Why `indexer_scores_flat` and not ops/dsa's lightning_indexer_paged: that kernel reads the
-indexer cache through two strided views (codes and scales of each block-split page) while the
-prolog's key chain writes the flat byte tensor. A graph program passes whole contiguous tensors,
-and the dependency from the key write to the scoring must be an edge of the graph, so the
-scoring here reads the same flat tensor the prolog writes (same page layout, same @k.func for
-the query operands, the same fp8 dots and scale products as indexer_page_scores).
+The indexer cache is one byte tensor, written through the prolog's key chains. On a GPU the
+scores come from ops/dsa's lightning_indexer_paged (f16 keys-major scoring) over the cache's
+whole-page code and scale views (indexer_page_views: contiguous, as graph programs pass them),
+which an `order` host op ties to the byte writes. Elsewhere `indexer_scores_flat` reads the bytes
+itself (same page layout, the same @k.func for the query operands, the same fp8 dots and scale
+products as indexer_page_scores).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
     slots_of_positions_rows, sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
 from k31dsl.ops.dsa.sfa_two_pass import score_segments, sfa_scores, sfa_values
-from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, indexer_query, indexer_query_bf16
+from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_k_chain_parts, indexer_q_chain
 from k31dsl.ops.dsa.topk import topk_segments
@@ -33,10 +33,10 @@ from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce,
 
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
  mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
- sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values) = memo(
+ sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged) = memo(
     rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
     mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
-    sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values)
+    sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged)
 
 
 @k.func
@@ -51,17 +51,6 @@ def flat_group_logits(qg, sg, cache, base, rows, g):
     return k.dot(qg, kg.T) * sg[:, None] * sk[None, :]
 
 
-@k.func
-def flat_page_keys_bf16(cache, base, rows):
-    """The 64 keys of the page at byte `base` (< 0: none, zeros) dequantized to bf16 [64, 128]:
-    E4M3 code times its power-of-two group scale is exact in bf16."""
-    cidx = k.reshape(base + rows[:, None] * 128 + k.arange(0, 128)[None, :], (8192,))
-    codes = k.load(cache, (cidx,), mask=cidx >= 0, other=0).bitcast(k.f8e4m3).to(k.f32)
-    sidx = k.reshape(base + CODE_BYTES + rows[:, None] * 4 + k.arange(0, 4)[None, :], (256,))
-    sk = k.load(cache, (sidx,), mask=sidx >= CODE_BYTES, other=127).bitcast(k.e8m0).to(k.f32)
-    return k.reshape(k.reshape(codes, (64, 4, 32)) * k.reshape(sk, (64, 4))[:, :, None], (64, 128)).to(k.bf16)
-
-
 SCORE_CONFIGS = [{"NQ": 1, "num_warps": 4}, {"NQ": 2, "num_warps": 4}, {"NQ": 4, "num_warps": 8}]
 
 
@@ -70,12 +59,11 @@ def indexer_scores_flat(q_codes: k.Tensor[k.f8e4m3, "T", "H", "128"], q_scales: 
                         weights: k.Tensor[k.f32, "T", "H"], cache: k.Tensor[k.u8, "NB"],
                         block_table: k.Tensor[k.i32, "B", "MP"], ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"],
                         scores: k.Tensor[k.f32, "T", "L"], n_per_seq: k.i32, H: k.constexpr = 64,
-                        NQ: k.constexpr = 1, MMA_BF16: k.constexpr = False):
+                        NQ: k.constexpr = 1):
     # Program (tb, j): query tokens tb*NQ .. +NQ (one sequence: NQ divides n_per_seq) against
     # logical page j of their sequence: I[t, s] = sum_h w[t,h] relu(sum_g sq sk (q8 . k8)); -inf
     # outside [ks, ke). A page outside every token's range is not scored (a loop of 0 or 1
-    # trips: no runtime branches in the DSL): half of a prefill's (token, page) pairs. MMA_BF16:
-    # one bf16 dot over the 128 dims of the dequantized codes (exact) instead of 4 fp8 dots.
+    # trips: no runtime branches in the DSL): half of a prefill's (token, page) pairs.
     for tb, j in k.grid(k.cdiv(q_codes.shape[0], NQ), k.cdiv(scores.shape[1], 64)):
         t0 = tb * NQ
         tmask = t0 + k.arange(0, NQ) < q_codes.shape[0]
@@ -92,15 +80,11 @@ def indexer_scores_flat(q_codes: k.Tensor[k.f8e4m3, "T", "H", "128"], q_scales: 
             page = block_table[t0 // n_per_seq, j]
             base = k.where(page >= 0, page * PAGE_BYTES, -PAGE_BYTES)
             rows = k.arange(0, 64)
-            if MMA_BF16:
-                qd, w = indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H)
-                acc = k.dot(qd, flat_page_keys_bf16(cache, base, rows).T)
-            else:
-                q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
-                acc = flat_group_logits(q0, s0, cache, base, rows, 0)
-                acc += flat_group_logits(q1, s1, cache, base, rows, 1)
-                acc += flat_group_logits(q2, s2, cache, base, rows, 2)
-                acc += flat_group_logits(q3, s3, cache, base, rows, 3)
+            q0, q1, q2, q3, s0, s1, s2, s3, w = indexer_query(q_codes, q_scales, weights, t0, NQ, H)
+            acc = flat_group_logits(q0, s0, cache, base, rows, 0)
+            acc += flat_group_logits(q1, s1, cache, base, rows, 1)
+            acc += flat_group_logits(q2, s2, cache, base, rows, 2)
+            acc += flat_group_logits(q3, s3, cache, base, rows, 3)
             sc = k.sum(k.reshape(k.relu(acc) * w[:, None], (NQ, H, 64)), axis=1)
             ok = (pos[None, :] >= lo_t[:, None]) & (pos[None, :] < hi_t[:, None])
             k.store(scores, (k.span(t0, NQ), k.span(j * 64, 64)), k.where(ok, sc, float("-inf")),
@@ -139,14 +123,17 @@ def new_caches(cfg, num_pages: int, device) -> dict:
     """Per DSA layer: the paged MLA latent cache (three typed views of one uint8 storage, the
     kernels' views) and the paged indexer key cache (flat bytes)."""
     from k31dsl.ops.dsa.attention import cache_views, new_mla_cache
-    from k31dsl.ops.dsa.indexer import new_indexer_cache
+    from k31dsl.ops.dsa.indexer import indexer_page_views, new_indexer_cache
     out = {}
     for l in cfg.dsa_layers:
         mla = new_mla_cache(num_pages, device)
         codes, scales, rope = cache_views(mla)
         out[f"dsa{l}_mla"] = mla              # the storage (not a program tensor)
         out[f"dsa{l}_mla_codes"], out[f"dsa{l}_mla_scales"], out[f"dsa{l}_mla_rope"] = codes, scales, rope
-        out[f"dsa{l}_index_cache"] = new_indexer_cache(num_pages, device).view(-1)
+        index = new_indexer_cache(num_pages, device)
+        out[f"dsa{l}_index_cache"] = index.view(-1)     # written as bytes (the prolog's key chains)
+        # read as codes and scales by lightning_indexer_paged on a GPU (its whole-page views)
+        out[f"dsa{l}_index_codes"], out[f"dsa{l}_index_scales"] = indexer_page_views(index)
     return out
 
 
@@ -251,10 +238,14 @@ def add_dsa(g, l, x):
         iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
     if cp:
         icache = p.dist_all_gather(icache, gathered, name=f"l{l} indexer keys")
+    keys = (icache,)
+    if g.gpu:       # the scorer reads the cache's code and scale views, after the key writes above
+        keys = p.host("order", [icache], [g.state(f"dsa{l}_index_{v}", g.runner_states[f"dsa{l}_index_{v}"])
+                                          for v in ("codes", "scales")])
     blocks = g.shape.blocks if cp else prefill_query_blocks(g.shape)
     mla = (codes, scales, rope)
     if not blocks:
-        o = select_attend(g, l, qc, qs, iw, icache, big_q, mla, g.ks, g.ke, g.shape.max_pages * 64, "")
+        o = select_attend(g, l, qc, qs, iw, keys, big_q, mla, g.ks, g.ke, g.shape.max_pages * 64, "")
     else:        # query blocks, each over its own causal width of the sequence
         o = g.tensor(f"l{l}_mla_o", (T, H, KV_LORA), k.bf16)
         for b, (row0, rows, width) in enumerate(blocks):
@@ -266,7 +257,7 @@ def add_dsa(g, l, x):
                                                           x.dtype)], start=row0)
                     for name, x in (("qc", qc), ("qs", qs), ("iw", iw), ("ks", g.ks), ("ke", g.ke), ("q", big_q))]
             bqc, bqs, biw, bks, bke, bq = part
-            ob = select_attend(g, l, bqc, bqs, biw, icache, bq, mla, bks, bke, width, f"_q{b}")
+            ob = select_attend(g, l, bqc, bqs, biw, keys, bq, mla, bks, bke, width, f"_q{b}")
             o = p.host("row_put", [ob], [o], start=row0)
     y = g.tensor(f"l{l}_mla_heads", (T, H * cfg.v_head_dim))
     y = p.call(mla_out_rows, o, g.weight(a + "w_uv"), y, BT=dot_bt, BD=max(16, min(64, next_pow2(cfg.v_head_dim))),
@@ -274,19 +265,23 @@ def add_dsa(g, l, x):
     return g.linear(y, a + "o_proj", f"l{l}_attn_out")
 
 
-def select_attend(g, l, qc, qs, iw, icache, big_q, mla, ks, ke, width: int, tag: str):
+def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: str):
     """Indexer scores of the query rows over keys [0, width) of the sequence, exact top-k,
     physical slots, sparse MLA attention -> o bf16 [rows, H, 512] (`tag` names the temps of a
-    query block)."""
+    query block). keys: the indexer cache as (flat bytes,) or, on a GPU, its (codes, scales)
+    page views."""
     cfg, p = g.cfg, g.p
     codes, scales, rope = mla
     T, H, HI = qc.shape[0], cfg.mla_heads, cfg.index_heads
     n = T if g.shape.kind == "cp_prefill" else g.shape.q_len     # query rows per block-table row
     scores = g.tensor(f"l{l}{tag}_idx_scores", (T, width), k.f32)
-    # GPU: bf16 MMA over all 128 dims; prefill several tokens per program (NQ divides q_len)
-    nq = min(4, n & -n) if g.gpu else 1
-    scores = p.call(indexer_scores_flat, qc, qs, iw, icache, g.block_table, ks, ke, scores, n, H=HI, NQ=nq,
-                    MMA_BF16=g.gpu)
+    if g.gpu:       # the op's kernel: f16 operands, keys on the dot's rows (ops/dsa/indexer.py)
+        rows = T // g.block_table.shape[0]                        # a query block's rows, else n
+        icfg, nsplit = graph_config(g.block_table.shape[0], rows, width)
+        scores = p.call(lightning_indexer_paged, qc, qs, iw, *keys, g.block_table, ks, ke, scores, rows, nsplit, H=HI,
+                        **icfg)
+    else:
+        scores = p.call(indexer_scores_flat, qc, qs, iw, *keys, g.block_table, ks, ke, scores, n, H=HI, NQ=1)
     topk = cfg.index_topk
     kp = max(16, next_pow2(topk))
     pos = g.tensor(f"l{l}{tag}_topk_pos", (T, topk), k.i32)

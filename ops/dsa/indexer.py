@@ -69,7 +69,7 @@ def indexer_query(q_codes, q_scales, weights, t0, NQ, H):
 def _group_logits(qg, sg, kc, ksc, pages, g, BS):
     # one MX group: fp8 dot [M, 32] x [32, BS], then the exact power-of-two scale products
     kg = k.reshape(kc[pages, k.span(0, 64), k.span(g * 32, 32, other=0.0)], (BS, 32))
-    skg = k.reshape(k.load(ksc, (pages, k.span(0, 64), g), other=1.0).to(k.f32), (BS,))
+    skg = k.reshape(k.load(ksc, (pages, k.span(ksc.shape[1] - PAGE, PAGE), g), other=1.0).to(k.f32), (BS,))
     return k.dot(qg, kg.T) * sg[:, None] * skg[None, :]
 
 
@@ -133,7 +133,8 @@ def indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H):
 def page_keys_bf16(kc, ksc, pages, BS):
     """The keys of the PB = BS / 64 pages `pages`, dequantized exactly: bf16 [BS, 128]."""
     c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 4, 32)).to(k.f32)
-    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
+    last = ksc.shape[1] - PAGE                        # a page's scales: its last 64 scale rows
+    sc = k.reshape(k.load(ksc, (pages, k.span(last, PAGE), k.span(0, 4)), other=1.0).to(k.f32), (BS, 4))
     return k.reshape((c * sc[:, :, None]).to(k.bf16), (BS, 128))
 
 
@@ -194,7 +195,7 @@ def indexer_page_scores_f16(qh, w, kc, ksc, pages, NQ, H, PB):
     2^E -> scores [NQ, PB*64]."""
     BS = PB * 64
     c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 128))
-    sc = k.reshape(k.load(ksc, (pages, k.span(0, 64), k.span(0, 4)), other=1.0), (BS, 4))
+    sc = k.reshape(k.load(ksc, (pages, k.span(ksc.shape[1] - PAGE, PAGE), k.span(0, 4)), other=1.0), (BS, 4))
     kh, kf = split_scales(c, sc, BS)
     r = k.relu(k.dot(kh, qh.T)) * w[None, :]
     return (k.sum(k.reshape(r, (BS, NQ, H)), axis=2) * kf[:, None]).T
@@ -217,28 +218,33 @@ DECODE_BF16_PER_SM = 4
 # sm_90a, NQ 1: 20 -> 10 barriers and 80 -> 4 shuffles per kernel, 128 -> 158 registers at PB 1.
 # DECODE_BF16 is a config too, so the prefill tuner tries it (12:56 session: 7.42 ms at T=16384
 # against 6.88 for NQ 2 / KEYS_MAJOR), and so is the f16 form of that winner.
-LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, {"NQ": 1, "PB": 1, "num_warps": 4},
+# Graph-program calls (the model) are not tuned: they launch with the first entry their constexprs
+# match, so DECODE_BF16 comes before the other one-token one-page entries.
+LI_CONFIGS = [{"NQ": 1, "PB": 2, "num_warps": 4}, DECODE_BF16, {"NQ": 1, "PB": 1, "num_warps": 4},
               {"NQ": 2, "PB": 2, "num_warps": 8}, {"NQ": 2, "PB": 1, "num_warps": 4},
               {"NQ": 4, "PB": 1, "num_warps": 8},
               {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4},
               {"NQ": 1, "PB": 2, "KEYS_MAJOR": True, "num_warps": 4},
               {"NQ": 1, "PB": 2, "KEYS_MAJOR": True, "num_warps": 8},
               {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "num_warps": 4},
-              {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "F16": True, "num_warps": 4}, DECODE_BF16]
+              {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "F16": True, "num_warps": 4}]
+PREFILL_F16 = {"NQ": 2, "PB": 1, "KEYS_MAJOR": True, "F16": True}     # the T = 16384 winner (6.56 ms)
 
 
 @k.kernel(configs=LI_CONFIGS)
 def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales: k.Tensor[k.e8m0, "T", "H", "D // 32"],
                             weights: k.Tensor[k.f32, "T", "H"], kc: k.Tensor[k.f8e4m3, "P", "PG", "D"],
-                            ksc: k.Tensor[k.e8m0, "P", "PG", "D // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
+                            ksc: k.Tensor[k.e8m0, "P", "PS", "D // 32"], block_table: k.Tensor[k.i32, "B", "MP"],
                             ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], scores: k.Tensor[k.f32, "T", "L"],
                             n_per_seq: k.i32, nsplit: k.i32,
                             H: k.constexpr = 64, NQ: k.constexpr = 1, PB: k.constexpr = 1,
                             MMA_BF16: k.constexpr = False, KEYS_MAJOR: k.constexpr = False,
                             F16: k.constexpr = False):
-    # Program (b, qb, sp): tokens b*n + qb*NQ .. (+NQ) of sequence b against the key blocks of
-    # split sp. Only blocks that hold some [ks, ke) position are scored; the rest are filled
-    # with -inf (no runtime branches in the DSL: three loops with computed bounds).
+    # kc / ksc: indexer_cache_views' strided views or indexer_page_views' whole pages (scale rows
+    # taken from the end of each page). Program (b, qb, sp): tokens b*n + qb*NQ .. (+NQ) of
+    # sequence b against the key blocks of split sp. Only blocks that hold some [ks, ke) position
+    # are scored; the rest are filled with -inf (no runtime branches in the DSL: three loops with
+    # computed bounds).
     BS = PB * 64
     for b, qb, sp in k.grid(block_table.shape[0], k.cdiv(n_per_seq, NQ), nsplit):
         j = qb * NQ + k.arange(NQ)
@@ -316,6 +322,18 @@ def indexer_cache_views(cache):
     return codes, scales
 
 
+def indexer_page_views(cache):
+    """(codes float8_e4m3fn [P, 66, 128], scales float8_e8m0fnu [P, 2112, 4]): each whole page as
+    a contiguous typed view (no copy); a page's codes are its first 64 code rows, its scales its
+    last 64 scale rows. lightning_indexer_paged reads these as it reads indexer_cache_views' (it
+    takes the scale rows from the end): the form for graph programs, which pass whole tensors."""
+    import torch
+    _check_cache("indexer_page_views", cache)
+    p = cache.shape[0]
+    return (cache.view(torch.float8_e4m3fn).view(p, PAGE_BYTES // HEAD_DIM, HEAD_DIM),
+            cache.view(torch.float8_e8m0fnu).view(p, PAGE_BYTES // GROUPS, GROUPS))
+
+
 def _int_vector(op: str, name: str, t, n: int | None = None):
     import torch
     if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
@@ -364,6 +382,28 @@ def _li_config(n: int, h: int, mma: str) -> dict:
         nq = next_pow2(n)
         return {"NQ": nq, "PB": 1 if nq == 4 else 2}
     return {}
+
+
+def split_count(cfg: dict, b: int, n: int, max_len: int, sms: int = SM_COUNT) -> int:
+    """Key splits of a call with config `cfg` over b sequences of n tokens and max_len keys: for
+    DECODE_BF16 (known occupancy) whole waves (key_splits), else ~512 programs in all."""
+    blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
+    progs = b * -(-n // cfg.get("NQ", 1))
+    if all(cfg.get(k_) == v for k_, v in DECODE_BF16.items() if k_ != "num_stages"):
+        # (a config that overrides maxnreg is another occupancy: it gets the generic split below)
+        return key_splits(progs, blocks, sms * DECODE_BF16_PER_SM)
+    return max(1, min(blocks, -(-512 // progs)))      # counted for NQ = 1 in prefill
+
+
+def graph_config(b: int, n: int, max_len: int, sms: int = SM_COUNT) -> tuple[dict, int]:
+    """(constexprs, key splits) of a graph-program call of lightning_indexer_paged on a GPU (the
+    model's step graphs) over b sequences of n tokens: f16 keys-major scoring, DECODE_BF16 for one
+    token, PREFILL_F16 for more. Constexprs only: a graph call launches with the first config they
+    match, so DECODE_BF16's stages and register cap come with it."""
+    from k31dsl.targets.triton.emit import LAUNCH_KEYS
+    cfg = DECODE_BF16 if n == 1 else PREFILL_F16
+    return ({"MMA_BF16": True, **{key: val for key, val in cfg.items() if key not in LAUNCH_KEYS}},
+            split_count(cfg, b, n, max_len, sms))
 
 
 @functools.lru_cache(maxsize=256)
@@ -448,15 +488,8 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
                            f"({', '.join(allowed)})")
         cfg = {**cfg, **config}
     if nsplit is None:
-        blocks = -(-max_len // (PAGE * cfg.get("PB", 1)))
-        progs = b * -(-n // cfg.get("NQ", 1))
-        if all(cfg.get(k_) == v for k_, v in DECODE_BF16.items() if k_ != "num_stages"):   # known occupancy
-            # (a config that overrides maxnreg is another occupancy: it gets the generic split below)
-            sms = torch.cuda.get_device_properties(q_codes.device).multi_processor_count \
-                if q_codes.is_cuda else SM_COUNT
-            nsplit = key_splits(progs, blocks, sms * DECODE_BF16_PER_SM)
-        else:                                  # ~512 programs in all (counted for NQ = 1 in prefill)
-            nsplit = max(1, min(blocks, -(-512 // progs)))
+        sms = torch.cuda.get_device_properties(q_codes.device).multi_processor_count if q_codes.is_cuda else SM_COUNT
+        nsplit = split_count(cfg, b, n, max_len, sms)
     kc, ksc = indexer_cache_views(cache)
     lightning_indexer_paged[target](q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), kc, ksc,
                                     block_table.contiguous(), ks, ke, scores, n, int(nsplit), H=h,
