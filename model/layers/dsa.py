@@ -24,7 +24,7 @@ from k31dsl.model.config import INDEX_DIM, KV_LORA, PAGE, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
     slots_of_positions_rows, sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
-from k31dsl.ops.dsa.sfa_two_pass import score_segments, sfa_scores, sfa_values
+from k31dsl.ops.dsa.sfa_two_pass import buffers as sfa_buffers, score_segments, segments_pow2, sfa_scores, sfa_values
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_k_chain_parts, indexer_q_chain
@@ -296,12 +296,11 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
     bh = min(max(16, next_pow2(H)), max_head_block(g.target))
     if sfa_form(T, H, topk, g.gpu) == "two_pass":              # decode on a GPU, many heads
         ns = score_segments(T, H, topk, bh)
-        s = g.tensor(f"l{l}{tag}_mla_scores", (T, H, topk), k.f32)
-        part_m = g.tensor(f"l{l}{tag}_mla_part_m", (ns, T, H), k.f32)
-        part_l = g.tensor(f"l{l}{tag}_mla_part_l", (ns, T, H), k.f32)
+        s, part_m, part_l = (g.tensor(f"l{l}{tag}_mla_{name}", shape, k.f32)
+                             for name, shape in sfa_buffers(T, H, topk, ns).items())
         s, part_m, part_l = p.call(sfa_scores, big_q, codes, scales, rope, slots, s, part_m, part_l, cfg.sm_scale,
                                    BH=bh)
-        o, lse = p.call(sfa_values, codes, scales, slots, s, part_m, part_l, o, lse, BH=bh, NSB=next_pow2(ns))
+        o, lse = p.call(sfa_values, codes, scales, slots, s, part_m, part_l, o, lse, BH=bh, NSB=segments_pow2(ns))
         return o
     split = sfa_split(T, H, topk, bh) if g.gpu else 1        # decode on a GPU: flash-decoding segments
     prefetch = bool(g.gpu and SFA_PREFETCH and bh <= 32)

@@ -144,18 +144,26 @@ def pass_configs(op: str, kw: dict) -> tuple[dict, dict]:
     return parts
 
 
+def buffers(t: int, h: int, topk: int, segments: int) -> dict:
+    """The passes' fp32 intermediates by name -> shape: the scores and the segments' (m, l)."""
+    return {"scores": (t, h, topk), "part_m": (segments, t, h), "part_l": (segments, t, h)}
+
+
+def segments_pow2(segments: int) -> int:
+    """pass 2's NSB: the segment count rounded up to a power of two."""
+    return 1 << (segments - 1).bit_length()
+
+
 def sparse_mla_attention_two_pass(target: str, q, views, idx, sm_scale: float, o, lse, segments: int, kw: dict):
     """Launch both passes into o / lse (torch tensors allocated by the caller). kw: config keys
     pinned for the passes that take them (pass_configs)."""
     import torch
     kw_scores, kw_values = pass_configs("sparse_mla_attention", kw)
     c, sc, r = views
-    T, H = q.shape[0], q.shape[1]
-    s = torch.empty((T, H, idx.shape[1]), dtype=torch.float32, device=q.device)
-    part_m = torch.empty((segments, T, H), dtype=torch.float32, device=q.device)
-    part_l = torch.empty((segments, T, H), dtype=torch.float32, device=q.device)
+    s, part_m, part_l = (torch.empty(shape, dtype=torch.float32, device=q.device)
+                         for shape in buffers(q.shape[0], q.shape[1], idx.shape[1], segments).values())
     sfa_scores[target](q, c, sc, r, idx, s, part_m, part_l, float(sm_scale), **kw_scores)
-    sfa_values[target](c, sc, idx, s, part_m, part_l, o, lse, NSB=1 << (segments - 1).bit_length(), **kw_values)
+    sfa_values[target](c, sc, idx, s, part_m, part_l, o, lse, NSB=segments_pow2(segments), **kw_values)
     return o, lse
 
 
