@@ -135,6 +135,32 @@ def test_run_checks_inputs():
         run(p, {"x": torch.zeros(4, 31), "w": torch.zeros(32)})
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_order_ties_views_of_one_buffer(target):
+    """`buf` and `view` are two inputs over the same bytes: a kernel writes through `buf`, another
+    reads through `view`. Nothing else ties the read to the write (a pass that reorders independent
+    ops, such as streams, could run it first); the `order` host op makes the view's new version
+    depend on the write."""
+    p = Program("views")
+    buf = p.input("buf", (40,), k.f32)
+    view = p.input("view", (40,), k.f32)
+    x = p.input("x", (40,), k.f32)
+    out = p.tensor("out", (40,), k.f32)
+    buf = p.call(accumulate, buf, x)                     # buf += x
+    view = p.host("order", [buf], [view])
+    out = p.call(scale_add, view, x, out, 1.0)         # out = buf + x, read through the view
+    p.output(out)
+    verify(p)
+    assert p.ops() == ["accumulate", "order", "scale_add"]
+    assert "order" in p.op_deps("scale_add") and "accumulate" in p.op_deps("order")
+    rng = np.random.default_rng()
+    a0, x0 = rng.standard_normal(40), rng.standard_normal(40)
+    storage = torch.tensor(a0, dtype=torch.float32)
+    got = run(p, {"buf": storage, "view": storage.view(40), "x": torch.tensor(x0, dtype=torch.float32)},
+              target=target)
+    np.testing.assert_allclose(got["out"].numpy(), a0 + 2 * x0, rtol=1e-5, atol=1e-6)
+
+
 def test_collectives_on_one_process():
     p = Program("gather")
     a = p.input("a", (2, 3), k.f32)
