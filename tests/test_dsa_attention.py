@@ -166,6 +166,32 @@ def test_sfa_prefetch_changes_nothing(target, split):
     _check_sfa(*runs[1], q, cache, idx, 0.1)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_sfa_combine_under_each_config(target):
+    """sparse_mla_attention_combine with each GPU config's tiles (column blocks of 32 to 128,
+    segment blocks of 2 to 8) against the merge in fp64: o = sum_s exp(lse_s - lse) o_s, lse =
+    logsumexp_s lse_s; segments without a valid index (lse -inf) weigh nothing, a head with none
+    at all gets o = 0 and lse = +inf. 3 segments, ragged heads (20 at BH 16)."""
+    g = _gen()
+    ns, t, h, dv = 3, 2, 20, A.LATENT
+    po = torch.randn(ns, t, h, dv, generator=g)
+    pl = torch.randn(ns, t, h, generator=g) * 3
+    pl[1, 0, :5] = float("-inf")                                   # a segment without a valid index
+    pl[:, 1, 7] = float("-inf")                                    # a head without any
+    want_l = torch.logsumexp(pl.double(), 0)
+    want_o = (torch.exp(pl.double() - want_l)[..., None] * po.double()).sum(0)
+    want_o[1, 7] = 0.0
+    for cfg in A.COMBINE_CONFIGS:
+        tiles = {key: val for key, val in cfg.items() if key != "num_warps"}
+        o = torch.full((t, h, dv), float("nan"), dtype=torch.bfloat16)
+        lse = torch.full((t, h), float("nan"))
+        A.sparse_mla_attention_combine[target](po, pl, o, lse, BH=16, **tiles)
+        assert float((o.double() - want_o).abs().max()) <= 1e-2 * float(want_o.abs().max()), tiles
+        fin = torch.isfinite(want_l)
+        assert torch.allclose(lse.double()[fin], want_l[fin], atol=1e-5) and torch.isinf(lse[1, 7]) and lse[1, 7] > 0
+    assert A.combine_tiles(1, 16, 16) == {"BD": 32, "SB": 8} and A.combine_tiles(64, 16, 16)["BD"] == 128
+
+
 def test_sfa_all_128_heads_fit_ascendc_ub():
     """The real head count on the emulated Ascend core: heads go in blocks of 32 there (BH = 64
     needs ~340 KB of the 192 KB UB), and the result still matches the fp64 oracle."""

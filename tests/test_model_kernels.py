@@ -205,6 +205,7 @@ LINEAR_SPLITK_B64 = Specialised(nn.linear_rows_splitk, BM=64, BN=32, BK=128)
 LINEAR_REDUCE_SIGMOID = Specialised(nn.linear_splitk_reduce, BM=16, BN=128, ACT="sigmoid")
 SFA_SPLIT_H16 = Specialised(A.sparse_mla_attention_split, BH=16, BK=32)
 SFA_COMBINE_H16 = Specialised(A.sparse_mla_attention_combine, BH=16)
+SFA_COMBINE_B1 = Specialised(A.sparse_mla_attention_combine, BH=16, **A.combine_tiles(1, 16, 16))
 SFA_FWD_H16 = Specialised(A.sparse_mla_attention_fwd, BH=16, BK=32)
 Q_CHAIN_PREFILL = Specialised(P.indexer_q_chain, BM=64)
 K_CHAIN_PARTS = Specialised(P.indexer_k_chain_parts, BM=16)
@@ -214,6 +215,6 @@ SCORES_DECODE = Specialised(I.lightning_indexer_paged, H=32, **I.graph_config(64
 
 def test_step_kernels_compile_for_hopper(tmp_path):
     names = ["LINEAR_SPLITK_DECODE", "LINEAR_SPLITK_B64", "LINEAR_REDUCE_SIGMOID", "SFA_SPLIT_H16",
-             "SFA_COMBINE_H16", "SFA_FWD_H16", "Q_CHAIN_PREFILL", "K_CHAIN_PARTS",
+             "SFA_COMBINE_H16", "SFA_COMBINE_B1", "SFA_FWD_H16", "Q_CHAIN_PREFILL", "K_CHAIN_PARTS",
              "SCORES_PREFILL", "SCORES_DECODE"]
     assert_compiles_for_hopper(__file__, names, tmp_path, index_types=("int32",))

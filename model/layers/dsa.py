@@ -22,7 +22,7 @@ from __future__ import annotations
 import k31dsl as k
 from k31dsl.model.config import INDEX_DIM, KV_LORA, PAGE, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
-from k31dsl.ops.dsa.attention import max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
+from k31dsl.ops.dsa.attention import combine_tiles, max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
     slots_of_positions_rows, sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
 from k31dsl.ops.dsa.sfa_two_pass import buffers as sfa_buffers, score_segments, segments_pow2, sfa_scores, sfa_values
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged
@@ -309,7 +309,7 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
         part_lse = g.tensor(f"l{l}{tag}_mla_part_lse", (split, T, H), k.f32)
         part_o, part_lse = p.call(sparse_mla_attention_split, big_q, codes, scales, rope, slots, part_o, part_lse,
                                   cfg.sm_scale, BH=bh, BK=32, PREFETCH=prefetch)
-        o, lse = p.call(sparse_mla_attention_combine, part_o, part_lse, o, lse, BH=bh)
+        o, lse = p.call(sparse_mla_attention_combine, part_o, part_lse, o, lse, BH=bh, **combine_tiles(T, H, bh))
     else:
         o, lse = p.call(sparse_mla_attention_fwd, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh,
                         BK=32, PREFETCH=prefetch)

@@ -263,7 +263,8 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
 # Configs by the caller's BH (sm_90a, ptxas): BH 16 at SB 4 / BD 128 / 4 warps 128 registers, no
 # spill (SB 8: 181); BH 64 needs SB x BD <= 128 per 4 warps (SB 4 / BD 128 spills 2.2 KB).
 COMBINE_CONFIGS = [{"SB": 4, "BD": 128, "num_warps": 4}, {"SB": 8, "BD": 128, "num_warps": 8},
-                   {"SB": 2, "BD": 64, "num_warps": 4}, {"SB": 4, "BD": 64, "num_warps": 8}]
+                   {"SB": 2, "BD": 64, "num_warps": 4}, {"SB": 4, "BD": 64, "num_warps": 8},
+                   {"SB": 8, "BD": 64, "num_warps": 4}, {"SB": 8, "BD": 32, "num_warps": 4}]
 
 
 @k.kernel(configs=COMBINE_CONFIGS)
@@ -292,6 +293,18 @@ def sparse_mla_attention_combine(part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"], 
         inv = 1.0 / k.where(ok, den, 1.0)
         o[t, k.span(h0, BH), k.span(db * BD, BD)] = k.where(ok[:, None], acc * inv[:, None], 0.0).to(k.bf16)
         lse[t, k.span(h0, BH)] = k.where(ok, ms + k.log(k.where(ok, den, 1.0)), float("inf"))
+
+
+def combine_tiles(t: int, h: int, bh: int, sm_count: int = SM_COUNT) -> dict:
+    """The combine's column block for a graph call (not tuned: it launches with the first config
+    the constexprs match): 128 columns once the (query, head block, column block) programs fill the
+    SMs, else narrower (down to 32) for more programs. Decode B=1 at 16 heads: 4 programs at BD 128
+    took 93 us per call on an H200 (model profile, NOTES); BD 32 gives 16."""
+    programs = t * -(-h // bh)
+    bd = 128
+    while bd > 32 and programs * (LATENT // bd) < sm_count:
+        bd //= 2
+    return {"BD": bd, "SB": 4 if bd == 128 else 8}
 
 
 def sfa_split(t: int, h: int, topk: int, bh: int, bk: int = 32, sm_count: int = SM_COUNT) -> int:
