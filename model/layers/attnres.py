@@ -6,12 +6,13 @@ newest source against every pseudo-query from this block's on into the step's lo
 [blocks, Q, T] (`attnres_block_logits`, or `attnres_block_logits_rows` for decode-sized steps),
 then ONE `attnres_prepare_cached_rows` call sums the sources for the block's S queries — both
 sublayers of each of its layers, and the final aggregation after the last block — with their
-logits from the cache, reading the sources once: O [S, T, D], M, L [S, T]. Each sublayer then runs `attnres_slot_update_rows` (below:
-ops/attnres.py's merge_partial, but indexing O/M/L at slot s and the query table at the slot's
-row, because the graph IR has no views to hand it O[s]) followed by ops/attnres.py's
-`rmsnorm_row` with the sublayer's norm; the superkernel pass fuses the two into one kernel (the
-row h stays in registers). The block's first sublayer has no partial sum yet: its h is O[s] / L[s]
-(softmax over the committed blocks alone, i.e. the full attnres), and it zeroes the partial.
+logits from the cache, reading the sources once: O [S, T, D], M, L [S, T]. Each sublayer then
+runs `attnres_slot_update_rows` (below: ops/attnres.py's merge_partial, but indexing O/M/L at
+slot s and the query table at the slot's row, because the graph IR has no views to hand it O[s])
+followed by ops/attnres.py's `rmsnorm_row` with the sublayer's norm; the superkernel pass fuses
+the two into one kernel (the row h stays in registers). The block's first sublayer has no partial
+sum yet: its h is O[s] / L[s] (softmax over the committed blocks alone, i.e. the full attnres),
+and it zeroes the partial.
 The sources live in one buffer [blocks, T, D] of the step: `attnres_put_embedding` writes the
 embedding into row 0 and, at each block boundary, `attnres_put_source` the finished block
 (partial + last output) into row b; the prepare kernels read rows 0 .. b only.
@@ -72,8 +73,9 @@ def attnres_put_embedding(src: k.Tensor[k.f32, "N", "T", "D"], x: k.Tensor[k.f32
         src[0, t, k.span(0, BD)] = x[t, k.span(0, BD, other=0.0)]
 
 
-(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_prepare_cached_rows, rmsnorm_row) = memo(
-    attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_prepare_cached_rows, rmsnorm_row)
+(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_prepare_cached_rows,
+ rmsnorm_row) = memo(attnres_slot_update_rows, attnres_put_source, attnres_put_embedding, attnres_prepare_cached_rows,
+                     rmsnorm_row)
 LOGIT_KERNELS = dict(zip(attnres_cached.LOGIT_KERNELS, memo(*attnres_cached.LOGIT_KERNELS.values())))
 
 
