@@ -2,7 +2,7 @@
 Lightning Indexer, exact top-k) and the attention side (MLA latent cache, sparse MLA attention,
 fused LI + SFA decode)."""
 from k31dsl.ops.dsa.indexer import (PAGE, PAGE_BYTES, indexer_cache_views, indexer_cache_write,  # noqa: F401
-                                    lightning_indexer, new_indexer_cache)
+                                    indexer_page_views, lightning_indexer, new_indexer_cache)
 from k31dsl.ops.dsa.prolog import hadamard_matrix, indexer_prolog  # noqa: F401
 from k31dsl.ops.dsa.topk import topk  # noqa: F401
 from k31dsl.ops.dsa.attention import (mla_cache_write, new_mla_cache, slots_of_positions,  # noqa: F401
