@@ -136,6 +136,40 @@ def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("T, H, K, pages, qdt, split, cfg", [
+    (4, 5, 40, 3, torch.bfloat16, None, {}),                   # heads padded to a 16-column block
+    (3, 20, 70, 2, torch.float32, None, {"BK": 16}),           # f32 q, BH 32, several index blocks
+    (3, 9, 100, 2, torch.bfloat16, 3, {"BK": 16}),             # split: partials + the combine
+])
+def test_sfa_keys_major_matches_oracle(target, T, H, K, pages, qdt, split, cfg):
+    """The keys-major form (gathered keys on the MMA rows, transposed accumulators) on ragged
+    heads and index counts, invalid and duplicate indices, a compacted list, a query whose first
+    segment holds no valid index, and a lonely query."""
+    g = _gen()
+    cache = _filled_cache(g, pages)
+    n = pages * A.PAGE
+    q = torch.randn(T, H, A.LATENT + A.ROPE, generator=g).to(qdt)
+    idx = torch.randint(-2, n + 3, (T, K), generator=g, dtype=torch.int32)
+    idx[0, 1::3] = idx[0, 0]                                     # duplicates count twice
+    idx[1, K // 3:] = -1                                         # a compacted list
+    idx[0, :K // 2] = -1                                         # leading blocks (segments) invalid
+    idx[-1] = -1                                                 # a lonely query
+    o, lse = A.sparse_mla_attention(q, cache, idx, 0.1, form="keys_major", split=split, target=target, **cfg)
+    _check_sfa(o, lse, q, cache, idx, 0.1)
+    assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
+
+
+def test_sfa_form_choice():
+    """GPU: two passes for >= 64 heads at decode sizes, keys-major for <= 16 heads when no split is
+    needed (prefill sizes), one pass otherwise; every other target: one pass."""
+    assert A.sfa_form(64, 128, 2048, True) == "two_pass"
+    assert A.sfa_form(4096, 16, 2048, True) == "keys_major"
+    assert A.sfa_form(64, 16, 2048, True) == "one_pass"          # 64 programs: split 8, heads-major
+    assert A.sfa_form(4096, 32, 2048, True) == "one_pass"
+    assert A.sfa_form(4096, 16, 2048, False) == "one_pass"
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_sfa_two_pass_config_keys_reach_their_pass(target):
     """Config keys of the public call go to the passes that take them (BK and num_warps to both);
     results as the default."""
@@ -295,3 +329,5 @@ def test_compiles_for_hopper(tmp_path):
                                             "slots_of_positions_rows"], tmp_path)
     from k31dsl.ops.dsa import sfa_two_pass
     assert_compiles_for_hopper(sfa_two_pass.__file__, ["sfa_scores", "sfa_values"], tmp_path)
+    from k31dsl.ops.dsa import sfa_keys_major
+    assert_compiles_for_hopper(sfa_keys_major.__file__, ["sfa_keys_major", "sfa_keys_major_split"], tmp_path)

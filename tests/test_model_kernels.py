@@ -59,11 +59,11 @@ def test_sfa_split_choice(t, h, bh, want):
                       and s * t * h * 512 * 4 <= max(16 << 20, t * 2048 * 656))
 
 
-@pytest.mark.parametrize("sfa", ["split", "two_pass"])
+@pytest.mark.parametrize("sfa", ["split", "two_pass", "keys_major"])
 def test_gpu_step_forms_match_reference(monkeypatch, rng, sfa):
     """The decode graph with the GPU tile choices, split-K linears (2 chunks) and split attention
-    (2 segments) or two-pass attention (2 score segments) forced (the tiny preset is too small to
-    choose them) on the Triton interpreter."""
+    (2 segments), two-pass attention (2 score segments) or keys-major attention forced (the tiny
+    preset is too small to choose them) on the Triton interpreter."""
     monkeypatch.setattr(assembler, "_PASSED", {})           # programs of this flavour stay here
     monkeypatch.setattr(assembler, "_EXECUTABLES", {})
     init = common.StepGraph.__init__
@@ -78,7 +78,7 @@ def test_gpu_step_forms_match_reference(monkeypatch, rng, sfa):
     monkeypatch.setattr(common, "gpu_linear_tiles", tiles)
     monkeypatch.setattr(dsa_layer, "sfa_split", lambda t, h, topk, bh: 2 if t <= 16 else 1)
     monkeypatch.setattr(dsa_layer, "score_segments", lambda t, h, topk, bh: 2)
-    monkeypatch.setattr(dsa_layer, "sfa_form", lambda t, h, topk, gpu: "two_pass" if sfa == "two_pass" else "one_pass")
+    monkeypatch.setattr(dsa_layer, "sfa_form", lambda t, h, topk, gpu: "one_pass" if sfa == "split" else sfa)
     seed, weights, prompt, plan, want = clear_draw(rng, TINY, 12, 1)     # the reference's greedy steps
     runner = ModelRunner(TINY, weights, "triton", num_pages=8, num_slots=4, graph_mode=False,
                          device=device_for("triton"))
@@ -86,7 +86,7 @@ def test_gpu_step_forms_match_reference(monkeypatch, rng, sfa):
     prog = runner._after_passes(common.ShapeClass("decode", 1, 1, 1))
     text = str(prog)
     assert "linear_rows_splitk" in text and "indexer_k_chain_parts" in text
-    assert ("sfa_values" in text) if sfa == "two_pass" else ("sparse_mla_attention_split" in text)
+    assert {"split": "sparse_mla_attention_split", "two_pass": "sfa_values", "keys_major": "sfa_keys_major"}[sfa] in text
     errs = [float((a.cpu() - b.cpu()).abs().max() / b.abs().max()) for a, b in zip(got, want)]
     assert max(errs) <= 1e-2, f"seed {seed}: {errs}"
 

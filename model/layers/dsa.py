@@ -24,6 +24,7 @@ from k31dsl.model.config import INDEX_DIM, KV_LORA, PAGE, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import combine_tiles, max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
     slots_of_positions_rows, sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
+from k31dsl.ops.dsa.sfa_keys_major import sfa_keys_major
 from k31dsl.ops.dsa.sfa_two_pass import buffers as sfa_buffers, score_segments, segments_pow2, sfa_scores, sfa_values
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
@@ -33,10 +34,12 @@ from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce,
 
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
  mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
- sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged) = memo(
+ sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged,
+ sfa_keys_major) = memo(
     rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
     mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
-    sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged)
+    sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged,
+    sfa_keys_major)
 
 
 @k.func
@@ -294,7 +297,11 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
     o = g.tensor(f"l{l}{tag}_mla_o", (T, H, KV_LORA), k.bf16)
     lse = g.tensor(f"l{l}{tag}_mla_lse", (T, H), k.f32)
     bh = min(max(16, next_pow2(H)), max_head_block(g.target))
-    if sfa_form(T, H, topk, g.gpu) == "two_pass":              # decode on a GPU, many heads
+    form = sfa_form(T, H, topk, g.gpu)
+    if form == "keys_major":                                   # prefill on a GPU, few heads
+        o, lse = p.call(sfa_keys_major, big_q, codes, scales, rope, slots, o, lse, cfg.sm_scale, BH=bh, BK=32)
+        return o
+    if form == "two_pass":                                     # decode on a GPU, many heads
         ns = score_segments(T, H, topk, bh)
         s, part_m, part_l = (g.tensor(f"l{l}{tag}_mla_{name}", shape, k.f32)
                              for name, shape in sfa_buffers(T, H, topk, ns).items())

@@ -337,12 +337,21 @@ def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tenso
 
 
 def sfa_form(t: int, h: int, topk: int, on_gpu: bool) -> str:
-    """The form sparse_mla_attention, li_sfa_unfused and the model's steps take by default: two
-    passes on a GPU for 64 heads or more (where it was measured: DSA run 4 of the 12:56 UTC
-    session, 1 Dec, 128 heads: 0.290 vs 0.346 ms at 64 queries, 0.150 vs 0.210 (split 4) at 32)
-    when the fp32 score buffer fits sfa_two_pass.SCORE_BUDGET (decode-sized calls); else one pass."""
+    """The form sparse_mla_attention, li_sfa_unfused and the model's steps take by default on a GPU:
+    two passes for 64 heads or more when the fp32 score buffer fits sfa_two_pass.SCORE_BUDGET
+    (decode-sized calls; DSA run 4 of the 12:56 UTC session, 1 Dec, 128 heads: 0.290 against 0.346 ms
+    at 64 queries, 0.150 against 0.210 (split 4) at 32); keys-major for 16 heads or fewer when the
+    calls need no split (prefill-sized: probes/sfa_heads16.py, 4096 causal queries at 16 heads, 3.96
+    against 4.80 ms; at 64 decode queries, split 8, it lost: 0.151 against 0.128); else, and on
+    every other target, one pass."""
     from k31dsl.ops.dsa import sfa_two_pass
-    return "two_pass" if on_gpu and h >= 64 and sfa_two_pass.fits(t, h, topk) else "one_pass"
+    if not on_gpu:
+        return "one_pass"
+    if h >= 64 and sfa_two_pass.fits(t, h, topk):
+        return "two_pass"
+    if h <= 16 and sfa_split(t, h, topk, 16) == 1:
+        return "keys_major"
+    return "one_pass"
 
 
 def max_head_block(target: str) -> int:
@@ -430,7 +439,7 @@ def _check_scale(op: str, sm_scale):
                             "= 0.135234); there is no default")
 
 
-FORMS = ("one_pass", "two_pass")
+FORMS = ("one_pass", "two_pass", "keys_major")
 
 
 def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = None, form: str | None = None,
@@ -447,7 +456,9 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     form: "one_pass" (the above) or "two_pass" (sfa_two_pass.py: the scores and their softmax
     statistics first, then the value product per 128-column tile; split is then the score pass's
     segment count, by default ~2 programs per SM on a GPU, else 1; it keeps an fp32
-    [T, H, topk] score buffer, so it suits decode-sized calls); None: sfa_form's choice.
+    [T, H, topk] score buffer, so it suits decode-sized calls) or "keys_major" (sfa_keys_major.py:
+    the gathered keys as the MMA rows, for few heads: up to 32 heads per program; split as for
+    one_pass); None: sfa_form's choice.
     **config pins kernel constexprs (BH, BK, ...) and, on Triton, launch options (num_warps, ...)."""
     import torch
     target = resolve_target(target)
@@ -477,6 +488,17 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     bh = min(max(16, 1 << (H - 1).bit_length()), cap)     # the smallest head block holding H, within cap
     if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs
         kw["BH"] = bh
+    if form == "keys_major":
+        from k31dsl.ops.dsa import sfa_keys_major as KM
+        kw.setdefault("BH", min(bh, 32))
+        if split is not None and split > 1:
+            part_o = torch.empty((split, T, H, LATENT), dtype=torch.float32, device=q.device)
+            part_lse = torch.empty((split, T, H), dtype=torch.float32, device=q.device)
+            KM.sfa_keys_major_split[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
+            sparse_mla_attention_combine[target](part_o, part_lse, o, lse, BH=kw["BH"])
+            return o, lse
+        KM.sfa_keys_major[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
+        return o, lse
     if form == "two_pass":
         from k31dsl.ops.dsa import sfa_two_pass as TP
         if split is None:

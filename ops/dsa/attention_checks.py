@@ -3,6 +3,7 @@ with their checks against the fp64 oracle tests/oracles/dsa_attention.py. Shapes
 check runs on the Triton interpreter and the AscendC emulator in CI."""
 from __future__ import annotations
 
+from k31dsl.ops.dsa import sfa_keys_major as _keys_major
 from k31dsl.ops.dsa import sfa_two_pass as _two_pass
 from k31dsl.ops.dsa.attention import (LATENT, PAGE, RECORD, ROPE, mla_cache_write, mla_cache_write_rows,
                                       new_mla_cache, random_latent, sfa_errors, sparse_mla_attention,
@@ -44,7 +45,9 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
             (2, 20, 70, 2, torch.float32, 0.05, 1, "one_pass"),
             (3, 5, 100, 2, torch.bfloat16, 0.135234, 3, "one_pass"),
             (2, 5, 200, 4, torch.bfloat16, 0.1, 6, "one_pass"),         # 6 segments: 2 combine loads
-            (3, 20, 100, 2, torch.bfloat16, 0.1, 3, "two_pass")):
+            (3, 20, 100, 2, torch.bfloat16, 0.1, 3, "two_pass"),
+            (3, 5, 70, 2, torch.bfloat16, 0.1, 1, "keys_major"),
+            (2, 9, 100, 2, torch.float32, 0.1, 3, "keys_major")):
         n = pages * PAGE
         cache = new_mla_cache(pages)
         mla_cache_write(cache, random_latent(n, g, torch.float32), torch.randn(n, ROPE, generator=g),
@@ -62,7 +65,7 @@ def _check_sfa(target: str, seed: int = 0) -> list[CaseResult]:
         want_o, want_l = ref.sparse_mla_attention(q_mma, lat, rope, idx.numpy(), scale)
         e_o, e_l = sfa_errors(o, lse, want_o, want_l)
         name = f"T={T} H={H} topk={K} {str(qdt)[6:]} q" + (f" split={split}" if split > 1 else "") + \
-            (" two-pass" if form == "two_pass" else "")
+            {"one_pass": "", "two_pass": " two-pass", "keys_major": " keys-major"}[form]
         out.append(CaseResult(f"{name}: o", e_o, 2e-2, e_o <= 2e-2, "max abs err / max |o| (bf16 output)"))
         out.append(CaseResult(f"{name}: lse", e_l, 1e-3, e_l <= 1e-3, "max abs err (natural log)"))
     return out
@@ -73,6 +76,7 @@ register(OpSpec("mla_cache_write", "dsa", mla_cache_write, [mla_cache_write_rows
                 _check_write, exact=True, tags=["dsa", "fp8", "cache"]))
 register(OpSpec("sparse_mla_attention", "dsa", sparse_mla_attention,
                 [sparse_mla_attention_fwd, sparse_mla_attention_split, sparse_mla_attention_combine,
-                 _two_pass.sfa_scores, _two_pass.sfa_values],
+                 _two_pass.sfa_scores, _two_pass.sfa_values, _keys_major.sfa_keys_major,
+                 _keys_major.sfa_keys_major_split],
                 "sparse MLA attention over the paged FP8 latent cache (physical indices, -1 ignored, lse natural log)",
                 _check_sfa, tags=["dsa", "attention"]))
