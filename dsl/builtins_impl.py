@@ -279,6 +279,15 @@ def b_cumsum(fe, node, args, kwargs):
                      "reverse": _static_bool(fe, node, a["reverse"], "k.cumsum reverse")}, node)
 
 
+def b_histogram(fe, node, args, kwargs):
+    a = _sig(fe, node, "histogram", args, kwargs, "x, bins, mask=None")
+    x = fe.operand(a["x"], node, "the argument of k.histogram")
+    if a["mask"] is not None:                      # masked-off lanes become -1: outside every bin
+        m = fe.operand(a["mask"], node, "the k.histogram mask")
+        x = fe.emit1("where", [m, x, fe.as_value(-1, node, x.type.dtype)], {}, node)
+    return fe.emit1("histogram", [x], {"bins": _static_int(fe, node, a["bins"], "k.histogram bins")}, node)
+
+
 def b_dot(fe, node, args, kwargs):
     a = _sig(fe, node, "dot", args, kwargs, "a, b, precision='ieee'")
     if a["precision"] not in DOT_PRECISIONS:
@@ -371,7 +380,7 @@ def b_static_range(fe, node, args, kwargs):
 
 HANDLERS: dict[str, Any] = {
     "span": b_span, "grid": b_grid, "arange": b_arange, "zeros": b_zeros, "full": b_full,
-    "where": b_where, "cumsum": b_cumsum, "dot": b_dot, "topk": b_topk, "take": b_take, "cat": b_cat,
+    "where": b_where, "cumsum": b_cumsum, "histogram": b_histogram, "dot": b_dot, "topk": b_topk, "take": b_take, "cat": b_cat,
     "reshape": b_reshape, "broadcast_to": b_broadcast_to, "cdiv": b_cdiv, "load": b_load,
     "store": b_store, "static_range": b_static_range, "cast": b_cast("cast"), "bitcast": b_cast("bitcast"),
     "maximum": b_minmax("maximum"), "minimum": b_minmax("minimum"),

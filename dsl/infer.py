@@ -240,6 +240,16 @@ def _cumsum(ts, attrs):
     return [x]
 
 
+def _histogram(ts, attrs):
+    x = _tile(ts[0], "k.histogram operand")
+    if len(x.shape) != 1 or not x.dtype.is_int or x.dtype is D.bool_:
+        raise TypeRuleError(f"k.histogram needs a 1-D integer tile, got {x.dtype.name}{list(x.shape)}",
+                            "k.reshape to one axis and cast with .to(k.i32)")
+    if not (isinstance(attrs["bins"], int) and attrs["bins"] >= 1):
+        raise TypeRuleError(f"k.histogram bins={attrs['bins']!r} must be an int >= 1", "bins is a static int")
+    return [TileType(D.i32, (attrs["bins"],))]
+
+
 def _dot(ts, attrs):
     a, b = _tile(ts[0], "k.dot left operand"), _tile(ts[1], "k.dot right operand")
     if len(a.shape) != 2 or len(b.shape) != 2:
@@ -342,7 +352,7 @@ def _yield(ts, attrs):
 RULES: dict[str, Callable[[list, dict], list]] = {
     "const": _const, "dim": _dim, "arange": _arange, "full": _full, "load": _load,
     "store": _store, "where": _where, "cast": _cast, "bitcast": _bitcast, "cumsum": _cumsum,
-    "dot": _dot, "topk": _topk, "take": _take, "expand": _expand, "trans": _trans,
+    "histogram": _histogram, "dot": _dot, "topk": _topk, "take": _take, "expand": _expand, "trans": _trans,
     "broadcast": _broadcast, "reshape": _reshape, "cat": _cat, "for": _for, "yield": _yield,
     **{n: _binary(n) for n in BINARY | COMPARE},
     **{n: _unary(n) for n in UNARY},
@@ -354,7 +364,7 @@ REQUIRED_ATTRS: dict[str, tuple[str, ...]] = {
     "const": ("value", "dtype"), "dim": ("axis",), "arange": ("size",),
     "full": ("shape", "value", "dtype"), "load": ("index", "other", "mask"),
     "store": ("index", "mask"), "cast": ("dtype",), "bitcast": ("dtype",), "cumsum": ("axis", "reverse"),
-    "dot": ("precision",), "topk": ("n",), "expand": ("axis",), "broadcast": ("shape",),
+    "histogram": ("bins",), "dot": ("precision",), "topk": ("n",), "expand": ("axis",), "broadcast": ("shape",),
     "reshape": ("shape",), **{n: ("axis",) for n in REDUCE},
 }
 

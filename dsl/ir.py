@@ -20,6 +20,7 @@ The op set (operands | attrs -> results). "tile" means any TileType, scalars are
   bitcast       x              | dtype                 -> same width, bits reinterpreted
   sum/max/min   x              | axis (None = all)     -> reduced
   cumsum        x              | axis, reverse         -> like x
+  histogram     x[N] (int)     | bins                  -> i32[bins]: lanes equal to 0 .. bins-1
   dot           a[M,K], b[K,N] | precision             -> f32[M,N]  (ieee, tf32, tf32x3)
   topk          x[..., L]      | n                     -> values[..., n], i32 positions[..., n]
   take          x[..., L], i[..., n] | -               -> x gathered along the last axis
@@ -60,6 +61,8 @@ SEMANTICS (targets/numpy/rt.py is the executable reference; every target matches
   topk          the n largest along the last axis, descending; equal values keep the lower
                 position first; NaN ranks below every number.
   take          positions outside [0, L) are clamped to the nearest end.
+  histogram     counts[v] = #{lanes of x equal to v}; lanes outside [0, bins) are not counted
+                (k.histogram's mask= maps masked-off lanes to -1).
   cat           a then b along the only axis.
 
 ADDITIONS (beyond the first version of this contract; targets must handle them):

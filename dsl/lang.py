@@ -190,7 +190,7 @@ def _in_kernel_only(name: str):
 
 
 IN_KERNEL = ("grid span arange zeros full exp exp2 log log2 sqrt rsqrt abs sigmoid softplus relu "
-             "floor ceil maximum minimum where sum max min cumsum dot topk take cat reshape "
+             "floor ceil maximum minimum where sum max min cumsum histogram dot topk take cat reshape "
              "broadcast_to cdiv load store static_range range cast bitcast").split()
 
 for _n in IN_KERNEL:

@@ -170,7 +170,7 @@ def _known_op(s: Site, ctx):
 
 # operand counts of fixed-arity ops (load/store are checked by access-index, for/yield by theirs)
 ARITY: dict[str, int] = {
-    "const": 0, "arange": 0, "full": 0, "dim": 1, "where": 3, "cast": 1, "bitcast": 1, "cumsum": 1,
+    "const": 0, "arange": 0, "full": 0, "dim": 1, "where": 3, "cast": 1, "bitcast": 1, "cumsum": 1, "histogram": 1,
     "dot": 2, "topk": 1, "take": 2, "expand": 1, "trans": 1, "broadcast": 1, "reshape": 1, "cat": 2,
     **{n: 2 for n in BINARY | COMPARE}, **{n: 1 for n in UNARY | REDUCE},
 }

@@ -15,7 +15,7 @@ from k31dsl.dsl.errors import CapacityError, K31Error, Loc  # noqa: F401
 from k31dsl.dsl.lang import (Tensor, constexpr, func, kernel, KernelDef, FuncDef,  # noqa: F401
                              grid, span, arange, zeros, full, exp, exp2, log, log2, sqrt, rsqrt, abs,
                              sigmoid, softplus, relu, floor, ceil, maximum, minimum, where, sum, max,
-                             min, cumsum, dot, topk, take, cat, reshape, broadcast_to, cdiv, load,
+                             min, cumsum, histogram, dot, topk, take, cat, reshape, broadcast_to, cdiv, load,
                              store, static_range, range, cast, bitcast)
 from k31dsl.version import __version__  # noqa: F401
 

@@ -188,6 +188,29 @@ def test_reductions_propagate_nan_and_wrap_integers(target, rng):
     assert np.isnan(got[target]["os"][1].item())
     assert (got[target]["oi"][0].numpy() == xi.sum(1)).all()
 
+@k.kernel
+def histograms(x: k.Tensor[k.i32, "R", "N"], lo: k.Tensor[k.i32, "R"], h: k.Tensor[k.i32, "R", "B"],
+               BN: k.constexpr = 64, BB: k.constexpr = 16):
+    # per row: the lanes' values binned (out-of-range values and lanes below lo[r] not counted;
+    # lanes past the row read -7, outside every bin)
+    for r in k.grid(x.shape[0]):
+        v = x[r, k.span(0, BN, other=-7)]
+        h[r, k.span(0, BB)] = k.histogram(v, BB, mask=v >= lo[r])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_histogram_counts_in_range_unmasked_lanes(target, rng):
+    r, n = 5, 45
+    x = rng.integers(-4, 22, (r, n)).astype(np.int32)
+    x[1] = 3                                          # one bin holds every lane
+    lo = rng.integers(-5, 8, r).astype(np.int32)
+    got = run_both(target, histograms, {"x": torch.from_numpy(x), "lo": torch.from_numpy(lo)},
+                   {"h": torch.full((r, 16), -1, dtype=torch.int32)})
+    compare(got)
+    want = np.stack([np.bincount(row[(row >= max(b, 0)) & (row < 16)], minlength=16) for row, b in zip(x, lo)])
+    np.testing.assert_array_equal(got[target]["h"].numpy(), want)
+
+
 def test_gpu_mode_code_compiles_for_hopper(tmp_path):
     """The Triton gpu-mode modules of the cast, integer and reduction kernels (hardware casts,
     64-bit and unsigned integers, scans) through Triton's compiler for sm_90, int32 and int64 offsets."""
@@ -196,4 +219,4 @@ def test_gpu_mode_code_compiles_for_hopper(tmp_path):
     if detect_mode() != "interpret":
         pytest.skip("on a GPU the tests above run the GPU code itself")
     from hopper import assert_compiles_for_hopper
-    assert_compiles_for_hopper(__file__, ["casts", "int_math", "reductions"], tmp_path)
+    assert_compiles_for_hopper(__file__, ["casts", "int_math", "reductions", "histograms"], tmp_path)

@@ -458,6 +458,13 @@ def cumsum(em, op):
            f"{op.attrs['axis'] + 4 - len(shape)}, {'true' if op.attrs['reverse'] else 'false'});")
 
 
+def histogram(em, op):
+    x = op.operands[0]
+    out = em.define(op.result)
+    em.note_scalar(op, "histogram (counting loop)")
+    em.pre(f"k31::Histogram<{cexpr.tag(x.type.dtype)}>({out}, {em.n(x)}, {x.type.shape[0]}, {op.attrs['bins']});")
+
+
 def topk(em, op):
     x = op.operands[0]
     vals, idx = op.results
@@ -537,7 +544,7 @@ def cat(em, op):
 
 
 RULES = {"const": const, "dim": dim, "arange": arange, "full": full, "where": where, "cast": cast,
-         "bitcast": bitcast, "sum": reduce, "max": reduce, "min": reduce, "cumsum": cumsum,
+         "bitcast": bitcast, "sum": reduce, "max": reduce, "min": reduce, "cumsum": cumsum, "histogram": histogram,
          "topk": topk, "take": take, "expand": view, "reshape": view, "trans": trans,
          "broadcast": broadcast, "cat": cat}
 for _n in ("add", "sub", "mul", "div", "floordiv", "mod", "maximum", "minimum", "and", "or", "xor",

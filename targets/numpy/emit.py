@@ -87,6 +87,9 @@ class NumpyEmitter(PyEmitter):
     def op_cumsum(self, op):
         return f"rt.cumsum({self.n(op.operands[0])}, {op.attrs['axis']}, {op.attrs['reverse']})"
 
+    def op_histogram(self, op):
+        return f"rt.histogram({self.n(op.operands[0])}, {op.attrs['bins']})"
+
     def op_topk(self, op):
         return f"rt.topk({self.n(op.operands[0])}, {op.attrs['n']})"
 

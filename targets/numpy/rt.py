@@ -168,6 +168,11 @@ reduce_max = _reduce(np.max)
 reduce_min = _reduce(np.min)
 
 
+def histogram(x, bins):
+    x = np.asarray(x).astype(np.int64)
+    return np.bincount(x[(x >= 0) & (x < bins)], minlength=bins).astype(np.int32)
+
+
 def cumsum(x, axis, reverse):
     x = np.asarray(x)
     acc = x.astype(F32) if x.dtype in _LOW_FLOATS else x

@@ -301,6 +301,13 @@ def cumsum(em, op):
     return f"{out}.to({em.carrier(dt)})" if dt.is_int and dt.bits < 32 else out
 
 
+def histogram(em, op):
+    # explicit bounds mask: out-of-range values are dropped on NVIDIA but binned by their low
+    # bits on AMD (triton PR 10376); the contract drops them everywhere
+    x = em.t(op.operands[0])
+    return f"tl.histogram({x}, {op.attrs['bins']}, mask=({x} >= 0) & ({x} < {op.attrs['bins']}))"
+
+
 def dot(em, op):
     a, b = op.operands
     dt = a.type.dtype
@@ -464,7 +471,7 @@ def store(em, op):
 RULES = {
     "const": const, "dim": dim, "arange": arange, "full": full, "load": load, "store": store,
     "where": where, "cast": cast, "bitcast": bitcast, "sum": reduce, "max": reduce, "min": reduce,
-    "cumsum": cumsum, "dot": dot, "topk": topk, "take": take, "expand": expand, "trans": trans,
+    "cumsum": cumsum, "histogram": histogram, "dot": dot, "topk": topk, "take": take, "expand": expand, "trans": trans,
     "broadcast": broadcast, "reshape": reshape, "cat": cat,
     **{n: unary for n in ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sigmoid",
                           "softplus", "relu", "not", "floor", "ceil")},
