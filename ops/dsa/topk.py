@@ -10,12 +10,10 @@ needs: a set; one launch less).
 
 Design. Scores map to an order-preserving int32 `o` (-0 as +0; NaN and -inf to INT_MIN: never
 selected). Program (r, sp) of `topk_segments` takes a segment of its row (the first BL lanes in
-registers, the rest streamed in BL-wide tiles) and finds the K-th largest `o` by a radix search
-on the unsigned image o ^ INT_MIN, 4 bits a step from the top: a 16-bin histogram (k.histogram)
-of the next digit over the keys that still match the prefix, its suffix sums, and the digit where
-they reach the number still needed (8 steps; the first version counted one bit a step, 32 block
-reductions: 0.073 against 0.064 ms for the DSA step's top-k, results/topk_radix.md). Then, in
-position order, keys above the threshold are selected plus the first (K - count above) keys equal to it (a
+registers, the rest streamed in BL-wide tiles) and finds the K-th largest `o` by a bitwise
+binary search: 32 steps of "count the keys >= candidate" (tile compare + sum), building the
+threshold from the top bit down (on o ^ INT_MIN, the unsigned image). Then, in position order,
+keys above the threshold are selected plus the first (K - count above) keys equal to it (a
 cumsum over the equal mask: ties to the lower position), and each selected key gets its output
 column from a cumsum over the selection mask: a scatter store of the compacted list. Lanes that
 are not written are padded (-inf / -1) by a disjoint masked store, so no lane is read back.
@@ -23,7 +21,7 @@ Levels: stage 1 reduces segments of SEG = 4 * KP scores to KP candidates each (v
 positions, in position order), each further launch reduces 4 lists to one, the last (FINAL)
 selects exactly k and writes positions only. For sorted output `topk_order` ranks the k winners:
 rank(i) = #{j : key_j > key_i} over [BI, BJ] compare tiles, a scatter to column rank(i).
-Cost per level: 8 x (digit + histogram) per key + 8 histogram reductions per program; no sort anywhere.
+Cost per level: 32 x (compare + add) per key + 32 block reductions per program; no sort anywhere.
 """
 from __future__ import annotations
 
@@ -61,56 +59,30 @@ def seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX):
 
 
 @k.func
-def digit_counts(o, p, hm, shift):
-    """Radix step: histogram of the 4-bit digit at `shift` of the unsigned images u = o ^ INT_MIN
-    of the keys whose bits under the mask hm equal those of the prefix p (the candidates left)."""
-    u = o ^ (-2147483647 - 1)
-    return k.histogram((u >> shift) & 15, 16, mask=((u ^ p) & hm) == 0)
-
-
-@k.func
-def pick_digit(h, need):
-    """The largest digit d whose candidates with digit >= d number at least `need` (0 if none does:
-    fewer keys than asked), and the count of candidates above d."""
-    at_least = k.sum(h) - k.cumsum(h, axis=0) + h                  # falls with the digit
-    d = k.maximum(k.sum((at_least >= need).to(k.i32)) - 1, 0)
-    return d, k.sum(k.where(k.arange(0, 16) > d, h, 0))
-
-
-@k.func
 def kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX):
     """The largest t with #{keys >= t} >= K over the segment (o0 = its first tile's keys, in
     registers; the other tiles are re-read per step), or INT_MIN when fewer than K are valid.
-    Radix on the unsigned image u = o ^ INT_MIN, 4 bits a step from the top: 8 histograms."""
+    Bitwise on the unsigned image u = o ^ INT_MIN: 32 counting steps."""
     p = 0
-    hm = 0
-    need = K
-    for step in range(8):
-        shift = 28 - 4 * step
-        h = digit_counts(o0, p, hm, shift)
+    for b in range(32):
+        cand = p | (1 << (31 - b))
+        t = cand ^ (-2147483647 - 1)
+        cnt = k.sum((o0 >= t).to(k.i32))
         for j in range(1, k.cdiv(n, BL)):
             _, o, _ = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
-            h += digit_counts(o, p, hm, shift)
-        d, above = pick_digit(h, need)
-        need -= above
-        p = p | (d << shift)
-        hm = hm | (15 << shift)
+            cnt += k.sum((o >= t).to(k.i32))
+        p = k.where(cnt >= K, cand, p)
     return p ^ (-2147483647 - 1)
 
 
 @k.func
 def kth_in_tile(o, K):
     """kth_key for keys held in one tile: the largest t with #{o >= t} >= K, INT_MIN if fewer
-    than K keys are valid (8 radix steps of 4 bits)."""
+    than K keys are valid (32 counting steps, one block reduction each)."""
     p = 0
-    hm = 0
-    need = K
-    for step in range(8):
-        shift = 28 - 4 * step
-        d, above = pick_digit(digit_counts(o, p, hm, shift), need)
-        need -= above
-        p = p | (d << shift)
-        hm = hm | (15 << shift)
+    for b in range(32):
+        cand = p | (1 << (31 - b))
+        p = k.where(k.sum((o >= (cand ^ (-2147483647 - 1))).to(k.i32)) >= K, cand, p)
     return p ^ (-2147483647 - 1)
 
 
