@@ -31,6 +31,18 @@ CASES = {
                 with open("f"):  # <-
                     pass
         """, "`with` blocks"),
+    "histogram_of_floats": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"], h: k.Tensor[k.i32, "B"]):
+            for i in k.grid(1):
+                h[k.span(0, 8)] = k.histogram(x[k.span(0, 16)], 8)  # <-
+        """, "k.histogram needs a 1-D integer tile"),
+    "histogram_runtime_bins": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.i32, "N"], h: k.Tensor[k.i32, "B"], n: k.i32):
+            for i in k.grid(1):
+                h[k.span(0, 8)] = k.histogram(x[k.span(0, 16)], n)  # <-
+        """, "k.histogram bins must be a compile-time integer"),
     "unknown_name": ("""
         @k.kernel
         def kern(x: k.Tensor[k.f32, "N"]):
