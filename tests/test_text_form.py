@@ -51,7 +51,8 @@ def int_math(a: k.Tensor[k.i32, "N"], b: k.Tensor[k.i32, "N"], out: k.Tensor[k.i
         p = a[k.span(i * B, B, other=0)]
         q = b[k.span(i * B, B, other=1)]
         rows = (p // q, p % q, p & q, p | q, p ^ q, p << 2, p >> 1, ~p, k.abs(p), k.maximum(p, q),
-                k.minimum(p, q), p - q, p * q + 7, ((p < q) & (q > 3)).to(k.i32))
+                k.minimum(p, q), p - q, p * q + 7, ((p < q) & (q > 3)).to(k.i32),
+                k.histogram(p & (B - 1), B, mask=q > 2))
         for r in k.static_range(len(rows)):
             out[r, k.span(i * B, B)] = rows[r]
 
@@ -158,7 +159,7 @@ def _args(name: str, rng: np.random.Generator, kern) -> list:
     if name == "int_math":
         n = 29
         return [rng.integers(-50, 50, n, dtype=np.int32), rng.integers(1, 9, n, dtype=np.int32),
-                np.zeros((14, n), np.int32)]
+                np.zeros((15, n), np.int32)]
     if name == "memory":
         m, n, g = 5, 19, 6
         return [rng.standard_normal((m, n)).astype(f32), rng.integers(0, m, g, dtype=np.int32),

@@ -6,7 +6,10 @@ Every step kind is the same graph (T = sequences x n tokens, tokens of one seque
   kv side   kv_a -> mla_kv_rows (rmsnorm, rope) -> mla_cache_write_rows at slot_mapping
   indexer   prolog chains (q codes; keys into the paged MXFP8 cache at slot_mapping; head weights)
             -> scores [T, pages x 64] -> topk_segments -> slots_of_positions_rows
-  attend    sparse_mla_attention_fwd over the chosen slots -> mla_out_rows (w_uv) -> o_proj
+  attend    sparse MLA attention over the chosen slots -> mla_out_rows (w_uv) -> o_proj; the form
+            is ops/dsa's sfa_form choice: one pass (flash-decoding split + combine for few queries),
+            two passes on a GPU for >= 64 heads at decode sizes, keys-major on a GPU for <= 16 heads
+            when no split is needed (prefill)
 Causality comes from the key ranges: a query at position p scores keys [0, p + 1) only, and the
 step's own keys are in the caches before any query reads them (the graph orders the writes first).
 
