@@ -133,6 +133,19 @@ def finish(o, lse, t, h0, m, l, a0, a1, a2, a3, BH):
 
 
 @k.func
+def finish_segment(part_o, part_lse, sg, t, h0, m, l, a0, a1, a2, a3, BH):
+    """A flash-decoding segment's normalised output and lse (-inf: no valid index in the segment)
+    into part_o[sg] / part_lse[sg], which sparse_mla_attention_combine merges."""
+    ok = l > 0.0
+    inv = 1.0 / k.where(ok, l, 1.0)
+    part_o[sg, t, k.span(h0, BH), k.span(0, 128)] = a0 * inv[:, None]
+    part_o[sg, t, k.span(h0, BH), k.span(128, 128)] = a1 * inv[:, None]
+    part_o[sg, t, k.span(h0, BH), k.span(256, 128)] = a2 * inv[:, None]
+    part_o[sg, t, k.span(h0, BH), k.span(384, 128)] = a3 * inv[:, None]
+    part_lse[sg, t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("-inf"))
+
+
+@k.func
 def load_query(q, t, h0, BH):
     """The query's [BH, 576] rows as bf16 tiles: latent part in 4 tiles of 128, rope part."""
     ql0 = q[t, k.span(h0, BH), k.span(0, 128, other=0.0)].to(k.bf16)
@@ -248,13 +261,7 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
         m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, sg * per,
                                              k.maximum(k.minimum(per, live - sg * per), 0), n_slots, sm_scale,
                                              m, l, a0, a1, a2, a3, BK, PREFETCH)
-        ok = l > 0.0
-        inv = 1.0 / k.where(ok, l, 1.0)
-        part_o[sg, t, k.span(h0, BH), k.span(0, 128)] = a0 * inv[:, None]
-        part_o[sg, t, k.span(h0, BH), k.span(128, 128)] = a1 * inv[:, None]
-        part_o[sg, t, k.span(h0, BH), k.span(256, 128)] = a2 * inv[:, None]
-        part_o[sg, t, k.span(h0, BH), k.span(384, 128)] = a3 * inv[:, None]
-        part_lse[sg, t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("-inf"))
+        finish_segment(part_o, part_lse, sg, t, h0, m, l, a0, a1, a2, a3, BH)
 
 
 # A program per (query, head block, column block) and SB segments per load: the first version
@@ -488,29 +495,23 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     bh = min(max(16, 1 << (H - 1).bit_length()), cap)     # the smallest head block holding H, within cap
     if "BH" not in kw and (H < cap or cap < 64):          # else the GPU tuner picks BH among the configs
         kw["BH"] = bh
-    if form == "keys_major":
-        from k31dsl.ops.dsa import sfa_keys_major as KM
-        kw.setdefault("BH", min(bh, 32))
-        if split is not None and split > 1:
-            part_o = torch.empty((split, T, H, LATENT), dtype=torch.float32, device=q.device)
-            part_lse = torch.empty((split, T, H), dtype=torch.float32, device=q.device)
-            KM.sfa_keys_major_split[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
-            sparse_mla_attention_combine[target](part_o, part_lse, o, lse, BH=kw["BH"])
-            return o, lse
-        KM.sfa_keys_major[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
-        return o, lse
     if form == "two_pass":
         from k31dsl.ops.dsa import sfa_two_pass as TP
         if split is None:
             split = TP.score_segments(T, H, idx.shape[1], kw.get("BH", 64)) if q.device.type == "cuda" else 1
         return TP.sparse_mla_attention_two_pass(target, q.contiguous(), (c, s, r), idx, sm_scale, o, lse, split, kw)
+    fwd, split_fwd = sparse_mla_attention_fwd, sparse_mla_attention_split
+    if form == "keys_major":
+        from k31dsl.ops.dsa import sfa_keys_major as KM
+        kw.setdefault("BH", min(bh, 32))
+        fwd, split_fwd = KM.sfa_keys_major, KM.sfa_keys_major_split
     if split is not None and split > 1:
         part_o = torch.empty((split, T, H, LATENT), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((split, T, H), dtype=torch.float32, device=q.device)
-        sparse_mla_attention_split[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
+        split_fwd[target](q.contiguous(), c, s, r, idx, part_o, part_lse, float(sm_scale), **kw)
         sparse_mla_attention_combine[target](part_o, part_lse, o, lse, BH=kw.get("BH", bh))   # own tiling
         return o, lse
-    sparse_mla_attention_fwd[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
+    fwd[target](q.contiguous(), c, s, r, idx, o, lse, float(sm_scale), **kw)
     return o, lse
 
 

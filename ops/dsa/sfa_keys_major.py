@@ -16,7 +16,7 @@ kernel, same outputs; split > 1 writes the same fp32 partials for sparse_mla_att
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.ops.dsa.attention import live_blocks, load_query
+from k31dsl.ops.dsa.attention import finish, finish_segment, live_blocks, load_query
 
 # (BH, BK, warps): filled in from probes/sfa_heads16.py (H200, 16 heads). BK 64 is left out: on
 # Triton 3.6 / sm_90a its wgmma reads shared memory past the allocation (compute-sanitizer,
@@ -80,13 +80,7 @@ def sfa_keys_major(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3,
         m, l, a0, a1, a2, a3 = keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, 0,
                                                  live_blocks(indices, t, n_slots, BK), n_slots, sm_scale,
                                                  m, l, a0, a1, a2, a3, BK)
-        ok = l > 0.0
-        inv = k.where(ok, 1.0 / k.where(ok, l, 1.0), 0.0)              # no valid index: o = 0
-        o[t, k.span(h0, BH), k.span(0, 128)] = (a0 * inv[None, :]).T.to(k.bf16)
-        o[t, k.span(h0, BH), k.span(128, 128)] = (a1 * inv[None, :]).T.to(k.bf16)
-        o[t, k.span(h0, BH), k.span(256, 128)] = (a2 * inv[None, :]).T.to(k.bf16)
-        o[t, k.span(h0, BH), k.span(384, 128)] = (a3 * inv[None, :]).T.to(k.bf16)
-        lse[t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("inf"))
+        finish(o, lse, t, h0, m, l, a0.T, a1.T, a2.T, a3.T, BH)
 
 
 @k.kernel(configs=KEYS_CONFIGS)
@@ -107,10 +101,4 @@ def sfa_keys_major_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f
         m, l, a0, a1, a2, a3 = keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, sg * per,
                                                  k.maximum(k.minimum(per, live - sg * per), 0), n_slots, sm_scale,
                                                  m, l, a0, a1, a2, a3, BK)
-        ok = l > 0.0
-        inv = 1.0 / k.where(ok, l, 1.0)
-        part_o[sg, t, k.span(h0, BH), k.span(0, 128)] = (a0 * inv[None, :]).T
-        part_o[sg, t, k.span(h0, BH), k.span(128, 128)] = (a1 * inv[None, :]).T
-        part_o[sg, t, k.span(h0, BH), k.span(256, 128)] = (a2 * inv[None, :]).T
-        part_o[sg, t, k.span(h0, BH), k.span(384, 128)] = (a3 * inv[None, :]).T
-        part_lse[sg, t, k.span(h0, BH)] = k.where(ok, m + k.log(k.where(ok, l, 1.0)), float("-inf"))
+        finish_segment(part_o, part_lse, sg, t, h0, m, l, a0.T, a1.T, a2.T, a3.T, BH)
