@@ -139,8 +139,7 @@ def test_sfa_two_pass_matches_oracle(target, T, H, K, pages, qdt, split, bks):
 @pytest.mark.parametrize("T, H, K, pages, qdt, split, cfg", [
     (4, 5, 40, 3, torch.bfloat16, None, {}),                   # heads padded to a 16-column block
     (3, 20, 70, 2, torch.float32, None, {"BK": 16}),           # f32 q, BH 32, several index blocks
-    (3, 9, 100, 2, torch.bfloat16, 3, {"BK": 16, "IDX_AHEAD": True}),  # split: partials + the combine; indices
-                                                               # loaded a block early
+    (3, 9, 100, 2, torch.bfloat16, 3, {"BK": 16}),             # split: partials + the combine
 ])
 def test_sfa_keys_major_matches_oracle(target, T, H, K, pages, qdt, split, cfg):
     """The keys-major form (gathered keys on the MMA rows, transposed accumulators) on ragged

@@ -63,12 +63,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prefill", type=int, default=4096)
     ap.add_argument("--decode", default="64x32768")
-    ap.add_argument("--configs", default="", help="keys-major configs as BH/BK/warps[/ahead]+... (default: KEYS_CONFIGS)")
+    ap.add_argument("--configs", default="", help="keys-major configs as BH/BK/warps+... (default: KEYS_CONFIGS)")
     args = ap.parse_args(argv)
     dev = "cuda"
     keys_cfgs = KM.KEYS_CONFIGS if not args.configs else [
-        {key: (bool(v) if key == "IDX_AHEAD" else v) for key, v in
-         zip(("BH", "BK", "num_warps", "IDX_AHEAD"), map(int, c.split("/")))} for c in args.configs.split("+")]
+        dict(zip(("BH", "BK", "num_warps"), map(int, c.split("/")))) for c in args.configs.split("+")]
     rows = []
     cases = []
     if args.prefill:

@@ -35,17 +35,10 @@ def keys_major_state(BH):
 
 @k.func
 def keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, first, count, n_slots, sm_scale,
-                      m, l, a0, a1, a2, a3, BK, IDX_AHEAD):
-    """Index blocks first .. first + count - 1 of query t folded into the transposed state.
-    IDX_AHEAD: block j + 1's indices are loaded during block j (the gathers then wait on one memory
-    round trip, not two)."""
-    ahead = indices[t, k.span(first * BK, BK, other=-1)]
+                      m, l, a0, a1, a2, a3, BK):
+    """Index blocks first .. first + count - 1 of query t folded into the transposed state."""
     for j in range(count):
-        if IDX_AHEAD:
-            idx = ahead
-            ahead = indices[t, k.span((first + j + 1) * BK, BK, other=-1)]
-        else:
-            idx = indices[t, k.span((first + j) * BK, BK, other=-1)]
+        idx = indices[t, k.span((first + j) * BK, BK, other=-1)]
         valid = (idx >= 0) & (idx < n_slots)
         c0 = codes[idx, k.span(0, 128, other=0.0)].to(k.bf16)
         c1 = codes[idx, k.span(128, 128, other=0.0)].to(k.bf16)
@@ -77,8 +70,7 @@ def sfa_keys_major(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3,
                    scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
                    indices: k.Tensor[k.i32, "T", "K"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                    lse: k.Tensor[k.f32, "T", "H"], sm_scale: k.f32,
-                   QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 16, BK: k.constexpr = 32,
-                   IDX_AHEAD: k.constexpr = False):
+                   QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 16, BK: k.constexpr = 32):
     # One program: query t, heads [h0, h0 + BH), all its live index blocks.
     for t, hb in k.grid(q.shape[0], k.cdiv(q.shape[1], BH)):
         h0 = hb * BH
@@ -87,7 +79,7 @@ def sfa_keys_major(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3,
         n_slots = codes.shape[0]
         m, l, a0, a1, a2, a3 = keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, 0,
                                                  live_blocks(indices, t, n_slots, BK), n_slots, sm_scale,
-                                                 m, l, a0, a1, a2, a3, BK, IDX_AHEAD)
+                                                 m, l, a0, a1, a2, a3, BK)
         finish(o, lse, t, h0, m, l, a0.T, a1.T, a2.T, a3.T, BH)
 
 
@@ -96,8 +88,7 @@ def sfa_keys_major_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f
                          scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
                          indices: k.Tensor[k.i32, "T", "K"], part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"],
                          part_lse: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
-                         QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 16, BK: k.constexpr = 32,
-                         IDX_AHEAD: k.constexpr = False):
+                         QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 16, BK: k.constexpr = 32):
     # Flash-decoding segments as sparse_mla_attention_split (same partials: normalised o, lse or
     # -inf), merged by sparse_mla_attention_combine.
     for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_o.shape[0]):
@@ -109,5 +100,5 @@ def sfa_keys_major_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f
         per = k.cdiv(live, part_o.shape[0])
         m, l, a0, a1, a2, a3 = keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, sg * per,
                                                  k.maximum(k.minimum(per, live - sg * per), 0), n_slots, sm_scale,
-                                                 m, l, a0, a1, a2, a3, BK, IDX_AHEAD)
+                                                 m, l, a0, a1, a2, a3, BK)
         finish_segment(part_o, part_lse, sg, t, h0, m, l, a0.T, a1.T, a2.T, a3.T, BH)
