@@ -68,7 +68,13 @@ def fp8_tile_codes(xt, eps, BM, POW2):
 def gather_records(codes, scales, rope, indices, t, j0, n_slots, BK):
     """The BK records of query t's indices [j0, j0 + BK): validity, E4M3 code tiles (as stored),
     tile scales and rope keys; invalid lanes (-1, out of range, past the list) read zeros."""
-    idx = indices[t, k.span(j0, BK, other=-1)]
+    return records_at(codes, scales, rope, indices[t, k.span(j0, BK, other=-1)], n_slots)
+
+
+@k.func
+def records_at(codes, scales, rope, idx, n_slots):
+    """gather_records for an index tile already loaded (the two-pass score pass loads each
+    block's indices one block early)."""
     valid = (idx >= 0) & (idx < n_slots)
     return (valid, codes[idx, k.span(0, 128, other=0.0)], codes[idx, k.span(128, 128, other=0.0)],
             codes[idx, k.span(256, 128, other=0.0)], codes[idx, k.span(384, 128, other=0.0)],
