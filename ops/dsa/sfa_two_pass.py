@@ -40,7 +40,11 @@ from k31dsl.ops.dsa.attention import LATENT, TILE, live_blocks, load_query, reco
 # 255 + spills): 0.186 (as BK 16 without) and 0.220 ms (results/sfa_forms_prefetch.md). Head
 # blocks of 32 or 16 (three or four programs per SM, mma.sync, 2-4x the gathers): scores 0.244 /
 # 0.332, values 0.251 / 0.295 (results/sfa_forms_heads.md).
-SCORE_CONFIGS = [{"BH": 64, "BK": bk, "num_warps": 4, "num_stages": st} for bk, st in ((32, 1), (16, 1), (64, 3))]
+# BK 16 and BK 64 / 3 stages were tuner candidates too, but the cold-L2 tuner's margins between
+# the three are within its noise (0.100 / 0.107 / 0.114 ms at B=32 L=128K in one run, BK 32 first
+# in another) while in the step graph BK 32 wins clearly (DSA step SFA 0.141 ms with BK 32 picked,
+# 0.158 with BK 16 and 0.176 with BK 64; hot-L2 probes 0.075 / 0.094 / 0.104): one config.
+SCORE_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
 VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": 8, "num_stages": st} for bh, st in ((64, 1), (64, 2), (128, 1))]
 SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
 
