@@ -18,7 +18,8 @@ the main); pass 2's four column programs each gather only their 128-byte code ti
 so the 512 code bytes of a record are read once more in all. The scores make one fp32 round trip
 (T * H * topk * 4 B written once, read by the four column tiles' programs, mostly from L2).
 Scores past a query's last valid index (top-k lists come compacted) are neither written nor
-read: both passes walk live_blocks only.
+read: both passes walk live_blocks only. Each pass loads block j + 1's indices during block j,
+so a block's record gathers are not also waiting on its index load.
 """
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def sfa_values(codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S",
     # NSB: the segment count rounded up to a power of two (the caller passes it). Every column
     # tile's program computes the same lse and writes it. Block j + 1's indices are loaded during
     # block j, so a block's gathers wait on one memory round trip, not two (index, then codes):
-    # 0.140 -> 0.121 ms at B=64 L=32K, 0.068 -> 0.060 at B=32 L=128K (results/sfa_probs.md; the
-    # score pass got slower with it: 0.144 -> 0.153).
+    # 0.140 -> 0.121 ms at B=64 L=32K, 0.068 -> 0.060 at B=32 L=128K (results/sfa_probs.md). Where
+    # the loads sit in the body matters as much: the code tile gathered before the score tile's
+    # load made this pass 0.208 ms (results/sfa_values_ahead.md, NOTES).
     for t, hb, g in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], 128)):
         h0 = hb * BH
         row_lse = segments_lse(part_m, part_l, t, h0, BH, NSB)
