@@ -14,7 +14,10 @@ fused and unfused selections are compared (rows whose key sets differ) and their
 (max |o_fused - o_unfused| / max |o|). Timed variants: unfused (fp8 / bf16 indexer scoring),
 fused (one program per token), fused split4 (two launches, 4 scoring programs per token), each
 with fp8 and bf16 scoring. Writes results/dsa.json and .md and the plot results/dsa_step.png (not in
---smoke; `--plot` redraws the plot from the JSON on any machine)."""
+--smoke; `--plot` redraws the plot from the JSON on any machine); `--tag NAME` writes
+results/dsa_NAME.* instead, e.g. a short-context run that sets FUSED_MAX_KEYS:
+
+    python benchmarks/dsa.py --shapes 64x2048,128x1024 --tag short"""
 from __future__ import annotations
 
 import argparse
@@ -261,11 +264,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-fused", action="store_true", help="skip the fused kernel")
     ap.add_argument("--plot", action="store_true",
                     help="only draw results/dsa_step.png from results/dsa.json (any machine)")
+    ap.add_argument("--tag", default="", help="write results/dsa_TAG.{json,md} and dsa_TAG_step.png (keeps the "
+                                              "main results of the default shapes)")
     args = ap.parse_args(argv)
+    if args.tag and not args.tag.replace("_", "").isalnum():
+        ap.error(f"--tag {args.tag!r}: letters, digits and _ only (it becomes a file name)")
+    name = f"dsa_{args.tag}" if args.tag else "dsa"
     if args.plot:
         import json
         res = Path(__file__).parent / "results"
-        print(plot(json.loads((res / "dsa.json").read_text())["rows"], res / "dsa_step.png"))
+        print(plot(json.loads((res / f"{name}.json").read_text())["rows"], res / f"{name}_step.png"))
         return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -285,7 +293,7 @@ def main(argv=None) -> int:
         done = rows + ([row] if row not in rows else [])
         payload = {"env": harness.environment(), "copy_ceiling_tbs": ceiling, "rows": done}
         tuning = tuning_tables()
-        harness.write("dsa", payload, cols, done,
+        harness.write(name, payload, cols, done,
                       notes=f"one decode step, one layer; copy ceiling {ceiling:.3f} TB/s; floor = "
                             "B*(L*132 + 2048*656) bytes at that ceiling; `ms` do_bench median (Python launch "
                             "included), `graph ms` CUDA-graph replay; `stage` columns: the unfused bf16 "
@@ -299,7 +307,7 @@ def main(argv=None) -> int:
     cols = list(dict.fromkeys(c for r in rows for c in r))
     harness.print_table(cols, rows)
     if all(key in r for r in rows for _, key in STAGES):
-        plot(rows, harness.RESULTS / "dsa_step.png")
+        plot(rows, harness.RESULTS / f"{name}_step.png")
     harness.print_table(harness.TUNING_COLUMNS, tuning_tables())
     return 0
 
