@@ -195,6 +195,15 @@ def live_blocks(indices, t, n_slots, BK):
 
 
 @k.func
+def segment_blocks(indices, t, n_slots, BK, sg, NS):
+    """(first block, block count) of segment sg of NS over query t's live index blocks: blocks
+    [sg * per, (sg + 1) * per) with per = cdiv(live, NS); the last segments may be short or empty."""
+    live = live_blocks(indices, t, n_slots, BK)
+    per = k.cdiv(live, NS)
+    return sg * per, k.maximum(k.minimum(per, live - sg * per), 0)
+
+
+@k.func
 def attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, first, count, n_slots, sm_scale,
                   m, l, a0, a1, a2, a3, BK, PREFETCH):
     """Index blocks first .. first + count - 1 of query t folded into the softmax state; with
@@ -262,11 +271,9 @@ def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tens
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
         m, l, a0, a1, a2, a3 = empty_online_state(BH)
         n_slots = codes.shape[0]
-        live = live_blocks(indices, t, n_slots, BK)
-        per = k.cdiv(live, part_o.shape[0])
-        m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, sg * per,
-                                             k.maximum(k.minimum(per, live - sg * per), 0), n_slots, sm_scale,
-                                             m, l, a0, a1, a2, a3, BK, PREFETCH)
+        first, count = segment_blocks(indices, t, n_slots, BK, sg, part_o.shape[0])
+        m, l, a0, a1, a2, a3 = attend_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, first, count,
+                                             n_slots, sm_scale, m, l, a0, a1, a2, a3, BK, PREFETCH)
         finish_segment(part_o, part_lse, sg, t, h0, m, l, a0, a1, a2, a3, BH)
 
 

@@ -16,7 +16,7 @@ kernel, same outputs; split > 1 writes the same fp32 partials for sparse_mla_att
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.ops.dsa.attention import finish, finish_segment, live_blocks, load_query
+from k31dsl.ops.dsa.attention import finish, finish_segment, live_blocks, load_query, segment_blocks
 
 # (BH, BK, warps): filled in from probes/sfa_heads16.py (H200, 16 heads). BK 64 is left out: on
 # Triton 3.6 / sm_90a its wgmma reads shared memory past the allocation (compute-sanitizer,
@@ -96,9 +96,7 @@ def sfa_keys_major_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
         m, l, a0, a1, a2, a3 = keys_major_state(BH)
         n_slots = codes.shape[0]
-        live = live_blocks(indices, t, n_slots, BK)
-        per = k.cdiv(live, part_o.shape[0])
-        m, l, a0, a1, a2, a3 = keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, sg * per,
-                                                 k.maximum(k.minimum(per, live - sg * per), 0), n_slots, sm_scale,
-                                                 m, l, a0, a1, a2, a3, BK)
+        first, count = segment_blocks(indices, t, n_slots, BK, sg, part_o.shape[0])
+        m, l, a0, a1, a2, a3 = keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, first,
+                                                 count, n_slots, sm_scale, m, l, a0, a1, a2, a3, BK)
         finish_segment(part_o, part_lse, sg, t, h0, m, l, a0.T, a1.T, a2.T, a3.T, BH)

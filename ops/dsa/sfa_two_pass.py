@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.dsa.attention import LATENT, TILE, live_blocks, load_query, records_at, score_tile
+from k31dsl.ops.dsa.attention import (LATENT, TILE, live_blocks, load_query, records_at, score_tile,
+                                      segment_blocks)
 
 # Candidates from probes/sfa_forms.py (H200, the DSA step's shapes, 128 heads; NOTES.md, DSA, and
 # results/sfa_forms*.md). Score pass: two programs per SM at one pipeline stage (q's [64, 576] bf16
@@ -56,21 +57,19 @@ def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S"
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
                QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64):
-    # Segment sg of query t's live index blocks: blocks [sg * per, (sg + 1) * per) with
-    # per = cdiv(live, NS) (the last segments may be short or empty: m = -inf, l = 0).
+    # Segment sg of query t's live index blocks (segment_blocks; an empty one writes m = -inf, l = 0).
     # Block j + 1's indices are loaded after block j's dots (before them: 0.144 -> 0.153 ms; here:
     # 0.144 -> 0.140 at B=64 L=32K, 0.0776 -> 0.0752 at B=32 L=128K; results/sfa_scores_ahead.md).
     for t, hb, sg in k.grid(q.shape[0], k.cdiv(q.shape[1], BH), part_m.shape[0]):
         h0 = hb * BH
         ql0, ql1, ql2, ql3, qr = load_query(q, t, h0, BH)
         n_slots = codes.shape[0]
-        live = live_blocks(indices, t, n_slots, BK)
-        per = k.cdiv(live, part_m.shape[0])
+        first, count = segment_blocks(indices, t, n_slots, BK, sg, part_m.shape[0])
         m = k.full((BH,), float("-inf"), k.f32)
         l = k.zeros((BH,), k.f32)
-        ahead = indices[t, k.span(sg * per * BK, BK, other=-1)]
-        for j in range(k.maximum(k.minimum(per, live - sg * per), 0)):
-            j0 = (sg * per + j) * BK
+        ahead = indices[t, k.span(first * BK, BK, other=-1)]
+        for j in range(count):
+            j0 = (first + j) * BK
             valid, c0, c1, c2, c3, s0, s1, s2, s3, kr = records_at(codes, scales, rope, ahead, n_slots)
             sc = score_tile(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16), c3.to(k.bf16),
                             s0, s1, s2, s3, kr, valid, sm_scale)
