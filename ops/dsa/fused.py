@@ -43,11 +43,13 @@ from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 # One config (each specialisation compiles in ~30 s for sm_90).
 FUSED_CONFIGS = [{"PB": 1, "BH": 64, "BK": 32, "num_warps": 8}]
-# Longest context (keys per query) for which li_sfa picks the fused kernel by default. GPU run 3
-# (H200): fused 2.3x slower than unfused at L = 32K and 4.8x at 128K (each further 2048 keys cost
-# one more 4096-wide merge in one program); with a single chunk both paths do one merge per
-# query and the fused one saves three launches.
-FUSED_MAX_KEYS = 2048
+# Longest context (keys per query) for which li_sfa picks the fused kernel by default: none. GPU
+# run 3 (30 Nov, H200): fused 2.3x slower than unfused at L = 32K and 4.8x at 128K (each further
+# 2048 keys cost one more merge in one program); results/dsa_short.md (1 Dec): slower at short
+# contexts too, where it saves three launches: B=64 L=2048 0.573 ms against 0.317 (graph; bf16
+# scoring 0.554 / 0.298), B=128 L=1024 0.627 against 0.348 (0.594 / 0.323). It stays as
+# impl="fused".
+FUSED_MAX_KEYS = 0
 # Up to this many (token, head block) programs, each head block gets its own program (selection
 # repeated per head block); beyond it one program per token does all head blocks. ~2 waves of
 # an H200's 132 SMs.
@@ -423,7 +425,8 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
 
 def li_sfa(*args, impl: str = "auto", target: str | None = None, **kwargs):
     """fused_li_sfa or li_sfa_unfused (same arguments): impl="auto" takes the fused kernel when the
-    longest key range is at most FUSED_MAX_KEYS (set from the GPU benchmark)."""
+    longest key range is at most FUSED_MAX_KEYS (set from the GPU benchmark: 0, i.e. the unfused
+    path whenever there are keys)."""
     if impl not in ("auto", "fused", "unfused"):
         raise K31Error(f"li_sfa: impl={impl!r} must be 'auto', 'fused' or 'unfused'")
     if impl == "auto":
