@@ -348,8 +348,9 @@ LI_PREFILL = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2)
 LI_BF16 = Specialised(I.lightning_indexer_paged, H=64, NQ=2, PB=2, MMA_BF16=True)
 LI_KEYS_MAJOR = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1, MMA_BF16=True, KEYS_MAJOR=True)
 LI_F16 = Specialised(I.lightning_indexer_paged, H=64, NQ=1, PB=1, MMA_BF16=True, F16=True)
-TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True, BL=8192)
-TOPK_STAGE1 = Specialised(topk_segments, KP=2048, BL=8192)
+TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True, BL=8192, ONE_TILE=True)
+TOPK_STAGE1 = Specialised(topk_segments, KP=2048, BL=8192, ONE_TILE=True)
+TOPK_STREAM = Specialised(topk_segments, KP=2048, FINAL=True, HAS_END=True, BL=4096)     # the model's graph call
 TOPK_ORDER = Specialised(topk_order)
 Q_CHAIN = Specialised(P.indexer_q_chain, BM=16)
 K_CHAIN = Specialised(P.indexer_k_chain, BM=16)
@@ -359,7 +360,8 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 
 def test_kernels_compile_for_hopper(tmp_path):
     assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "LI_F16", "CACHE_WRITE",
-                                          "Q_CHAIN", "K_CHAIN", "W_CHAIN", "TOPK_MERGE", "TOPK_STAGE1", "TOPK_ORDER"],
+                                          "Q_CHAIN", "K_CHAIN", "W_CHAIN", "TOPK_MERGE", "TOPK_STAGE1", "TOPK_STREAM",
+                                          "TOPK_ORDER"],
                                tmp_path, index_types=("int32",))
 
 

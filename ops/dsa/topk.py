@@ -22,6 +22,9 @@ positions, in position order), each further launch reduces 4 lists to one, the l
 selects exactly k and writes positions only. For sorted output `topk_order` ranks the k winners:
 rank(i) = #{j : key_j > key_i} over [BI, BJ] compare tiles, a scatter to column rank(i).
 Cost per level: 32 x (compare + add) per key + 32 block reductions per program; no sort anywhere.
+When a level's segments fit one tile (ONE_TILE) the streaming code is left out, and the selection
+re-reads the segment from L2 in SL-lane tiles instead of holding values and positions through the
+search: half the registers, so two 8-warp programs share an SM (top-k -16 %, NOTES).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ MAX_K = 4096
 INT_MIN = -2147483647 - 1
 GROUP = 4                 # candidate lists merged per program above stage 1 (and SEG = GROUP * KP)
 MAX_BL = 8192             # lanes held in registers per program (32 per thread at 8 warps)
+SELECT_LANES = 2048       # lanes per tile of the selection pass (SL)
 
 
 @k.func
@@ -98,19 +102,24 @@ def select_tile(o, thr, need_eq, eq_before, written):
 
 
 # Launch options by tile width (lanes held in registers per program); the caller fixes BL, the GPU
-# tuner picks the warps. BL 8192 at 8 warps holds 32 keys per thread: half the block reduction's
-# warps per counting step, and two programs per SM (16 warps: one). Tried and taken out: counting
-# 4 candidates per step (2 bits, 16 steps) — sm_90a: 290 instructions, 4 barriers and 40 spill
-# reloads per step against 81 and 2 for the bitwise step, i.e. no fewer barriers in all.
-TOPK_CONFIGS = [{"BL": 8192, "num_warps": 16}, {"BL": 4096, "num_warps": 8}, {"BL": 2048, "num_warps": 4},
-                {"BL": 1024, "num_warps": 4}, {"BL": 8192, "num_warps": 8}, {"BL": 4096, "num_warps": 4}]
+# tuner picks the warps. BL 8192 only at 8 warps: with one-tile levels (ONE_TILE) its search holds
+# 32 keys per thread in 123 registers (sm_90a), two programs per SM, and every level of the DSA
+# step's top-k is fastest so (results/topk_warps.md, all levels pinned: 0.058 ms at B=64 L=32K
+# against 0.060 at 4 warps and 0.074 at 16; 0.114 / 0.120 / 0.149 at B=32 L=128K). The cold-L2
+# tuner had picked 16 warps for stage 1 by noise (0.058 against 0.066 by its timing).
+# Tried and taken out: counting 4 candidates per step (2 bits, 16 steps) — sm_90a: 290
+# instructions, 4 barriers and 40 spill reloads per step against 81 and 2 for the bitwise step;
+# three packed counts in one int64 reduction (results/topk_step2.md: 0.074 against 0.073 ms).
+TOPK_CONFIGS = [{"BL": 8192, "num_warps": 8}, {"BL": 4096, "num_warps": 8}, {"BL": 2048, "num_warps": 4},
+                {"BL": 1024, "num_warps": 4}, {"BL": 4096, "num_warps": 4}]
 
 
 @k.kernel(configs=TOPK_CONFIGS)
 def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"], out_v: k.Tensor[k.f32, "R", "M"],
                   out_i: k.Tensor[k.i32, "R", "M"], ends: k.Tensor[k.i32, "R"], seg: k.i32,
                   KP: k.constexpr = 16, HAS_IDX: k.constexpr = False, FINAL: k.constexpr = False,
-                  HAS_END: k.constexpr = False, BL: k.constexpr = 4096):
+                  HAS_END: k.constexpr = False, BL: k.constexpr = 4096, SL: k.constexpr = 2048,
+                  ONE_TILE: k.constexpr = False):
     # Program (r, sp) reduces vals[r, sp*seg : (sp+1)*seg] to its top KP (FINAL: top M), written
     # compacted in position order to out_*[r, sp*KP : sp*KP + KP] (-inf / -1 after the last).
     # Positions are the column (HAS_IDX=False) or idx's entry (then the lists in the segment are
@@ -128,19 +137,23 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
         else:
             K = KP
             base = sp * KP
-        v0, o0, p0 = seg_tile(vals, idx, r, start, n, 0, BL, HAS_IDX)
-        thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX)
-        above = k.sum((o0 > thr).to(k.i32))
-        for j in range(1, k.cdiv(n, BL)):
-            _, o, _ = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
-            above += k.sum((o > thr).to(k.i32))
+        _, o0, _ = seg_tile(vals, idx, r, start, n, 0, BL, HAS_IDX)
+        if ONE_TILE:                    # the caller promises n <= BL: no streamed tiles
+            thr = kth_in_tile(o0, K)
+            above = k.sum((o0 > thr).to(k.i32))
+        else:
+            thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX)
+            above = k.sum((o0 > thr).to(k.i32))
+            for j in range(1, k.cdiv(n, BL)):
+                _, o, _ = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
+                above += k.sum((o > thr).to(k.i32))
         need_eq = K - above
-        sel, col, written, eq_seen = select_tile(o0, thr, need_eq, 0, 0)
-        k.store(out_i, (r, base + col), p0, mask=sel)
-        if not FINAL:
-            k.store(out_v, (r, base + col), v0, mask=sel)
-        for j in range(1, k.cdiv(n, BL)):
-            v, o, pos = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
+        # The selection re-reads the segment (from L2) in SL-lane tiles: its scans and masks over a
+        # whole BL tile would set the program's register count (255 at BL 8192 / 8 warps).
+        written = 0
+        eq_seen = 0
+        for j in range(k.cdiv(n, SL)):
+            v, o, pos = seg_tile(vals, idx, r, start, n, j, SL, HAS_IDX)
             sel, col, ns, ne = select_tile(o, thr, need_eq, eq_seen, written)
             k.store(out_i, (r, base + col), pos, mask=sel)
             if not FINAL:
@@ -175,6 +188,13 @@ def topk_order(vals: k.Tensor[k.f32, "R", "N"], pos_in: k.Tensor[k.i32, "R", "M"
 
 def _bl(seg: int) -> int:
     return min(MAX_BL, max(16, next_pow2(seg)))
+
+
+def _tile(seg: int) -> dict:
+    """A level's BL and whether its segments fit one tile (ONE_TILE: no streaming code, ~half the
+    registers: sm_90a BL 8192 / 8 warps 123 instead of 200)."""
+    bl = _bl(seg)
+    return {"BL": bl, "SL": min(SELECT_LANES, bl), "ONE_TILE": seg <= bl}
 
 
 def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None = None, target: str | None = None):
@@ -214,19 +234,19 @@ def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None 
     end = ends.contiguous() if ends is not None else unused(torch.int32)
     if length <= seg:
         kern(x, unused(torch.int32, length), unused(torch.float32, k_), res, end, length, KP=kp, FINAL=True,
-             BL=_bl(length), **lim)
+             **_tile(length), **lim)
     else:
         ns = -(-length // seg)
         v1 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
         i1 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-        kern(x, unused(torch.int32, length), v1, i1, end, seg, KP=kp, BL=_bl(seg), **lim)
+        kern(x, unused(torch.int32, length), v1, i1, end, seg, KP=kp, **_tile(seg), **lim)
         while ns > GROUP:                # GROUP neighbouring lists -> one
             ns = -(-ns // GROUP)
             v2 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
             i2 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-            kern(v1, i1, v2, i2, end, GROUP * kp, KP=kp, HAS_IDX=True, BL=_bl(GROUP * kp))
+            kern(v1, i1, v2, i2, end, GROUP * kp, KP=kp, HAS_IDX=True, **_tile(GROUP * kp))
             v1, i1 = v2, i2
-        kern(v1, i1, unused(torch.float32, k_), res, end, ns * kp, KP=kp, HAS_IDX=True, FINAL=True, BL=_bl(ns * kp))
+        kern(v1, i1, unused(torch.float32, k_), res, end, ns * kp, KP=kp, HAS_IDX=True, FINAL=True, **_tile(ns * kp))
     if sorted:
         topk_order[target](x, res, out, BI=min(64, max(16, next_pow2(k_))), BJ=min(128, max(16, next_pow2(k_))))
     return out
