@@ -209,6 +209,19 @@ def test_topk_large_row_two_stages_numpy():
         assert (got == ref.topk(x.double().numpy(), kk)).all(), (kk, ch, seed)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_topk_streamed_segments(target):
+    """k > 2048: KP 4096 makes stage-1 segments of 16384 scores, more than a tile holds (BL 8192),
+    so the search streams its second tile each step (ONE_TILE off) while the final level fits one
+    tile; ties and a short row included."""
+    g, seed = _gen()
+    x = torch.randint(-3000, 3000, (2, 20000), generator=g).float()
+    x[1, 9000:] = float("-inf")
+    got = topk(x, 3000, sorted=False, target=target).numpy()
+    want = ref.topk(x.double().numpy(), 3000)
+    assert (np.sort(got, axis=1) == np.sort(want, axis=1)).all(), seed
+
+
 @pytest.mark.parametrize("target", TARGETS[:2])
 def test_topk_multi_level_sorted_and_set(target):
     """Segments of one KP (chunks=1) force a 4:1 level (13 -> 4 lists) between stage 1 and the final

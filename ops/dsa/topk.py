@@ -138,12 +138,12 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
             K = KP
             base = sp * KP
         _, o0, _ = seg_tile(vals, idx, r, start, n, 0, BL, HAS_IDX)
-        if ONE_TILE:                    # the caller promises n <= BL: no streamed tiles
+        if ONE_TILE:                    # the caller promises n <= BL (topk's _tile): no streamed tiles
             thr = kth_in_tile(o0, K)
-            above = k.sum((o0 > thr).to(k.i32))
         else:
             thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX)
-            above = k.sum((o0 > thr).to(k.i32))
+        above = k.sum((o0 > thr).to(k.i32))
+        if not ONE_TILE:
             for j in range(1, k.cdiv(n, BL)):
                 _, o, _ = seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX)
                 above += k.sum((o > thr).to(k.i32))
