@@ -293,8 +293,9 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
     pos = g.tensor(f"l{l}{tag}_topk_pos", (T, topk), k.i32)
     no_idx = g.input(f"unread_topk_idx_{T}x{width}", (T, width), k.i32)   # parameters FINAL never reads
     no_val = g.input(f"unread_topk_val_{T}x{topk}", (T, topk), k.f32)
-    pos = p.call(topk_segments, scores, no_idx, no_val, pos, ke, -(-width // kp) * kp, KP=kp, FINAL=True,
-                 HAS_END=True)           # each row scans its own key range [0, ke), not the whole width
+    seg = -(-width // kp) * kp
+    pos = p.call(topk_segments, scores, no_idx, no_val, pos, ke, seg, KP=kp, FINAL=True, HAS_END=True,
+                 BL=4096, ONE_TILE=seg <= 4096)   # each row scans its own key range [0, ke), not the whole width
     slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
     slots = p.call(slots_of_positions_rows, pos, g.block_table, slots, n, BK=max(16, min(128, next_pow2(topk))))
     o = g.tensor(f"l{l}{tag}_mla_o", (T, H, KV_LORA), k.bf16)
