@@ -32,7 +32,7 @@ from k31dsl.ops.dsa.sfa_two_pass import buffers as sfa_buffers, score_segments, 
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged
 from k31dsl.ops.dsa.mla import mla_kv_rows, mla_out_rows, mla_q_rows
 from k31dsl.ops.dsa.prolog import indexer_head_weights, indexer_k_chain, indexer_k_chain_parts, indexer_q_chain
-from k31dsl.ops.dsa.topk import topk_segments
+from k31dsl.ops.dsa.topk import tile_options, topk_segments
 from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce, linear_tiles, memo, prefill_min_tokens
 
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
@@ -295,7 +295,7 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
     no_val = g.input(f"unread_topk_val_{T}x{topk}", (T, topk), k.f32)
     seg = -(-width // kp) * kp
     pos = p.call(topk_segments, scores, no_idx, no_val, pos, ke, seg, KP=kp, FINAL=True, HAS_END=True,
-                 BL=4096, ONE_TILE=seg <= 4096)   # each row scans its own key range [0, ke), not the whole width
+                 **tile_options(seg, bl=4096))   # each row scans its own key range [0, ke), not the whole width
     slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
     slots = p.call(slots_of_positions_rows, pos, g.block_table, slots, n, BK=max(16, min(128, next_pow2(topk))))
     o = g.tensor(f"l{l}{tag}_mla_o", (T, H, KV_LORA), k.bf16)

@@ -138,7 +138,7 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
             K = KP
             base = sp * KP
         _, o0, _ = seg_tile(vals, idx, r, start, n, 0, BL, HAS_IDX)
-        if ONE_TILE:                    # the caller promises n <= BL (topk's _tile): no streamed tiles
+        if ONE_TILE:                    # the caller promises n <= BL (tile_options): no streamed tiles
             thr = kth_in_tile(o0, K)
         else:
             thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX)
@@ -190,10 +190,11 @@ def _bl(seg: int) -> int:
     return min(MAX_BL, max(16, next_pow2(seg)))
 
 
-def _tile(seg: int) -> dict:
-    """A level's BL and whether its segments fit one tile (ONE_TILE: no streaming code, ~half the
-    registers: sm_90a BL 8192 / 8 warps 123 instead of 200)."""
-    bl = _bl(seg)
+def tile_options(seg: int, bl: int | None = None) -> dict:
+    """topk_segments' tile constexprs for segments of `seg` scores: BL (by default the smallest
+    power of two holding a segment, at most MAX_BL), SL, and whether a segment fits one tile
+    (ONE_TILE: no streaming code, ~half the registers: sm_90a BL 8192 / 8 warps 123 instead of 200)."""
+    bl = _bl(seg) if bl is None else bl
     return {"BL": bl, "SL": min(SELECT_LANES, bl), "ONE_TILE": seg <= bl}
 
 
@@ -234,19 +235,20 @@ def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None 
     end = ends.contiguous() if ends is not None else unused(torch.int32)
     if length <= seg:
         kern(x, unused(torch.int32, length), unused(torch.float32, k_), res, end, length, KP=kp, FINAL=True,
-             **_tile(length), **lim)
+             **tile_options(length), **lim)
     else:
         ns = -(-length // seg)
         v1 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
         i1 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-        kern(x, unused(torch.int32, length), v1, i1, end, seg, KP=kp, **_tile(seg), **lim)
+        kern(x, unused(torch.int32, length), v1, i1, end, seg, KP=kp, **tile_options(seg), **lim)
         while ns > GROUP:                # GROUP neighbouring lists -> one
             ns = -(-ns // GROUP)
             v2 = torch.empty((rows, ns * kp), dtype=torch.float32, device=scores.device)
             i2 = torch.empty((rows, ns * kp), dtype=torch.int32, device=scores.device)
-            kern(v1, i1, v2, i2, end, GROUP * kp, KP=kp, HAS_IDX=True, **_tile(GROUP * kp))
+            kern(v1, i1, v2, i2, end, GROUP * kp, KP=kp, HAS_IDX=True, **tile_options(GROUP * kp))
             v1, i1 = v2, i2
-        kern(v1, i1, unused(torch.float32, k_), res, end, ns * kp, KP=kp, HAS_IDX=True, FINAL=True, **_tile(ns * kp))
+        kern(v1, i1, unused(torch.float32, k_), res, end, ns * kp, KP=kp, HAS_IDX=True, FINAL=True,
+             **tile_options(ns * kp))
     if sorted:
         topk_order[target](x, res, out, BI=min(64, max(16, next_pow2(k_))), BJ=min(128, max(16, next_pow2(k_))))
     return out
