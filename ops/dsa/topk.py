@@ -21,7 +21,8 @@ Levels: stage 1 reduces segments of SEG = 4 * KP scores to KP candidates each (v
 positions, in position order), each further launch reduces 4 lists to one, the last (FINAL)
 selects exactly k and writes positions only. For sorted output `topk_order` ranks the k winners:
 rank(i) = #{j : key_j > key_i} over [BI, BJ] compare tiles, a scatter to column rank(i).
-Cost per level: 32 x (compare + add) per key + 32 block reductions per program; no sort anywhere.
+Cost per level: 32 x (compare + add) per key + 32 block reductions per program, then one scan
+per SL-lane tile for the selection (the equal and the selected counts share it); no sort anywhere.
 When a level's segments fit one tile (ONE_TILE) the streaming code is left out, and the selection
 re-reads the segment from L2 in SL-lane tiles instead of holding values and positions through the
 search: half the registers, so two 8-warp programs share an SM (top-k -16 %, NOTES).
@@ -94,11 +95,22 @@ def kth_in_tile(o, K):
 def select_tile(o, thr, need_eq, eq_before, written):
     """The selection of one tile given the threshold: keys above it, and equal keys while the
     running count of equal keys (eq_before + this tile's, in position order) is <= need_eq.
-    Returns (selected mask, output column of each lane, count selected, count equal)."""
+    Returns (selected mask, output column of each lane, count selected, count equal).
+    One scan serves both counts: above + (equal << 16) per lane (a tile has < 2^16 lanes), so the
+    selected lanes up to i are above(i) + min(eq_before + equal(i), need_eq) - min(eq_before, need_eq).
+    (Two scans before: sm_90a BL 8192 / 8 warps, 749 -> 661 instructions and 20 -> 16 barriers
+    per 2048-lane tile; top-k 0.058 -> 0.050 ms at B=64 L=32K, 0.114 -> 0.098 at B=32 L=128K,
+    results/topk_select.md.)"""
     eq = (o == thr) & (o != -2147483647 - 1)
-    sel = (o > thr) | (eq & (eq_before + k.cumsum(eq.to(k.i32), axis=0) <= need_eq))
-    si = sel.to(k.i32)
-    return sel, written + k.cumsum(si, axis=0) - 1, k.sum(si), k.sum(eq.to(k.i32))
+    packed = (o > thr).to(k.i32) + (eq.to(k.i32) << 16)
+    run = k.cumsum(packed, axis=0)
+    run_eq = eq_before + (run >> 16)
+    sel = (o > thr) | (eq & (run_eq <= need_eq))
+    skipped = k.minimum(eq_before, need_eq)
+    col = written + (run & 0xFFFF) + k.minimum(run_eq, need_eq) - skipped - 1
+    tot = k.sum(packed)
+    ne = tot >> 16
+    return sel, col, (tot & 0xFFFF) + k.minimum(eq_before + ne, need_eq) - skipped, ne
 
 
 # Launch options by tile width (lanes held in registers per program); the caller fixes BL, the GPU

@@ -1,0 +1,55 @@
+"""Probe: the DSA decode step's top-k (2048 of each row's indexer scores, set and sorted, every
+level) with whatever ops/dsa/topk.py is installed. To compare two versions of that file, run it
+once per version in the same device call, swapping the file between runs (each version then
+compiles and runs in its own process on the same seeded scores); --save writes the positions,
+--against checks them against a saved run. The 00:00 session of 2 Dec ran new, old, new:
+
+    bash benchmarks/gpu_run.sh "probes/topk_select:200:--tag=new1,--save=/tmp/new1.pt"
+    git show 1cfcb15:ops/dsa/topk.py > ops/dsa/topk.py      # the old version (restore after)
+    bash benchmarks/gpu_run.sh "probes/topk_select:200:--tag=old,--save=/tmp/old.pt,--against=/tmp/new1.pt"
+
+CUDA-graph medians; writes results/topk_select_<tag>.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> int:
+    import torch
+
+    import harness
+    from dsa import step_scores
+    from k31dsl.ops.dsa.topk import topk
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="64x32768,32x131072")
+    ap.add_argument("--tag", default="new")
+    ap.add_argument("--save", default="")
+    ap.add_argument("--against", default="")
+    args = ap.parse_args(argv)
+    rows, saved = [], {}
+    ref = torch.load(args.against) if args.against else {}
+    for b, length in harness.shape_pairs(args.shapes):
+        _, scores = step_scores(b, length)
+        got = topk(scores, 2048, sorted=False, target="triton")
+        saved[(b, length)] = got.cpu()
+        ms = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=False, target="triton"))
+        ms_sorted = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=True, target="triton"))
+        same = bool(torch.equal(got.cpu(), ref[(b, length)])) if (b, length) in ref else ""
+        rows.append({"version": args.tag, "B": b, "L": length, "set ms": ms, "sorted ms": ms_sorted,
+                     "same positions as --against": same})
+        print(rows[-1], flush=True)
+    if args.save:
+        torch.save(saved, args.save)
+    harness.report(f"topk_select_{args.tag}", ["version", "B", "L", "set ms", "sorted ms",
+                                                "same positions as --against"], rows,
+                   notes="CUDA-graph medians of the whole top-k (every level) on the DSA step's indexer scores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
