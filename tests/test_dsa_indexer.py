@@ -222,6 +222,26 @@ def test_topk_streamed_segments(target):
     assert (np.sort(got, axis=1) == np.sort(want, axis=1)).all(), seed
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_topk_tie_cut_inside_a_later_selection_tile(target):
+    """The selection's one scan counts the keys above the threshold and the equal ones together:
+    here the equal keys (the threshold value on every odd lane of row 0) run out partway through
+    the second 2048-lane tile of a segment, so some tiles take all, one some and the later ones
+    none of their equal keys; row 1 is one long tie ending in -inf. Two stage-1 segments and the
+    final level, both with ties."""
+    g, seed = _gen()
+    n = 9000
+    x = torch.zeros(2, n)
+    x[0, 1::2] = 1.0
+    top = torch.randperm(n, generator=g)[:100]
+    x[0, top] = 5.0 + torch.rand(100, generator=g)
+    x[1] = 2.0
+    x[1, n - int(torch.randint(1, 3000, (1,), generator=g)):] = float("-inf")
+    got = topk(x, 2048, sorted=False, target=target).numpy()
+    want = ref.topk(x.double().numpy(), 2048)
+    assert (got == np.sort(want, axis=1)).all(), seed
+
+
 @pytest.mark.parametrize("target", TARGETS[:2])
 def test_topk_multi_level_sorted_and_set(target):
     """Segments of one KP (chunks=1) force a 4:1 level (13 -> 4 lists) between stage 1 and the final
