@@ -64,7 +64,18 @@ def main(argv=None) -> int:
     from k31dsl.ops.dsa.topk import topk as topk_op
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
+    ap.add_argument("--value-configs", default="",
+                    help="value-pass configs to time instead of VALUE_CONFIGS, as BHxBKxWARPS[xMAXNREG] joined by "
+                         "'+' (one stage), e.g. 64x64x8+64x32x4")
+    ap.add_argument("--tag", default="", help="write results/sfa_forms_TAG.* instead")
+    ap.add_argument("--scores", choices=("all", "default"), default="all",
+                    help="'default': time only the committed score config (when only value configs are compared)")
     args = ap.parse_args(argv)
+    value_configs = VALUE_CONFIGS if not args.value_configs else [
+        {"BH": int(v[0]), "BK": int(v[1]), "num_warps": int(v[2]), "num_stages": 1,
+         **({"maxnreg": int(v[3])} if len(v) > 3 else {})}
+        for v in (c.split("x") for c in args.value_configs.split("+"))]
+    score_configs = SCORE_CONFIGS if args.scores == "all" else [SCORE_CONFIGS[0]]
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
         (_qc, _qs, _w, icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
@@ -88,10 +99,10 @@ def main(argv=None) -> int:
         o = torch.empty_like(ref_o)
         lse = torch.empty_like(ref_l)
         best_score = {}
-        for ns in (2, 4) if b == 32 else (2,):
+        for ns in ((2, 4) if b == 32 else (2,)) if args.scores == "all" else (TP.score_segments(T, H, K, 64, 32),):
             pm = torch.empty((ns, T, H), dtype=torch.float32, device="cuda")
             pl = torch.empty_like(pm)
-            for cfg in SCORE_CONFIGS:
+            for cfg in score_configs:
                 def p1(cfg=cfg, pm=pm, pl=pl):
                     TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, SM_SCALE, **cfg)
                 try:
@@ -109,7 +120,7 @@ def main(argv=None) -> int:
         pl = torch.empty_like(pm)
         TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, SM_SCALE, **scfg)
         nsb = 1 << (ns - 1).bit_length()
-        for cfg in VALUE_CONFIGS:
+        for cfg in value_configs:
             def p2(cfg=cfg, pm=pm, pl=pl):
                 TP.sfa_values["triton"](views[0], views[1], slots, s, pm, pl, o, lse, NSB=nsb, **cfg)
             try:
@@ -126,7 +137,7 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
         del mcache, icache
         torch.cuda.empty_cache()
-    harness.report("sfa_forms", ["B", "L", "form", "segments", "config", "ms", "total ms", "o rel diff vs one pass",
+    harness.report(f"sfa_forms_{args.tag}" if args.tag else "sfa_forms", ["B", "L", "form", "segments", "config", "ms", "total ms", "o rel diff vs one pass",
                                  "lse diff"], rows,
                    notes="CUDA-graph medians of one launch each (the two-pass totals add the best scores config "
                          "at that segment count to each values config); o rel diff: max |o - o_one_pass| / max |o|")
