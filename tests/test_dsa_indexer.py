@@ -12,7 +12,7 @@ from k31dsl import K31Error
 from k31dsl.ops.dsa import indexer as I
 from k31dsl.ops.dsa import indexer_checks as C
 from k31dsl.ops.dsa import prolog as P
-from k31dsl.ops.dsa.topk import topk, topk_order, topk_segments
+from k31dsl.ops.dsa.topk import topk, topk_order, topk_rank_keys, topk_segments
 from k31dsl.ops.testing import bytes_of, load_oracle
 
 ref = load_oracle("dsa_indexer")
@@ -385,6 +385,7 @@ TOPK_MERGE = Specialised(topk_segments, KP=2048, HAS_IDX=True, FINAL=True, BL=81
 TOPK_STAGE1 = Specialised(topk_segments, KP=2048, BL=8192, ONE_TILE=True)
 TOPK_STREAM = Specialised(topk_segments, KP=2048, FINAL=True, HAS_END=True, BL=4096)     # the model's graph call
 TOPK_ORDER = Specialised(topk_order)
+TOPK_RANK_KEYS = Specialised(topk_rank_keys)
 Q_CHAIN = Specialised(P.indexer_q_chain, BM=16)
 K_CHAIN = Specialised(P.indexer_k_chain, BM=16)
 W_CHAIN = Specialised(P.indexer_head_weights, H=64, BM=64)
@@ -394,7 +395,7 @@ CACHE_WRITE = Specialised(I.indexer_cache_write_rows)
 def test_kernels_compile_for_hopper(tmp_path):
     assert_compiles_for_hopper(__file__, ["LI_DECODE", "LI_PREFILL", "LI_BF16", "LI_KEYS_MAJOR", "LI_F16", "CACHE_WRITE",
                                           "Q_CHAIN", "K_CHAIN", "W_CHAIN", "TOPK_MERGE", "TOPK_STAGE1", "TOPK_STREAM",
-                                          "TOPK_ORDER"],
+                                          "TOPK_ORDER", "TOPK_RANK_KEYS"],
                                tmp_path, index_types=("int32",))
 
 

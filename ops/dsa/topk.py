@@ -19,8 +19,10 @@ column from a cumsum over the selection mask: a scatter store of the compacted l
 are not written are padded (-inf / -1) by a disjoint masked store, so no lane is read back.
 Levels: stage 1 reduces segments of SEG = 4 * KP scores to KP candidates each (values +
 positions, in position order), each further launch reduces 4 lists to one, the last (FINAL)
-selects exactly k and writes positions only. For sorted output `topk_order` ranks the k winners:
-rank(i) = #{j : key_j > key_i} over [BI, BJ] compare tiles, a scatter to column rank(i).
+selects exactly k and writes positions only. For sorted output `topk_rank_keys` gives each winner
+one int64 that orders (score desc, position asc) and `topk_order` ranks them: rank(i) =
+#{j : key_j > key_i}, counted in a [BI, BJ] tile summed once after the loop over j (no reduction
+per step), then a scatter to column rank(i).
 Cost per level: 32 x (compare + add) per key + 32 block reductions per program, then one scan
 per SL-lane tile for the selection (the equal and the selected counts share it); no sort anywhere.
 When a level's segments fit one tile (ONE_TILE) the streaming code is left out, and the selection
@@ -179,21 +181,36 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
 
 
 @k.kernel
-def topk_order(vals: k.Tensor[k.f32, "R", "N"], pos_in: k.Tensor[k.i32, "R", "M"], pos_out: k.Tensor[k.i32, "R", "M"],
-               BI: k.constexpr = 64, BJ: k.constexpr = 128):
+def topk_rank_keys(vals: k.Tensor[k.f32, "R", "N"], pos: k.Tensor[k.i32, "R", "M"], keys: k.Tensor[k.i64, "R", "M"],
+                   BM: k.constexpr = 1024):
+    # One int64 per selected entry that orders (score descending, position ascending) as one
+    # number: order key << 32 | (2^31 - 1 - position); a -1 entry gets INT_MIN << 32, below every
+    # selected one (their scores are > -inf, so their order keys are > INT_MIN).
+    for r, mb in k.grid(pos.shape[0], k.cdiv(pos.shape[1], BM)):
+        p = k.load(pos, (r, k.span(mb * BM, BM)), other=-1)
+        o = order_key(k.load(vals, (r, p), mask=p >= 0, other=float("-inf")))
+        kk = (o.to(k.i64) << 32) | (2147483647 - k.maximum(p, 0)).to(k.i64)
+        keys[r, k.span(mb * BM, BM)] = k.where(p >= 0, kk, k.cast(-2147483647 - 1, k.i64) << 32)
+
+
+@k.kernel
+def topk_order(keys: k.Tensor[k.i64, "R", "M"], pos_in: k.Tensor[k.i32, "R", "M"], pos_out: k.Tensor[k.i32, "R", "M"],
+               BI: k.constexpr = 64, BJ: k.constexpr = 64):
     # Program (r, ib): entries ib*BI .. +BI of the row's selected positions (valid ones first,
     # then -1) get their rank in (score descending, position ascending) order by counting the
-    # entries ahead of them, BJ at a time; each is stored at column rank (-1 entries stay put).
+    # entries with a larger rank key (topk_rank_keys: distinct for distinct positions), BJ at a
+    # time; each is stored at column rank (-1 entries stay put). Against gathering both scores per
+    # pair and summing each [64, 128] step (sm_90a: 936 instructions and 18 barriers per step for
+    # 64 pairs a thread; now 175 and none for 32): sorted top-k 0.271 -> 0.119 ms at B=64 L=32K
+    # (results/topk_select_order.md).
     for r, ib in k.grid(pos_in.shape[0], k.cdiv(pos_in.shape[1], BI)):
         pi = k.load(pos_in, (r, k.span(ib * BI, BI)), other=-1)
-        oi = order_key(k.load(vals, (r, pi), mask=pi >= 0, other=float("-inf")))
-        rank = k.zeros((BI,), k.i32)
+        ki = k.load(keys, (r, k.span(ib * BI, BI)), other=0)
+        ahead = k.zeros((BI, BJ), k.i32)              # summed over its columns once, after the loop
         for jb in range(k.cdiv(pos_in.shape[1], BJ)):
-            pj = k.load(pos_in, (r, k.span(jb * BJ, BJ)), other=-1)
-            oj = order_key(k.load(vals, (r, pj), mask=pj >= 0, other=float("-inf")))
-            ahead = (pj[None, :] >= 0) & ((oj[None, :] > oi[:, None]) | ((oj[None, :] == oi[:, None]) &
-                                                                        (pj[None, :] < pi[:, None])))
-            rank += k.sum(ahead.to(k.i32), axis=1)
+            kj = k.load(keys, (r, k.span(jb * BJ, BJ)), other=-9223372036854775808)    # below every key
+            ahead += (kj[None, :] > ki[:, None]).to(k.i32)
+        rank = k.sum(ahead, axis=1)
         lane = ib * BI + k.arange(BI)
         k.store(pos_out, (r, k.where(pi >= 0, rank, lane)), pi, mask=lane < pos_in.shape[1])
 
@@ -262,5 +279,7 @@ def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None 
         kern(v1, i1, unused(torch.float32, k_), res, end, ns * kp, KP=kp, HAS_IDX=True, FINAL=True,
              **tile_options(ns * kp))
     if sorted:
-        topk_order[target](x, res, out, BI=min(64, max(16, next_pow2(k_))), BJ=min(128, max(16, next_pow2(k_))))
+        keys = torch.empty((rows, k_), dtype=torch.int64, device=scores.device)
+        topk_rank_keys[target](x, res, keys, BM=min(1024, max(16, next_pow2(k_))))
+        topk_order[target](keys, res, out, BI=min(64, max(16, next_pow2(k_))), BJ=min(64, max(16, next_pow2(k_))))
     return out
