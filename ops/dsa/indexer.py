@@ -196,9 +196,8 @@ def indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H):
 @k.func
 def indexer_page_scores_f16(qh, w, kc, ksc, pages, NQ, H, PB):
     """`indexer_page_scores_keys_major` on `indexer_query_f16`'s operands (qh already [128, NQ*H])
-    and f16 keys: logits
-    [PB*64, NQ*H] from one K=128 f16 dot, ReLU, head weights, the sum over heads, then each key's
-    2^E -> scores [NQ, PB*64]."""
+    and f16 keys: logits [PB*64, NQ*H] from one K=128 f16 dot, ReLU, head weights, the sum over
+    heads, then each key's 2^E -> scores [NQ, PB*64]."""
     BS = PB * 64
     c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 128))
     sc = k.reshape(k.load(ksc, (pages, k.span(ksc.shape[1] - PAGE, PAGE), k.span(0, 4)), other=1.0), (BS, 4))
