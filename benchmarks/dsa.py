@@ -83,6 +83,17 @@ def step_scores(b: int, length: int):
     return args, lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
 
 
+def step_attention_inputs(b: int, length: int):
+    """The sparse attention's inputs at the probes' decode step: (MLA query [B, 128, 576], MLA
+    cache, its three views, physical slots [B, 2048] from the step's own indexer scores -> top-k
+    (set) -> block table). The indexer cache and the scores are dropped here."""
+    from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa.topk import topk
+    (_qc, _qs, _w, _icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
+    slots = A.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
+    return q, mcache, A.cache_views(mcache), slots
+
+
 def torch_step(q_idx, w, k_idx, q, kv, topk: int = 2048, sm_scale: float = SM_SCALE):
     """The same math in torch with bf16 keys: scores -> top-k -> sparse MQA attention."""
     import torch

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import k31dsl as k  # noqa: E402
 from k31dsl.ops.dsa.attention import segment_blocks  # noqa: E402
+from k31dsl.ops.dsa.sfa_two_pass import fold_stats  # noqa: E402
 
 SM_SCALE = 0.135234
 CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
@@ -61,10 +62,7 @@ def chain_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "
             sc = k.where(valid[None, :], (k.dot(ql, kl.T) + k.dot(qr, kr.T)) * sm_scale, float("-inf"))
             ahead = indices[t, k.span(j0 + BK, BK, other=-1)]
             s[t, k.span(h0, BH), k.span(j0, BK)] = sc
-            m_new = k.maximum(m, k.max(sc, axis=1))
-            m_safe = k.where(m_new == float("-inf"), 0.0, m_new)
-            l = l * k.exp(m - m_safe) + k.sum(k.exp(sc - m_safe[:, None]), axis=1)
-            m = m_new
+            m, l = fold_stats(m, l, sc)
         part_m[sg, t, k.span(h0, BH)] = m
         part_l[sg, t, k.span(h0, BH)] = l
 
@@ -73,19 +71,14 @@ def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import step_scores
-    from k31dsl.ops.dsa import attention as A
+    from dsa import step_attention_inputs
     from k31dsl.ops.dsa import sfa_two_pass as TP
-    from k31dsl.ops.dsa.topk import topk as topk_op
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     args = ap.parse_args(argv)
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
-        (_qc, _qs, _w, icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
-        slots = A.slots_of_positions(topk_op(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
-        del scores
-        views = A.cache_views(mcache)
+        q, mcache, views, slots = step_attention_inputs(b, length)
         T, H, K = q.shape[0], q.shape[1], slots.shape[1]
         ns = TP.score_segments(T, H, K, 64, 32)
         s = torch.empty((T, H, K), dtype=torch.float32, device="cuda")
@@ -113,7 +106,7 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
         rows.append({**base, "variant": "committed (again)", "ms": harness.graph_median_ms(committed)})
         print(rows[-1], flush=True)
-        del mcache, icache
+        del mcache
         torch.cuda.empty_cache()
     harness.report("sfa_chain", ["B", "L", "variant", "ms", "max |score - committed|"], rows,
                    notes="CUDA-graph medians of the score pass alone (BH 64, BK 32, 4 warps, one stage), the "

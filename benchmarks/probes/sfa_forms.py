@@ -58,10 +58,9 @@ def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import step_scores
+    from dsa import step_attention_inputs
     from k31dsl.ops.dsa import attention as A
     from k31dsl.ops.dsa import sfa_two_pass as TP
-    from k31dsl.ops.dsa.topk import topk as topk_op
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--value-configs", default="",
@@ -78,10 +77,7 @@ def main(argv=None) -> int:
     score_configs = SCORE_CONFIGS if args.scores == "all" else [SCORE_CONFIGS[0]]
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
-        (_qc, _qs, _w, icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
-        slots = A.slots_of_positions(topk_op(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
-        del scores
-        views = A.cache_views(mcache)
+        q, mcache, views, slots = step_attention_inputs(b, length)
         T, H, K = q.shape[0], q.shape[1], slots.shape[1]
         ref_o, ref_l = A.sparse_mla_attention(q, mcache, slots, SM_SCALE, form="one_pass", target="triton")
         scale = float(ref_o.float().abs().max())
@@ -135,7 +131,7 @@ def main(argv=None) -> int:
             rows.append({**base, "form": "two pass: values", "segments": ns, "config": fmt(cfg), "ms": ms,
                          "total ms": sms + ms, "o rel diff vs one pass": err, "lse diff": lerr})
             print(rows[-1], flush=True)
-        del mcache, icache
+        del mcache
         torch.cuda.empty_cache()
     harness.report(f"sfa_forms_{args.tag}" if args.tag else "sfa_forms", ["B", "L", "form", "segments", "config", "ms", "total ms", "o rel diff vs one pass",
                                  "lse diff"], rows,

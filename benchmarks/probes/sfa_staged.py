@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import k31dsl as k  # noqa: E402
 from k31dsl.ops.dsa.attention import load_query, records_at, score_tile, segment_blocks  # noqa: E402
-from k31dsl.ops.dsa.sfa_two_pass import segments_lse  # noqa: E402
+from k31dsl.ops.dsa.sfa_two_pass import fold_stats, segments_lse  # noqa: E402
 
 SM_SCALE = 0.135234
 STAGE_CONFIGS = [{"BR": br, "num_warps": w} for br, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
@@ -71,10 +71,7 @@ def staged_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, 
             sc = score_tile(ql0, ql1, ql2, ql3, qr, c0.to(k.bf16), c1.to(k.bf16), c2.to(k.bf16), c3.to(k.bf16),
                             s0, s1, s2, s3, kr, valid, sm_scale)
             s[t, k.span(h0, BH), k.span(j0, BK)] = sc
-            m_new = k.maximum(m, k.max(sc, axis=1))
-            m_safe = k.where(m_new == float("-inf"), 0.0, m_new)
-            l = l * k.exp(m - m_safe) + k.sum(k.exp(sc - m_safe[:, None]), axis=1)
-            m = m_new
+            m, l = fold_stats(m, l, sc)
         part_m[sg, t, k.span(h0, BH)] = m
         part_l[sg, t, k.span(h0, BH)] = l
 
@@ -132,19 +129,15 @@ def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import step_scores
+    from dsa import step_attention_inputs
     from k31dsl.ops.dsa import attention as A
     from k31dsl.ops.dsa import sfa_two_pass as TP
-    from k31dsl.ops.dsa.topk import topk as topk_op
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     args = ap.parse_args(argv)
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
-        (_qc, _qs, _w, icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
-        slots = A.slots_of_positions(topk_op(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
-        del scores
-        views = A.cache_views(mcache)
+        q, mcache, views, slots = step_attention_inputs(b, length)
         n_cache = views[0].shape[0]
         T, H, K = q.shape[0], q.shape[1], slots.shape[1]
         base = {"B": b, "L": length}
@@ -201,7 +194,7 @@ def main(argv=None) -> int:
         for name, fn in (("committed scores (again)", committed_scores), ("committed values (again)", committed_values)):
             rows.append({**base, "kernel": name, "config": "default", "ms": timed(fn)})
             print(rows[-1], flush=True)
-        del mcache, icache, staged
+        del mcache, staged
         torch.cuda.empty_cache()
     harness.report("sfa_staged", ["B", "L", "kernel", "config", "ms", "TB/s", "diff", "lse diff"], rows,
                    notes="CUDA-graph medians of one launch each, the step's own indices; stage copy TB/s counts "

@@ -75,12 +75,18 @@ def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S"
                             s0, s1, s2, s3, kr, valid, sm_scale)
             ahead = indices[t, k.span(j0 + BK, BK, other=-1)]           # past the segment: never used
             s[t, k.span(h0, BH), k.span(j0, BK)] = sc
-            m_new = k.maximum(m, k.max(sc, axis=1))
-            m_safe = k.where(m_new == float("-inf"), 0.0, m_new)          # nothing valid yet: no NaN
-            l = l * k.exp(m - m_safe) + k.sum(k.exp(sc - m_safe[:, None]), axis=1)
-            m = m_new
+            m, l = fold_stats(m, l, sc)
         part_m[sg, t, k.span(h0, BH)] = m
         part_l[sg, t, k.span(h0, BH)] = l
+
+
+@k.func
+def fold_stats(m, l, sc):
+    """The running softmax statistics [BH] after one more score tile sc [BH, BK]: max m and sum l
+    of exp(score - m); a row with nothing valid yet (all -inf) keeps m = -inf, l = 0 (no NaN)."""
+    m_new = k.maximum(m, k.max(sc, axis=1))
+    m_safe = k.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, l * k.exp(m - m_safe) + k.sum(k.exp(sc - m_safe[:, None]), axis=1)
 
 
 @k.func
