@@ -104,6 +104,25 @@ def tuning_rows(label: str, compiled) -> list[dict]:
     return rows
 
 
+def compiled_resources(match: str = "") -> list[dict]:
+    """Registers, spills and shared memory of every Triton kernel compiled in this process whose
+    name contains `match`: what the GPU's own compiler gave each variant (occupancy cliffs such
+    as 128 registers at 8 warps show up here, not in a SASS build on the CPU)."""
+    import gc
+
+    from triton.compiler.compiler import CompiledKernel
+    rows = []
+    for obj in gc.get_objects():
+        if isinstance(obj, CompiledKernel) and match in obj.name:
+            try:
+                obj._init_handles()
+            except Exception:  # noqa: BLE001 - a kernel that cannot load here is skipped
+                continue
+            rows.append({"kernel": obj.name, "regs": obj.n_regs, "spills": obj.n_spills,
+                         "smem": obj.metadata.shared, "warps": obj.metadata.num_warps})
+    return sorted(rows, key=lambda r: (r["kernel"], r["regs"]))
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"

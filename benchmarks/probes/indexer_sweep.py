@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--caps", action="store_true",
                     help="the pinned decode config at register caps 128 / 96 / 80 (four / five / six programs per "
                          "SM), each at the key split that fills whole waves at its occupancy")
+    ap.add_argument("--tag", default="", help="append _TAG to the results' file name (A/B runs)")
     args = ap.parse_args(argv)
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
@@ -90,7 +91,9 @@ def main(argv=None) -> int:
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
     name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else \
         "indexer_sweep_f16" if args.f16 else "indexer_sweep_caps" if args.caps else "indexer_sweep"
-    harness.report(name, cols, rows,
+    for r in harness.compiled_resources("lightning"):
+        print("resources", r, flush=True)
+    harness.report(name + (f"_{args.tag}" if args.tag else ""), cols, rows,
                    notes="Decode indexer, bf16 scoring, pinned configs x key splits (benchmarks/probes/indexer_sweep.py). "
                          "Floor: B*L*132 B at 4.28 TB/s.")
     return 0

@@ -64,15 +64,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--value-configs", default="",
-                    help="value-pass configs to time instead of VALUE_CONFIGS, as BHxBKxWARPS[xMAXNREG] joined by "
-                         "'+' (one stage), e.g. 64x64x8+64x32x4")
+                    help="value-pass configs to time instead of VALUE_CONFIGS, as BHxBKxWARPS[xMAXNREG[xSTAGES]] "
+                         "joined by '+' (MAXNREG 0: no cap; one stage unless given), e.g. 64x64x8+64x32x4+64x64x8x128x2")
     ap.add_argument("--tag", default="", help="write results/sfa_forms_TAG.* instead")
     ap.add_argument("--scores", choices=("all", "default"), default="all",
                     help="'default': time only the committed score config (when only value configs are compared)")
     args = ap.parse_args(argv)
     value_configs = VALUE_CONFIGS if not args.value_configs else [
-        {"BH": int(v[0]), "BK": int(v[1]), "num_warps": int(v[2]), "num_stages": 1,
-         **({"maxnreg": int(v[3])} if len(v) > 3 else {})}
+        {"BH": int(v[0]), "BK": int(v[1]), "num_warps": int(v[2]), "num_stages": int(v[4]) if len(v) > 4 else 1,
+         **({"maxnreg": int(v[3])} if len(v) > 3 and int(v[3]) else {})}
         for v in (c.split("x") for c in args.value_configs.split("+"))]
     score_configs = SCORE_CONFIGS if args.scores == "all" else [SCORE_CONFIGS[0]]
     rows = []
@@ -133,6 +133,8 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
         del mcache
         torch.cuda.empty_cache()
+    for r in harness.compiled_resources("sfa_"):
+        print("resources", r, flush=True)
     harness.report(f"sfa_forms_{args.tag}" if args.tag else "sfa_forms", ["B", "L", "form", "segments", "config", "ms", "total ms", "o rel diff vs one pass",
                                  "lse diff"], rows,
                    notes="CUDA-graph medians of one launch each (the two-pass totals add the best scores config "

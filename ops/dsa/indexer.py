@@ -194,13 +194,21 @@ def indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H):
 
 
 @k.func
-def indexer_page_scores_f16(qh, w, kc, ksc, pages, NQ, H, PB):
+def page_scales(ksc, block_table, b, kb, PB):
+    """The E8M0 scales [PB*64, 4] of key block kb of sequence b (pages past the block table read
+    scale 1). A byte tile cannot be an async copy (4 bytes at least), so the pipeliner leaves it a
+    synchronous load; the key loop loads it one block ahead instead."""
+    pages = block_table[b, k.span(kb * PB, PB, other=-1)]
+    return k.reshape(k.load(ksc, (pages, k.span(ksc.shape[1] - PAGE, PAGE), k.span(0, 4)), other=1.0), (PB * 64, 4))
+
+
+@k.func
+def indexer_page_scores_f16(qh, w, kc, sc, pages, NQ, H, PB):
     """`indexer_page_scores_keys_major` on `indexer_query_f16`'s operands (qh already [128, NQ*H])
-    and f16 keys: logits [PB*64, NQ*H] from one K=128 f16 dot, ReLU, head weights, the sum over
-    heads, then each key's 2^E -> scores [NQ, PB*64]."""
+    and f16 keys (sc: their scales, `page_scales`): logits [PB*64, NQ*H] from one K=128 f16 dot,
+    ReLU, head weights, the sum over heads, then each key's 2^E -> scores [NQ, PB*64]."""
     BS = PB * 64
     c = k.reshape(kc[pages, k.span(0, 64), k.span(0, 128, other=0.0)], (BS, 128))
-    sc = k.reshape(k.load(ksc, (pages, k.span(ksc.shape[1] - PAGE, PAGE), k.span(0, 4)), other=1.0), (BS, 4))
     kh, kf = split_scales(c, sc, BS)
     r = k.relu(k.dot(kh, qh)) * w[None, :]
     return (k.sum(k.reshape(r, (BS, NQ, H)), axis=2) * kf[:, None]).T
@@ -212,7 +220,9 @@ def indexer_page_scores_f16(qh, w, kc, ksc, pages, NQ, H, PB):
 # NOTES, DSA indexer): B=64 L=32K 0.128 ms, B=32 L=128K 0.248, against 0.138 / 0.276 with bf16
 # operands (3 or 4 stages: 0.145 / 0.283); bf16 uncapped 0.152 at 384 programs, 0.182 at 3 stages;
 # the best heads-major config 0.250. Tried and taken out: the key scales as one i32 word per token
-# (0.169 ms).
+# (0.169 ms). The next page's scale bytes loaded during this page (`page_scales`; Nsight's PC
+# samples had 21 % of the kernel's stalls on their synchronous load): 0.131 -> 0.122 ms at B=64
+# L=32K, 0.257 -> 0.241 at B=32 L=128K (results/indexer_sweep_stages_sp_*.md).
 DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "F16": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
 DECODE_BF16_PER_SM = 4
 
@@ -272,6 +282,7 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
         if MMA_BF16 and F16:
             qd, w = indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H)
+            ksc_ahead = page_scales(ksc, block_table, b, k.maximum(a, blo), PB)
         elif MMA_BF16:
             qd, w = indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H)
         else:
@@ -279,8 +290,10 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
         for kb in range(k.maximum(a, blo), k.minimum(z, bhi)):
             pages = block_table[b, k.span(kb * PB, PB, other=-1)]
             if MMA_BF16:
-                if F16:             # keys-major too
-                    sc = indexer_page_scores_f16(qd, w, kc, ksc, pages, NQ, H, PB)
+                if F16:             # keys-major too; the next block's scales loaded during this one
+                    ksc_now = ksc_ahead
+                    ksc_ahead = page_scales(ksc, block_table, b, kb + 1, PB)
+                    sc = indexer_page_scores_f16(qd, w, kc, ksc_now, pages, NQ, H, PB)
                 elif KEYS_MAJOR:
                     sc = indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB)
                 else:
