@@ -194,11 +194,10 @@ def indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H):
 
 
 @k.func
-def page_scales(ksc, block_table, b, kb, PB):
-    """The E8M0 scales [PB*64, 4] of key block kb of sequence b (pages past the block table read
-    scale 1). A byte tile cannot be an async copy (4 bytes at least), so the pipeliner leaves it a
-    synchronous load; the key loop loads it one block ahead instead."""
-    pages = block_table[b, k.span(kb * PB, PB, other=-1)]
+def page_scales(ksc, pages, PB):
+    """The E8M0 scales [PB*64, 4] of the keys of `pages` (pages past the cache read scale 1). A
+    byte tile cannot be an async copy (4 bytes at least), so the pipeliner leaves it a synchronous
+    load; the key loop loads it one block ahead instead, from page numbers loaded two ahead."""
     return k.reshape(k.load(ksc, (pages, k.span(ksc.shape[1] - PAGE, PAGE), k.span(0, 4)), other=1.0), (PB * 64, 4))
 
 
@@ -222,7 +221,9 @@ def indexer_page_scores_f16(qh, w, kc, sc, pages, NQ, H, PB):
 # the best heads-major config 0.250. Tried and taken out: the key scales as one i32 word per token
 # (0.169 ms). The next page's scale bytes loaded during this page (`page_scales`; Nsight's PC
 # samples had 21 % of the kernel's stalls on their synchronous load): 0.131 -> 0.122 ms at B=64
-# L=32K, 0.257 -> 0.241 at B=32 L=128K (results/indexer_sweep_stages_sp_*.md).
+# L=32K, 0.257 -> 0.241 at B=32 L=128K (results/indexer_sweep_stages_sp_*.md); their page numbers
+# loaded two pages ahead (the scale address no longer waits on a block-table load): 0.1207 ->
+# 0.1192 / 0.2385 -> 0.236 (results/indexer_sweep_stages_pa_*.md).
 DECODE_BF16 = {"NQ": 1, "PB": 1, "KEYS_MAJOR": True, "F16": True, "num_warps": 4, "num_stages": 5, "maxnreg": 128}
 DECODE_BF16_PER_SM = 4
 
@@ -282,7 +283,9 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             k.store(scores, (k.span(t0, NQ), k.span(kb * BS, BS)), ninf, mask=tmask[:, None])
         if MMA_BF16 and F16:
             qd, w = indexer_query_f16(q_codes, q_scales, weights, t0, NQ, H)
-            ksc_ahead = page_scales(ksc, block_table, b, k.maximum(a, blo), PB)
+            kb0 = k.maximum(a, blo)
+            ksc_ahead = page_scales(ksc, block_table[b, k.span(kb0 * PB, PB, other=-1)], PB)
+            pages_ahead = block_table[b, k.span(kb0 * PB + PB, PB, other=-1)]
         elif MMA_BF16:
             qd, w = indexer_query_bf16(q_codes, q_scales, weights, t0, NQ, H)
         else:
@@ -292,7 +295,8 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             if MMA_BF16:
                 if F16:             # keys-major too; the next block's scales loaded during this one
                     ksc_now = ksc_ahead
-                    ksc_ahead = page_scales(ksc, block_table, b, kb + 1, PB)
+                    ksc_ahead = page_scales(ksc, pages_ahead, PB)
+                    pages_ahead = block_table[b, k.span(kb * PB + 2 * PB, PB, other=-1)]
                     sc = indexer_page_scores_f16(qd, w, kc, ksc_now, pages, NQ, H, PB)
                 elif KEYS_MAJOR:
                     sc = indexer_page_scores_keys_major(qd, w, kc, ksc, pages, NQ, H, PB)

@@ -47,7 +47,10 @@ from k31dsl.ops.dsa.attention import (LATENT, TILE, live_blocks, load_query, rec
 # in another) while in the step graph BK 32 wins clearly (DSA step SFA 0.141 ms with BK 32 picked,
 # 0.158 with BK 16 and 0.176 with BK 64; hot-L2 probes 0.075 / 0.094 / 0.104): one config.
 SCORE_CONFIGS = [{"BH": 64, "BK": 32, "num_warps": 4, "num_stages": 1}]
-VALUE_CONFIGS = [{"BH": bh, "BK": 64, "num_warps": 8, "num_stages": st} for bh, st in ((64, 1), (64, 2), (128, 1))]
+# Value pass: BH 128 and two stages lose in every hot-L2 probe (0.174 / 0.145 ms against 0.123 at
+# B=64 L=32K, results/sfa_forms_vpf2_old.md), but the cold tuner once timed BH 64 at 0.142 against
+# 0.095 for BH 128 at B=32 L=128K and took it (DSA step SFA 0.137 -> 0.161 ms): one config.
+VALUE_CONFIGS = [{"BH": 64, "BK": 64, "num_warps": 8, "num_stages": 1}]
 SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto form accepts
 
 
