@@ -17,13 +17,16 @@ POINTER = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "f64": "*fp64", "i8"
 SCALAR = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64", "bf16": "fp32"}
 
 
-def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type: str = "int32",
-                    divisible: Callable[[str], bool] | None = None, **launch):
+def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type: str | dict = "int32",
+                    divisible: Callable[[str], bool] | None = None, ones: frozenset = frozenset(), **launch):
     """triton.compile of `kernel`'s gpu-mode launcher body for sm_`arch`; returns Triton's compiled
     object (`.asm["cubin"]`, `.asm["ptx"]`, `.metadata`). Launch options (num_warps, num_stages)
-    default to those of the kernel's matching config, as the runtime would launch it.
-    `divisible(arg_name)` marks pointer/size/stride arguments as multiples of 16, as the JIT
-    does for such values (None: no hints, the most general code)."""
+    default to those of the kernel's matching config, as the runtime would launch it. `index_type`:
+    the offsets' width for every tensor ("int32" / "int64"), or a dict by tensor name (others int32).
+    `divisible(arg_name)` marks pointer and integer arguments as multiples of 16, as the JIT
+    does for such values (None: no hints, the most general code); `ones` names the integer arguments
+    (sizes, strides, scalars) that are 1, which the JIT compiles as constants (`jit_like` gives
+    all three as the GPU would choose them for a call)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -45,8 +48,13 @@ def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type:
             constants[f"{p.name}_stride_{t.rank - 1}"] = 1
         else:
             signature[p.name] = SCALAR[t.dtype.name]
-    if "K31_IDX" in fn.arg_names:                                          # launcher-chosen offsets
-        signature["K31_IDX"], constants["K31_IDX"] = "constexpr", getattr(triton.language, index_type)
+    for name in ones:
+        if name in signature and not signature[name].startswith("*") and name not in constants:
+            signature[name], constants[name] = "constexpr", 1
+    for name in fn.arg_names:                                              # launcher-chosen offsets
+        if name.startswith("K31_IDX_"):
+            width = index_type if isinstance(index_type, str) else index_type.get(name[8:], "int32")
+            signature[name], constants[name] = "constexpr", getattr(triton.language, width)
     for name in fn.arg_names:
         if name in kernel.constexprs:
             signature[name], constants[name] = "constexpr", kernel.constexprs[name]
@@ -56,7 +64,37 @@ def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type:
     if divisible is not None:
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if n not in constants and divisible(n)
-                 and (signature[n].startswith("*") or "_size_" in n or "_stride_" in n)}
+                 and (signature[n].startswith("*") or signature[n] in ("i32", "i64"))}
     options = {k: v for k, v in TritonEmitter(kernel, launch).launch_options().items() if v is not None}
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options=options)
+
+
+
+def jit_like(kernel: Kernel, **args) -> dict:
+    """compile_for_gpu's `divisible` and `index_type` as Triton's JIT and k31dsl's launcher would
+    choose them for these call arguments (torch tensors by parameter name, any device; meta tensors
+    will do; integer scalars by name too): a pointer whose address is a multiple of 16 bytes and an
+    integer that is a multiple of 16 are marked divisible, an integer equal to 1 becomes a constant,
+    and offsets into a tensor that spans 2^30 elements or more are int64 (the launcher's
+    `_index_type`, per tensor). With these the CPU build is the H200's binary: the SFA score pass at
+    the DSA step's B=64 (all offsets int64 then) gave 199 registers and 2256 instructions, as Nsight
+    reported, where `divisible=lambda n: True` and int32 (the cache views' strides 164 and 328 are
+    not multiples of 16, and the code view spans 1.4e9 elements) gave 152."""
+    facts, ints, wide = {}, {}, {}
+    for p in kernel.params:
+        t = args.get(p.name)
+        if t is None:
+            continue
+        if not p.is_tensor:
+            if isinstance(t, int) and not isinstance(t, bool):
+                ints[p.name] = t
+            continue
+        facts[p.name] = t.device.type == "meta" or t.data_ptr() % 16 == 0
+        ints.update({f"{p.name}_size_{a}": n for a, n in enumerate(t.shape)})
+        ints.update({f"{p.name}_stride_{a}": s_ for a, s_ in enumerate(t.stride())})
+        span = sum((n - 1) * abs(s_) for n, s_ in zip(t.shape, t.stride()))
+        wide[p.name] = "int64" if span >= 1 << 30 else "int32"
+    facts.update({name: v % 16 == 0 for name, v in ints.items()})
+    return {"divisible": lambda name: facts.get(name, False), "index_type": wide,
+            "ones": frozenset(name for name, v in ints.items() if v == 1)}

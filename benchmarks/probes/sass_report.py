@@ -1,0 +1,108 @@
+"""Probe (CPU): the DSA decode step's kernels built for sm_90a as the H200's JIT builds them
+(`targets/triton/aot.jit_like`: the same divisibility facts and offset widths from the call's own
+tensors, here meta tensors at the step's shapes), with registers, spills, shared memory, SASS
+instructions and the programs per SM those allow. Run it with the GPU's Triton (3.6), so the code is
+the GPU's code: its registers and instruction counts then match Nsight's (with every offset int64,
+as the launcher chose before offsets got their width per tensor: SFA score pass at B=64 199
+registers and 2256 instructions, the indexer 118 and 1536).
+
+    env -u TRITON_INTERPRET /work/venv36/bin/python benchmarks/probes/sass_report.py [--shapes 64x32768]
+    ... --ops /path/to/variant.py     (an sfa_two_pass.py variant to build instead of the committed one)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REGS_PER_SM, SMEM_PER_SM = 65536, 232448        # sm_90: 64 K registers, 227 KB of shared memory
+
+
+def sass_facts(compiled, folder: Path) -> dict:
+    import triton
+    bin_dir = Path(triton.__file__).parent / "backends/nvidia/bin"
+    cubin = folder / "k.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True).stdout
+    res = subprocess.run([str(bin_dir / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    warps = compiled.metadata.num_warps
+    smem = compiled.metadata.shared
+    by_regs = REGS_PER_SM // (32 * warps * -(-regs // 8) * 8)
+    by_smem = SMEM_PER_SM // (smem + 1024) if smem else 32
+    return {"regs": regs, "spill loads": len(re.findall(r"\bLDL\b", sass)), "smem KB": round(smem / 1024, 1),
+            "warps": warps, "SASS": len(re.findall(r"\n\s+/\*[0-9a-f]{4}\*/", sass)),
+            "HGMMA": len(re.findall(r"HGMMA", sass)), "per SM": min(by_regs, by_smem, 64 // warps),
+            "limit": "registers" if by_regs < by_smem else "shared memory"}
+
+
+def main(argv=None) -> int:
+    import torch
+
+    import harness
+    import k31dsl as k
+    from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa import indexer as I
+    from k31dsl.targets.triton.aot import compile_for_gpu, jit_like
+    from k31dsl.targets.triton.emit import LAUNCH_KEYS
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="64x32768,32x131072")
+    ap.add_argument("--ops", default="", help="an sfa_two_pass.py variant to build instead of the committed one")
+    args = ap.parse_args(argv)
+    if args.ops:
+        spec = importlib.util.spec_from_file_location("variant", args.ops)
+        TP = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(TP)
+    else:
+        from k31dsl.ops.dsa import sfa_two_pass as TP
+    meta = dict(device="meta")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for b, length in harness.shape_pairs(args.shapes):
+            pages, topk, h = b * length // 64, 2048, 128
+            cache = torch.empty((pages, 64 * A.RECORD), dtype=torch.uint8, **meta)
+            codes, scales, rope = A.cache_views(cache)
+            icache = torch.empty((pages, I.PAGE_BYTES), dtype=torch.uint8, **meta)
+            kc, ksc = I.indexer_cache_views(icache)           # what lightning_indexer passes
+            ns = TP.score_segments(b, h, topk, 64, 32)
+            t = dict(q=torch.empty((b, h, 576), dtype=torch.bfloat16, **meta), codes=codes, scales=scales, rope=rope,
+                     indices=torch.empty((b, topk), dtype=torch.int32, **meta),
+                     s=torch.empty((b, h, topk), **meta), part_m=torch.empty((ns, b, h), **meta),
+                     part_l=torch.empty((ns, b, h), **meta), o=torch.empty((b, h, 512), dtype=torch.bfloat16, **meta),
+                     lse=torch.empty((b, h), **meta),
+                     q_codes=torch.empty((b, 64, 128), dtype=torch.float8_e4m3fn, **meta),
+                     q_scales=torch.empty((b, 64, 4), dtype=torch.float8_e8m0fnu, **meta),
+                     weights=torch.empty((b, 64), **meta), kc=kc, ksc=ksc,
+                     block_table=torch.empty((b, length // 64), dtype=torch.int32, **meta),
+                     ks=torch.empty((b,), dtype=torch.int32, **meta), ke=torch.empty((b,), dtype=torch.int32, **meta),
+                     scores=torch.empty((b, length), **meta))
+            cx_li = {key: v for key, v in I.DECODE_BF16.items() if key not in LAUNCH_KEYS}
+            builds = [("lightning_indexer_paged", I.lightning_indexer_paged.ir(H=64, MMA_BF16=True, **cx_li),
+                       {key: v for key, v in I.DECODE_BF16.items() if key in LAUNCH_KEYS}),
+                      ("sfa_scores", TP.sfa_scores.ir(QT=k.bf16, **{key: v for key, v in TP.SCORE_CONFIGS[0].items()
+                                                                   if key not in LAUNCH_KEYS}),
+                       {key: v for key, v in TP.SCORE_CONFIGS[0].items() if key in LAUNCH_KEYS}),
+                      ("sfa_values", TP.sfa_values.ir(NSB=TP.segments_pow2(ns), **{
+                          key: v for key, v in TP.VALUE_CONFIGS[0].items() if key not in LAUNCH_KEYS}),
+                       {key: v for key, v in TP.VALUE_CONFIGS[0].items() if key in LAUNCH_KEYS})]
+            for name, kern, launch in builds:
+                t["nsplit"] = I.split_count(I.DECODE_BF16, b, 1, length)
+                like = jit_like(kern, n_per_seq=1, **{p.name: t[p.name] for p in kern.params if p.name in t})
+                compiled = compile_for_gpu(kern, folder, arch=90, **like, **launch)
+                rows.append({"shape": f"B={b} L={length}", "kernel": name, "int64 offsets": "+".join(n for n, w in like["index_type"].items() if w == "int64") or "-",
+                             **sass_facts(compiled, folder)})
+                print(rows[-1], flush=True)
+    harness.print_table(["shape", "kernel", "int64 offsets", "regs", "spill loads", "smem KB", "warps", "per SM", "limit",
+                         "SASS", "HGMMA"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
