@@ -70,7 +70,6 @@ def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type:
                           target=GPUTarget("cuda", arch, 32), options=options)
 
 
-
 def jit_like(kernel: Kernel, **args) -> dict:
     """compile_for_gpu's `divisible` and `index_type` as Triton's JIT and k31dsl's launcher would
     choose them for these call arguments (torch tensors by parameter name, any device; meta tensors
