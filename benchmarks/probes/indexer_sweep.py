@@ -33,8 +33,6 @@ def splits_for(b: int) -> list[int]:
 
 
 def main(argv=None) -> int:
-    import torch
-
     import harness
     from dsa import make_step
     from k31dsl.ops.dsa.indexer import DECODE_BF16, lightning_indexer

@@ -72,8 +72,7 @@ def sfa_two_pass(reps: int = 4, b: int = 64, length: int = 32768):
     slots = A.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
     views = A.cache_views(mcache)
     t, h, k = mq.shape[0], mq.shape[1], slots.shape[1]
-    s = torch.empty((t, h, k), device="cuda")
-    pm, pl = torch.empty((2, t, h), device="cuda"), torch.empty((2, t, h), device="cuda")
+    s, pm, pl = TP.new_buffers(t, h, k, 2, "cuda")
     o, lse = torch.empty((t, h, 512), dtype=torch.bfloat16, device="cuda"), torch.empty((t, h), device="cuda")
     for _ in range(reps):
         TP.sfa_scores["triton"](mq, *views, slots, s, pm, pl, SM_SCALE, **TP.SCORE_CONFIGS[0])

@@ -72,17 +72,17 @@ def main(argv=None) -> int:
             icache = torch.empty((pages, I.PAGE_BYTES), dtype=torch.uint8, **meta)
             kc, ksc = I.indexer_cache_views(icache)           # what lightning_indexer passes
             ns = TP.score_segments(b, h, topk, 64, 32)
+            s, part_m, part_l = TP.new_buffers(b, h, topk, ns, "meta")
             t = dict(q=torch.empty((b, h, 576), dtype=torch.bfloat16, **meta), codes=codes, scales=scales, rope=rope,
-                     indices=torch.empty((b, topk), dtype=torch.int32, **meta),
-                     s=torch.empty((b, h, topk), **meta), part_m=torch.empty((ns, b, h), **meta),
-                     part_l=torch.empty((ns, b, h), **meta), o=torch.empty((b, h, 512), dtype=torch.bfloat16, **meta),
+                     indices=torch.empty((b, topk), dtype=torch.int32, **meta), s=s, part_m=part_m, part_l=part_l,
+                     o=torch.empty((b, h, 512), dtype=torch.bfloat16, **meta),
                      lse=torch.empty((b, h), **meta),
                      q_codes=torch.empty((b, 64, 128), dtype=torch.float8_e4m3fn, **meta),
                      q_scales=torch.empty((b, 64, 4), dtype=torch.float8_e8m0fnu, **meta),
                      weights=torch.empty((b, 64), **meta), kc=kc, ksc=ksc,
                      block_table=torch.empty((b, length // 64), dtype=torch.int32, **meta),
                      ks=torch.empty((b,), dtype=torch.int32, **meta), ke=torch.empty((b,), dtype=torch.int32, **meta),
-                     scores=torch.empty((b, length), **meta))
+                     scores=torch.empty((b, length), **meta), nsplit=I.split_count(I.DECODE_BF16, b, 1, length))
             cx_li = {key: v for key, v in I.DECODE_BF16.items() if key not in LAUNCH_KEYS}
             builds = [("lightning_indexer_paged", I.lightning_indexer_paged.ir(H=64, MMA_BF16=True, **cx_li),
                        {key: v for key, v in I.DECODE_BF16.items() if key in LAUNCH_KEYS}),
@@ -93,7 +93,6 @@ def main(argv=None) -> int:
                           key: v for key, v in TP.VALUE_CONFIGS[0].items() if key not in LAUNCH_KEYS}),
                        {key: v for key, v in TP.VALUE_CONFIGS[0].items() if key in LAUNCH_KEYS})]
             for name, kern, launch in builds:
-                t["nsplit"] = I.split_count(I.DECODE_BF16, b, 1, length)
                 like = jit_like(kern, n_per_seq=1, **{p.name: t[p.name] for p in kern.params if p.name in t})
                 compiled = compile_for_gpu(kern, folder, arch=90, **like, **launch)
                 rows.append({"shape": f"B={b} L={length}", "kernel": name, "int64 offsets": "+".join(n for n, w in like["index_type"].items() if w == "int64") or "-",

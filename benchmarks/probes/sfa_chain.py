@@ -81,9 +81,7 @@ def main(argv=None) -> int:
         q, mcache, views, slots = step_attention_inputs(b, length)
         T, H, K = q.shape[0], q.shape[1], slots.shape[1]
         ns = TP.score_segments(T, H, K, 64, 32)
-        s = torch.empty((T, H, K), dtype=torch.float32, device="cuda")
-        pm = torch.empty((ns, T, H), dtype=torch.float32, device="cuda")
-        pl = torch.empty_like(pm)
+        s, pm, pl = TP.new_buffers(T, H, K, ns, "cuda")
 
         def committed():
             TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, SM_SCALE, **TP.SCORE_CONFIGS[0])

@@ -143,9 +143,7 @@ def main(argv=None) -> int:
         base = {"B": b, "L": length}
         ns = TP.score_segments(T, H, K, 64, 32)
         nsb = TP.segments_pow2(ns)
-        s = torch.empty((T, H, K), dtype=torch.float32, device="cuda")
-        pm = torch.empty((ns, T, H), dtype=torch.float32, device="cuda")
-        pl = torch.empty_like(pm)
+        s, pm, pl = TP.new_buffers(T, H, K, ns, "cuda")
         o = torch.empty((T, H, 512), dtype=torch.bfloat16, device="cuda")
         lse = torch.empty((T, H), dtype=torch.float32, device="cuda")
 

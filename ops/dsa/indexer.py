@@ -294,6 +294,8 @@ def lightning_indexer_paged(q_codes: k.Tensor[k.f8e4m3, "T", "H", "D"], q_scales
             pages = block_table[b, k.span(kb * PB, PB, other=-1)]
             if MMA_BF16:
                 if F16:             # keys-major too; the next block's scales loaded during this one
+                    # (`pages` is loaded here again, not carried from pages_ahead: the code gather's
+                    # cp.async pipelining is keyed to an index load in the same iteration)
                     ksc_now = ksc_ahead
                     ksc_ahead = page_scales(ksc, pages_ahead, PB)
                     pages_ahead = block_table[b, k.span(kb * PB + 2 * PB, PB, other=-1)]

@@ -171,6 +171,13 @@ def buffers(t: int, h: int, topk: int, segments: int) -> dict:
     return {"scores": (t, h, topk), "part_m": (segments, t, h), "part_l": (segments, t, h)}
 
 
+def new_buffers(t: int, h: int, topk: int, segments: int, device):
+    """Empty torch tensors for `buffers`' three intermediates, in its order: (scores, part_m, part_l)."""
+    import torch
+    return tuple(torch.empty(shape, dtype=torch.float32, device=device)
+                 for shape in buffers(t, h, topk, segments).values())
+
+
 def segments_pow2(segments: int) -> int:
     """pass 2's NSB: the segment count rounded up to a power of two."""
     return 1 << (segments - 1).bit_length()
@@ -179,11 +186,9 @@ def segments_pow2(segments: int) -> int:
 def sparse_mla_attention_two_pass(target: str, q, views, idx, sm_scale: float, o, lse, segments: int, kw: dict):
     """Launch both passes into o / lse (torch tensors allocated by the caller). kw: config keys
     pinned for the passes that take them (pass_configs)."""
-    import torch
     kw_scores, kw_values = pass_configs("sparse_mla_attention", kw)
     c, sc, r = views
-    s, part_m, part_l = (torch.empty(shape, dtype=torch.float32, device=q.device)
-                         for shape in buffers(q.shape[0], q.shape[1], idx.shape[1], segments).values())
+    s, part_m, part_l = new_buffers(q.shape[0], q.shape[1], idx.shape[1], segments, q.device)
     sfa_scores[target](q, c, sc, r, idx, s, part_m, part_l, float(sm_scale), **kw_scores)
     sfa_values[target](c, sc, idx, s, part_m, part_l, o, lse, NSB=segments_pow2(segments), **kw_values)
     return o, lse
