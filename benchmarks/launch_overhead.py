@@ -50,11 +50,9 @@ def main() -> int:
     grid = (-(-8 // bm), -(-1024 // bn))
     cb, sb = codes.view(torch.uint8), scales.view(torch.uint8)
 
-    widths = {n: tl.int32 for n in kern.arg_names if n.startswith("K31_IDX_")}     # per-tensor offset widths
-
     def raw():
         kern[grid](x, 8, 1024, 1024, 1, cb, 8, 1024, 1024, 1, sb, 8, 32, 32, 1,
-                   BM=bm, BN=bn, FLOOR=False, **widths)
+                   BM=bm, BN=bn, FLOOR=False, K31_IDX=tl.int32)
 
     compiled = torch.compile(qbench.torch_mxfp8)
     layers = {"public op (mxfp8_quantize)": lambda: quant.mxfp8_quantize(x, target="triton"),

@@ -477,7 +477,7 @@ def test_jit_like_marks_what_the_jit_and_launcher_would():
     """aot.jit_like, the CPU build's stand-in for the GPU's JIT specialisation: sizes, strides and
     addresses that are multiples of 16 are divisible, the rest are not (a row view with an odd
     stride, a pointer 4 bytes into a buffer), and offsets turn int64 exactly when some tensor spans
-    2^30 elements or more, each tensor on its own (meta tensors: no memory)."""
+    2^30 elements or more, for the whole kernel (meta tensors: no memory)."""
     from k31dsl.targets.triton.aot import jit_like
     kern = gather_rows.ir()
     base = torch.empty(4096 * 52, device="meta")
@@ -486,15 +486,15 @@ def test_jit_like_marks_what_the_jit_and_launcher_would():
     o, dst = torch.empty((7, 32, 48), device="meta"), torch.empty((4096, 48), device="meta")
     like = jit_like(kern, kv=kv, ids=ids, flag=flag, o=o, dst=dst, cnt=cnt)
     div = like["divisible"]
-    assert set(like["index_type"].values()) == {"int32"}
+    assert like["index_type"] == "int32"
     assert div("kv") and div("kv_size_0") and div("kv_size_1") and not div("kv_stride_0")
     assert div("ids_size_1") and not div("ids_size_0") and div("o_stride_0") and div("o_stride_1")
     assert not div("flag_size_0") and not div("no_such_argument")
     cpu = torch.zeros(64, dtype=torch.float32)
     assert not jit_like(kern, kv=cpu[1:].view(9, 7))["divisible"]("kv")          # 4 bytes off alignment
     big = base.as_strided((2, 48), (1 << 30, 1))               # two rows 2^30 elements apart
-    assert jit_like(kern, kv=big, ids=ids)["index_type"] == {"kv": "int64", "ids": "int32"}     # per tensor
-    assert jit_like(kern, kv=base.as_strided((2, 48), ((1 << 30) - 48, 1)))["index_type"] == {"kv": "int32"}
+    assert jit_like(kern, kv=big, ids=ids)["index_type"] == "int64"          # one wide tensor: all offsets
+    assert jit_like(kern, kv=base.as_strided((2, 48), ((1 << 30) - 48, 1)))["index_type"] == "int32"
     one = jit_like(kern, flag=torch.empty((1,), dtype=torch.int32, device="meta"), ids=ids)["ones"]
     assert "flag_size_0" in one and "ids_size_0" not in one       # the JIT compiles a 1 as a constant
 
@@ -518,5 +518,5 @@ def test_jit_like_options_compile_for_hopper(tmp_path):
         f"folder = pathlib.Path({str(tmp_path)!r})\n"
         "a = compile_for_gpu(kern, folder, arch=90, **like).asm['cubin']\n"
         "b = compile_for_gpu(kern, folder, arch=90).asm['cubin']\n"
-        "print(like['index_type']['kv'], like['index_type']['o'], 'flag_size_0' in like['ones'], bool(a) and bool(b), a != b)\n")
-    assert run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0").split() == ["int64", "int32", "True", "True", "True"]
+        "print(like['index_type'], 'flag_size_0' in like['ones'], bool(a) and bool(b), a != b)\n")
+    assert run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0").split() == ["int64", "True", "True", "True"]

@@ -2,9 +2,8 @@
 (`targets/triton/aot.jit_like`: the same divisibility facts and offset widths from the call's own
 tensors, here meta tensors at the step's shapes), with registers, spills, shared memory, SASS
 instructions and the programs per SM those allow. Run it with the GPU's Triton (3.6), so the code is
-the GPU's code: its registers and instruction counts then match Nsight's (with every offset int64,
-as the launcher chose before offsets got their width per tensor: SFA score pass at B=64 199
-registers and 2256 instructions, the indexer 118 and 1536).
+the GPU's code: its registers and instruction counts then match Nsight's (SFA score pass at B=64,
+every offset int64 there: 199 registers and 2256 instructions; the indexer 118 and 1536).
 
     env -u TRITON_INTERPRET /work/venv36/bin/python benchmarks/probes/sass_report.py [--shapes 64x32768]
     ... --ops /path/to/variant.py     (an sfa_two_pass.py variant to build instead of the committed one)
@@ -95,10 +94,10 @@ def main(argv=None) -> int:
             for name, kern, launch in builds:
                 like = jit_like(kern, n_per_seq=1, **{p.name: t[p.name] for p in kern.params if p.name in t})
                 compiled = compile_for_gpu(kern, folder, arch=90, **like, **launch)
-                rows.append({"shape": f"B={b} L={length}", "kernel": name, "int64 offsets": "+".join(n for n, w in like["index_type"].items() if w == "int64") or "-",
+                rows.append({"shape": f"B={b} L={length}", "kernel": name, "offsets": like["index_type"],
                              **sass_facts(compiled, folder)})
                 print(rows[-1], flush=True)
-    harness.print_table(["shape", "kernel", "int64 offsets", "regs", "spill loads", "smem KB", "warps", "per SM", "limit",
+    harness.print_table(["shape", "kernel", "offsets", "regs", "spill loads", "smem KB", "warps", "per SM", "limit",
                          "SASS", "HGMMA"], rows)
     return 0
 

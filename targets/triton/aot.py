@@ -17,12 +17,12 @@ POINTER = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "f64": "*fp64", "i8"
 SCALAR = {"f32": "fp32", "i32": "i32", "f64": "fp64", "i64": "i64", "bf16": "fp32"}
 
 
-def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type: str | dict = "int32",
+def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type: str = "int32",
                     divisible: Callable[[str], bool] | None = None, ones: frozenset = frozenset(), **launch):
     """triton.compile of `kernel`'s gpu-mode launcher body for sm_`arch`; returns Triton's compiled
     object (`.asm["cubin"]`, `.asm["ptx"]`, `.metadata`). Launch options (num_warps, num_stages)
     default to those of the kernel's matching config, as the runtime would launch it. `index_type`:
-    the offsets' width for every tensor ("int32" / "int64"), or a dict by tensor name (others int32).
+    the width of the kernel's offsets ("int32" / "int64"), as the launcher's `_index_type` picks it.
     `divisible(arg_name)` marks pointer and integer arguments as multiples of 16, as the JIT
     does for such values (None: no hints, the most general code); `ones` names the integer arguments
     (sizes, strides, scalars) that are 1, which the JIT compiles as constants (`jit_like` gives
@@ -51,10 +51,8 @@ def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type:
     for name in ones:
         if name in signature and not signature[name].startswith("*") and name not in constants:
             signature[name], constants[name] = "constexpr", 1
-    for name in fn.arg_names:                                              # launcher-chosen offsets
-        if name.startswith("K31_IDX_"):
-            width = index_type if isinstance(index_type, str) else index_type.get(name[8:], "int32")
-            signature[name], constants[name] = "constexpr", getattr(triton.language, width)
+    if "K31_IDX" in fn.arg_names:                                          # launcher-chosen offsets
+        signature["K31_IDX"], constants["K31_IDX"] = "constexpr", getattr(triton.language, index_type)
     for name in fn.arg_names:
         if name in kernel.constexprs:
             signature[name], constants[name] = "constexpr", kernel.constexprs[name]
@@ -75,12 +73,13 @@ def jit_like(kernel: Kernel, **args) -> dict:
     choose them for these call arguments (torch tensors by parameter name, any device; meta tensors
     will do; integer scalars by name too): a pointer whose address is a multiple of 16 bytes and an
     integer that is a multiple of 16 are marked divisible, an integer equal to 1 becomes a constant,
-    and offsets into a tensor that spans 2^30 elements or more are int64 (the launcher's
-    `_index_type`, per tensor). With these the CPU build is the H200's binary: the SFA score pass at
+    and the offsets are int64 when some tensor spans 2^30 elements or more (the launcher's
+    `_index_type`; one width for the whole kernel: per-tensor widths measured 1-2 % slower at the
+    DSA step, NOTES). With these the CPU build is the H200's binary: the SFA score pass at
     the DSA step's B=64 (all offsets int64 then) gave 199 registers and 2256 instructions, as Nsight
     reported, where `divisible=lambda n: True` and int32 (the cache views' strides 164 and 328 are
     not multiples of 16, and the code view spans 1.4e9 elements) gave 152."""
-    facts, ints, wide = {}, {}, {}
+    facts, ints, wide = {}, {}, False
     for p in kernel.params:
         t = args.get(p.name)
         if t is None:
@@ -93,7 +92,7 @@ def jit_like(kernel: Kernel, **args) -> dict:
         ints.update({f"{p.name}_size_{a}": n for a, n in enumerate(t.shape)})
         ints.update({f"{p.name}_stride_{a}": s_ for a, s_ in enumerate(t.stride())})
         span = sum((n - 1) * abs(s_) for n, s_ in zip(t.shape, t.stride()))
-        wide[p.name] = "int64" if span >= 1 << 30 else "int32"
+        wide = wide or span >= 1 << 30
     facts.update({name: v % 16 == 0 for name, v in ints.items()})
-    return {"divisible": lambda name: facts.get(name, False), "index_type": wide,
+    return {"divisible": lambda name: facts.get(name, False), "index_type": "int64" if wide else "int32",
             "ones": frozenset(name for name, v in ints.items() if v == 1)}

@@ -71,6 +71,7 @@ class TritonEmitter(PyEmitter):
         self.interp = self.mode == "interpret"
         self.soft_fp8 = bool(self.options.get("soft_fp8", self.interp))
         self.satfinite = not self.soft_fp8 and bool(self.options.get("satfinite", _sm90()))
+        self.idx = "tl.int64" if self.interp else "K31_IDX"
         self.helpers: set[str] = set()
         self.consts: dict[int, str] = {}     # uid -> literal of an inlined constant
         self.maybe_cx: set[int] = set()      # values Triton may see as constexpr (no .to())
@@ -88,12 +89,6 @@ class TritonEmitter(PyEmitter):
             self.used.add(p.name)
             self.names[p.value.uid] = p.name
         self.used.update(n for n in kernel.constexprs)
-
-    def index_type(self, tensor: str) -> str:
-        """The integer type of offsets into `tensor`: int64 in the interpreter; on GPUs the
-        launcher's per-tensor choice (`_index_type`: int32 unless that tensor spans 2^30 elements
-        or more), so one huge cache view does not make every other offset of the kernel 64-bit."""
-        return "tl.int64" if self.interp else f"K31_IDX_{tensor}"
 
     def reserved(self) -> set[str]:
         return super().reserved() | set(HELPERS) | {"grid", "float", "int", "bool"}
@@ -231,8 +226,8 @@ class TritonEmitter(PyEmitter):
         cx_params = [f"{n}: tl.constexpr" for n, _ in cx]
         cx_args = [f"{n}={v!r}" for n, v in cx]
         if not self.interp and tensor_params:
-            cx_params += [f"K31_IDX_{p.name}: tl.constexpr" for p in tensor_params]
-            cx_args += [f"K31_IDX_{p.name}=_index_type({p.name})" for p in tensor_params]
+            cx_params.append("K31_IDX: tl.constexpr")
+            cx_args.append(f"K31_IDX=_index_type({', '.join(p.name for p in tensor_params)})")
         if cx_params:
             kernel_params.append(cx_params)
             launch_args.append(cx_args)

@@ -386,8 +386,8 @@ def cat(em, op):
 
 def _access(em, op, has_value: bool):
     """(pointer expr, mask expr, value operand) of a load/store. Each tile axis gets an index
-    line laid out on its result axis; offsets are `em.index_type(tensor)` (int64 in the interpreter;
-    on GPUs the launcher picks int32 unless that tensor spans 2^30 elements or more); lanes are
+    line laid out on its result axis; offsets are `em.idx` (int64 in the interpreter; on GPUs the
+    launcher picks int32 unless a tensor spans 2^30 elements or more); lanes are
     in bounds when every index is in [0, size). Tile accesses name their offsets and mask."""
     kinds = op.attrs["index"]
     tensor = op.operands[0]
@@ -408,7 +408,7 @@ def _access(em, op, has_value: bool):
             if v.uid in em.consts:
                 offs += [] if ix == "0" else [f"{ix} * {stride}"]
             else:
-                offs.append(f"{em.to(v, em.index_type(t))} * {stride}")
+                offs.append(f"{em.to(v, em.idx)} * {stride}")
             continue
         if k == "span":
             start = em.n(v)
@@ -424,7 +424,7 @@ def _access(em, op, has_value: bool):
         em.pre(f"{name} = {lanes}")
         masks += [] if em.nonneg(v) else [f"({name} >= 0)"]
         masks.append(f"({name} < {bound})")
-        offs.append(f"{name}.to({em.index_type(t)}) * {stride}")
+        offs.append(f"{name}.to({em.idx}) * {stride}")
         r += 1
     if user_mask is not None:
         (scalar_masks if user_mask.type.is_scalar else masks).append(em.n(user_mask))
