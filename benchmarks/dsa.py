@@ -160,11 +160,11 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
     args, anchor_in = make_step(b, length, topk, h_idx, h, device)
     target = "triton"
     row = {"B": b, "L": length}
-    unf = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, target=target, max_len=length)
+    unf = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, mma="fp8", target=target, max_len=length)
     print(f"[B={b} L={length}] inputs + unfused first call {time.time() - t0:.1f}s", flush=True)
     ref_o, _ = torch_step(*anchor_in, topk=topk)
     row["unfused o rel diff vs torch"] = float((unf[0].float() - ref_o.float()).abs().max() / ref_o.float().abs().max())
-    fns = {"unfused": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length),
+    fns = {"unfused": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, mma="fp8", target=target, max_len=length),
            "unfused bf16": lambda: F.li_sfa_unfused(*args, topk, SM_SCALE, target=target, max_len=length, mma="bf16"),
            "eager": lambda: torch_step(*anchor_in, topk=topk)}
     if timed:
@@ -191,19 +191,20 @@ def run_shape(b, length, topk, h_idx, h, device, timed: bool, ceiling: float | N
         save(row)
     if not fused:
         return row
-    fus = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, target=target)
+    fus = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, mma="fp8", target=target)
     print(f"[B={b} L={length}] fused first call {time.time() - t0:.1f}s", flush=True)
     row["rows with different keys"], row["o rel diff"], row["lse diff"] = compare(fus, unf)
     fus16 = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, mma="bf16", target=target)
     unf16 = F.li_sfa_unfused(*args, topk, SM_SCALE, return_indices=True, mma="bf16", target=target, max_len=length)
     row["bf16: rows with different keys"], row["bf16: o rel diff"], _ = compare(fus16, unf16)
-    fus4 = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, splits=SPLITS, target=target)
+    fus4 = F.fused_li_sfa(*args, topk, SM_SCALE, return_indices=True, splits=SPLITS, mma="fp8", target=target)
     row[f"split{SPLITS}: rows with different keys"], row[f"split{SPLITS}: o rel diff"], _ = compare(fus4, unf)
     save(row)
     if timed:
-        fns["fused"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, target=target)
+        fns["fused"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, mma="fp8", target=target)
         fns["fused bf16"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, mma="bf16", target=target)
-        fns[f"fused split{SPLITS}"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, splits=SPLITS, target=target)
+        fns[f"fused split{SPLITS}"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, splits=SPLITS, mma="fp8",
+                                                              target=target)
         fns[f"fused split{SPLITS} bf16"] = lambda: F.fused_li_sfa(*args, topk, SM_SCALE, splits=SPLITS, mma="bf16",
                                                                   target=target)
         for name in ("fused", "fused bf16", f"fused split{SPLITS}", f"fused split{SPLITS} bf16"):
@@ -307,8 +308,9 @@ def main(argv=None) -> int:
         harness.write(name, payload, cols, done,
                       notes=f"one decode step, one layer; copy ceiling {ceiling:.3f} TB/s; floor = "
                             "B*(L*132 + 2048*656) bytes at that ceiling; `ms` do_bench median (Python launch "
-                            "included), `graph ms` CUDA-graph replay; `stage` columns: the unfused bf16 "
-                            "path's launches timed one by one",
+                            "included), `graph ms` CUDA-graph replay; `unfused` / `fused`: fp8 indexer scoring, "
+                            "`bf16`: bf16 scoring (the ops' default on a GPU, mma=\"auto\"); `stage` columns: "
+                            "the unfused bf16 path's launches timed one by one",
                       extra=harness.tuning_section(tuning))
 
     for b, length in harness.shape_pairs(args.shapes):

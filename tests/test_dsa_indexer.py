@@ -153,6 +153,24 @@ def test_indexer_config_keys_are_checked():
         I.lightning_indexer(qc, qs, cache, table, w, ks, ke, config={"BK": 2}, target="numpy")
 
 
+def test_mma_auto_is_bf16_only_for_triton_on_cuda():
+    """mma="auto" (the ops' default) names bf16 scoring for the Triton target on a CUDA device (the
+    faster one on the H200) and fp8 everywhere else; a bad name is a K31Error that lists the three,
+    raised before any launch (the scores of the default call equal those of mma="fp8" on the CPU)."""
+    import torch
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert I.resolve_mma("op", "auto", "triton", cuda) == "bf16"
+    assert [I.resolve_mma("op", "auto", t, d) for t, d in (("triton", cpu), ("numpy", cuda), ("ascendc", cpu))] == \
+        ["fp8"] * 3
+    assert [I.resolve_mma("op", m, "numpy", cpu) for m in ("fp8", "bf16")] == ["fp8", "bf16"]
+    g, _ = _gen()
+    cache, table, qc, qs, w, ks, ke = C.paged_setup([37, 5], 1, 16, g)
+    with pytest.raises(K31Error, match='"auto", "fp8" or "bf16"'):
+        I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="fp16", target="numpy")
+    assert torch.equal(I.lightning_indexer(qc, qs, cache, table, w, ks, ke, target="numpy"),
+                       I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="fp8", target="numpy"))
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_decode_with_drafts_then_topk(n):
     """next_n = 1..4 query tokens per sequence (per-token limits), ragged contexts incl. ones

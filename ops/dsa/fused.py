@@ -37,7 +37,8 @@ from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa.attention import empty_online_state, finish, load_query, online_block
-from k31dsl.ops.dsa.indexer import indexer_page_scores, indexer_page_scores_bf16, indexer_query, indexer_query_bf16
+from k31dsl.ops.dsa.indexer import (indexer_page_scores, indexer_page_scores_bf16, indexer_query, indexer_query_bf16,
+                                    resolve_mma)
 from k31dsl.ops.dsa.topk import kth_in_tile, order_key, select_tile
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
@@ -315,7 +316,7 @@ def _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q,
 
 
 def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
-                 topk: int, sm_scale, *, return_indices: bool = False, mma: str = "fp8", splits: int = 1,
+                 topk: int, sm_scale, *, return_indices: bool = False, mma: str = "auto", splits: int = 1,
                  target: str | None = None, **config):
     """One decode step of DSA attention in one kernel: indexer scores of each query token over its
     key range [ks, ke) (logical positions of its sequence; T = B * n tokens, sequence-major),
@@ -326,7 +327,8 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     sparse_mla_attention (mla_q [T, H, 576], mla_cache uint8 [P, 64, 656]); both caches share
     block_table int32 [B, max_pages]. Returns (o [T, H, 512] bf16, lse [T, H] fp32), plus the
     selected logical positions int32 [T, topk] (in position order, -1 padded) when return_indices.
-    mma: the indexer scoring, "fp8" or "bf16" (as lightning_indexer's). splits > 1 (1, 2, 4, 8):
+    mma: the indexer scoring, "auto" (bf16 for Triton on a GPU, else fp8), "fp8" or "bf16" (as
+    lightning_indexer's). splits > 1 (1, 2, 4, 8):
     each token's key range is scored and pre-selected by `splits` programs, whose candidate lists
     a second kernel merges before attending (two launches, T * splits scoring programs)."""
     import torch
@@ -343,8 +345,7 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
     from k31dsl.ops.dsa.indexer import indexer_cache_views
     kc, ksc = indexer_cache_views(idx_cache)
     c, s, r = A.cache_views(mla_cache)
-    if mma not in ("fp8", "bf16"):
-        raise K31Error(f"{op}: mma={mma!r} must be \"fp8\" or \"bf16\"")
+    mma = resolve_mma(op, mma, target, mla_q.device)
     kw = {"HI": q_idx_codes.shape[1], "KP": max(64, next_pow2(topk)), **config}
     if mma == "bf16":
         kw["MMA_BF16"] = True
@@ -392,7 +393,7 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
 
 def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
                    topk: int, sm_scale, *, return_indices: bool = False, max_len: int | None = None,
-                   mma: str = "fp8", sfa_split: int | None = None, sfa_form: str | None = None,
+                   mma: str = "auto", sfa_split: int | None = None, sfa_form: str | None = None,
                    target: str | None = None):
     """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits [T, max_len]
     to global memory) -> topk -> slots_of_positions -> sparse_mla_attention. max_len (default:

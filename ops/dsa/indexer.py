@@ -449,8 +449,21 @@ def key_splits(programs: int, blocks: int, slots: int, setup_blocks: int = 2) ->
     return best
 
 
+def resolve_mma(op: str, mma, target: str, device) -> str:
+    """The indexer scoring an `mma` argument names: "fp8" or "bf16" as given; "auto" (the ops'
+    default) is "bf16" for the Triton target on a CUDA device, where it is the faster one (the DSA
+    decode step on an H200, results/dsa.md: 0.424 against 0.712 ms at B=64 L=32K, 0.450 against 1.03
+    at B=32 L=128K; the fused kernel gains too), else "fp8". Both are exact products of the codes;
+    they differ in fp32 summation order only."""
+    if mma not in ("auto", "fp8", "bf16"):
+        raise K31Error(f"{op}: mma={mma!r} must be \"auto\", \"fp8\" or \"bf16\"")
+    if mma == "auto":
+        return "bf16" if target == "triton" and getattr(device, "type", None) == "cuda" else "fp8"
+    return mma
+
+
 def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, max_len: int | None = None, *,
-                      mma: str = "fp8", nsplit: int | None = None, config: dict | None = None,
+                      mma: str = "auto", nsplit: int | None = None, config: dict | None = None,
                       target: str | None = None):
     """Indexer scores over the paged MXFP8 key cache -> fp32 [T, max_len].
 
@@ -459,7 +472,8 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     (each token's key range [ks, ke) in logical positions of its sequence). T = B * n: tokens
     b*n .. b*n+n-1 belong to sequence b (n = 1..4 query tokens per sequence in decode with
     speculative drafts; B = 1, n = T for one prefill sequence). max_len defaults to
-    max_pages * 64. Positions outside [ks, ke) score -inf. mma="fp8": four fp8 dots (K=32) per page,
+    max_pages * 64. Positions outside [ks, ke) score -inf. mma="auto" (default): "bf16" for Triton
+    on a GPU, else "fp8" (`resolve_mma`). mma="fp8": four fp8 dots (K=32) per page,
     scale products applied to the logits; "bf16": operands dequantized exactly, one K=128 dot (fewer
     CUDA-core operations per key; the benchmark compares them): as bf16, or with F16 (the one-token
     decode config) as f16 codes times their scale ratios, each row's largest scale applied after the
@@ -490,8 +504,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
         raise K31Error(f"{op}: {t} query tokens do not split evenly over the {b} sequences of `block_table`",
                        hint="pass n query tokens per sequence, sequence-major (T = B * n)")
     ks, ke = _int_vector(op, "ks", ks, t), _int_vector(op, "ke", ke, t)
-    if mma not in ("fp8", "bf16"):
-        raise K31Error(f"{op}: mma={mma!r} must be \"fp8\" or \"bf16\"")
+    mma = resolve_mma(op, mma, target, q_codes.device)
     if max_len is None:
         max_len = block_table.shape[1] * PAGE
     if not isinstance(max_len, int) or max_len < 0 or max_len > block_table.shape[1] * PAGE:
