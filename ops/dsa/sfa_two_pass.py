@@ -117,7 +117,9 @@ def sfa_values(codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S",
     # 0.140 -> 0.121 ms at B=64 L=32K, 0.068 -> 0.060 at B=32 L=128K (results/sfa_probs.md). Where
     # the loads sit in the body matters as much: the code tile gathered before the score tile's
     # load made this pass 0.208 ms (results/sfa_values_ahead.md, NOTES).
-    for t, hb, g in k.grid(o.shape[0], k.cdiv(o.shape[1], BH), k.cdiv(o.shape[2], 128)):
+    # The column tile is the grid's fastest axis: a (query, head block)'s four programs, which read
+    # the same score tiles and index list, run side by side (L2 hits) instead of a wave apart.
+    for g, hb, t in k.grid(k.cdiv(o.shape[2], 128), k.cdiv(o.shape[1], BH), o.shape[0]):
         h0 = hb * BH
         row_lse = segments_lse(part_m, part_l, t, h0, BH, NSB)
         n_slots = codes.shape[0]
