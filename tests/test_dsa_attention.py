@@ -167,6 +167,8 @@ def test_sfa_form_choice():
     assert A.sfa_form(64, 16, 2048, True) == "one_pass"          # 64 programs: split 8, heads-major
     assert A.sfa_form(4096, 32, 2048, True) == "one_pass"
     assert A.sfa_form(4096, 16, 2048, False) == "one_pass"
+    assert A.sfa_form(65535, 64, 16, True) == "two_pass"          # pass 2's grid: queries on CUDA's z axis
+    assert A.sfa_form(65536, 64, 16, True) == "one_pass"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -311,6 +313,9 @@ def test_slots_of_positions(target):
      "two-pass form takes no config key PREFETCH"),
     (lambda: A.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
      "next_n"),
+    (lambda: A.sparse_mla_attention(torch.zeros(1, 1, 576).bfloat16().expand(65536, 1, 576), A.new_mla_cache(1),
+                                    torch.zeros(65536, 1, dtype=torch.int32), 0.1, form="two_pass"),
+     "at most 65535 queries"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     with pytest.raises(K31Error) as e:

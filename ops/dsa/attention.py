@@ -460,6 +460,7 @@ def _check_scale(op: str, sm_scale):
 
 
 FORMS = ("one_pass", "two_pass", "keys_major")
+MAX_TWO_PASS_QUERIES = 65535      # sfa_two_pass's pass 2 has the queries on CUDA's z axis (at most 65535)
 
 
 def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = None, form: str | None = None,
@@ -498,6 +499,9 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     if form not in FORMS:
         raise K31Error(f"{op}: form must be one of {', '.join(FORMS)}, got {form!r}")
     T, H = q.shape[0], q.shape[1]
+    if form == "two_pass" and T > MAX_TWO_PASS_QUERIES:
+        raise K31Error(f"{op}: form=\"two_pass\" takes at most {MAX_TWO_PASS_QUERIES} queries per call, got {T}",
+                       hint="use form=\"one_pass\" or split the call")
     o = torch.zeros((T, H, LATENT), dtype=torch.bfloat16, device=q.device)
     lse = torch.full((T, H), float("inf"), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:

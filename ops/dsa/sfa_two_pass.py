@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.dsa.attention import (LATENT, TILE, live_blocks, load_query, records_at, score_tile,
-                                      segment_blocks)
+from k31dsl.ops.dsa.attention import (LATENT, MAX_TWO_PASS_QUERIES, TILE, live_blocks, load_query, records_at,
+                                      score_tile, segment_blocks)
 
 # Candidates from probes/sfa_forms.py (H200, the DSA step's shapes, 128 heads; NOTES.md, DSA, and
 # results/sfa_forms*.md). Score pass: two programs per SM at one pipeline stage (q's [64, 576] bf16
@@ -150,8 +150,9 @@ def score_segments(t: int, h: int, topk: int, bh: int, bk: int = 64, sm_count: i
 
 
 def fits(t: int, h: int, topk: int) -> bool:
-    """Whether the fp32 score buffer of a call stays within SCORE_BUDGET (decode-sized calls)."""
-    return t * h * topk * 4 <= SCORE_BUDGET
+    """Whether the fp32 score buffer of a call stays within SCORE_BUDGET (decode-sized calls) and
+    its queries within pass 2's grid."""
+    return t * h * topk * 4 <= SCORE_BUDGET and t <= MAX_TWO_PASS_QUERIES
 
 
 def pass_configs(op: str, kw: dict) -> tuple[dict, dict]:
