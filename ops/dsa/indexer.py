@@ -452,7 +452,7 @@ def key_splits(programs: int, blocks: int, slots: int, setup_blocks: int = 2) ->
 def resolve_mma(op: str, mma, target: str, device) -> str:
     """The indexer scoring an `mma` argument names: "fp8" or "bf16" as given; "auto" (the ops'
     default) is "bf16" for the Triton target on a CUDA device, where it is the faster one (the DSA
-    decode step on an H200, results/dsa.md: 0.424 against 0.712 ms at B=64 L=32K, 0.450 against 1.03
+    decode step on an H200, results/dsa.md: 0.418 against 0.709 ms at B=64 L=32K, 0.449 against 1.02
     at B=32 L=128K; the fused kernel gains too), else "fp8". Both are exact products of the codes;
     they differ in fp32 summation order only."""
     if mma not in ("auto", "fp8", "bf16"):
