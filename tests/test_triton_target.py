@@ -506,7 +506,7 @@ def test_jit_like_options_compile_for_hopper(tmp_path):
     build without."""
     from hopper import run_compiler_script
     script = (
-        "import pathlib, sys, hashlib, torch\n"
+        "import pathlib, sys, torch\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import test_triton_target as m\n"
         "from k31dsl.targets.triton.aot import compile_for_gpu, jit_like\n"

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         pm = torch.empty((ns, T, H), dtype=torch.float32, device="cuda")
         pl = torch.empty_like(pm)
         TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, SM_SCALE, **scfg)
-        nsb = 1 << (ns - 1).bit_length()
+        nsb = TP.segments_pow2(ns)
         for cfg in value_configs:
             def p2(cfg=cfg, pm=pm, pl=pl):
                 TP.sfa_values["triton"](views[0], views[1], slots, s, pm, pl, o, lse, NSB=nsb, **cfg)
@@ -135,8 +135,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     for r in harness.compiled_resources("sfa_"):
         print("resources", r, flush=True)
-    harness.report(f"sfa_forms_{args.tag}" if args.tag else "sfa_forms", ["B", "L", "form", "segments", "config", "ms", "total ms", "o rel diff vs one pass",
-                                 "lse diff"], rows,
+    harness.report(f"sfa_forms_{args.tag}" if args.tag else "sfa_forms",
+                   ["B", "L", "form", "segments", "config", "ms", "total ms", "o rel diff vs one pass", "lse diff"], rows,
                    notes="CUDA-graph medians of one launch each (the two-pass totals add the best scores config "
                          "at that segment count to each values config); o rel diff: max |o - o_one_pass| / max |o|")
     return 0
