@@ -171,6 +171,22 @@ def test_mma_auto_is_bf16_only_for_triton_on_cuda():
                        I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="fp8", target="numpy"))
 
 
+def test_fp_fusion_switch_reaches_the_triton_build(monkeypatch):
+    """indexer.FP_FUSION (off: measured -1 % on the H200, NOTES) compiles lightning_indexer with
+    multiply-add contraction for Triton only; the scores of a call are those of the plain kernel
+    (the interpreter does not contract)."""
+    assert I.paged_kernel("triton") is I.lightning_indexer_paged["triton"]
+    monkeypatch.setattr(I, "FP_FUSION", True)
+    fused = I.paged_kernel("triton")
+    assert fused.options.get("fp_fusion") is True and I.paged_kernel("numpy") is I.lightning_indexer_paged["numpy"]
+    assert "enable_fp_fusion=True" in I.lightning_indexer_paged.compile("triton", fp_fusion=True, mode="gpu").source()
+    g, _ = _gen()
+    cache, table, qc, qs, w, ks, ke = C.paged_setup([37, 5], 1, 16, g)
+    got = I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="bf16", target="triton")
+    monkeypatch.setattr(I, "FP_FUSION", False)
+    assert torch.equal(got, I.lightning_indexer(qc, qs, cache, table, w, ks, ke, mma="bf16", target="triton"))
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_decode_with_drafts_then_topk(n):
     """next_n = 1..4 query tokens per sequence (per-token limits), ragged contexts incl. ones

@@ -35,6 +35,7 @@ def splits_for(b: int) -> list[int]:
 def main(argv=None) -> int:
     import harness
     from dsa import make_step
+    from k31dsl.ops.dsa import indexer as I
     from k31dsl.ops.dsa.indexer import DECODE_BF16, lightning_indexer
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--caps", action="store_true",
                     help="the pinned decode config at register caps 128 / 96 / 80 (four / five / six programs per "
                          "SM), each at the key split that fills whole waves at its occupancy")
+    ap.add_argument("--fp-fusion", action="store_true",
+                    help="the pinned decode config without and with multiply-add contraction (indexer.FP_FUSION), "
+                         "twice each, alternating")
     ap.add_argument("--tag", default="", help="append _TAG to the results' file name (A/B runs)")
     args = ap.parse_args(argv)
     rows = []
@@ -77,18 +81,24 @@ def main(argv=None) -> int:
             blocks = -(-length // 64)
             plan = [({**DECODE_BF16, "maxnreg": cap}, key_splits(b, blocks, SMS * (65536 // (cap * 128))))
                     for cap in (128, 96, 80)]
+        if args.fp_fusion:
+            plan = [({**DECODE_BF16, "fp_fusion": on}, None) for on in (False, True, False, True)]
         for cfg, ns in plan:
+            I.FP_FUSION = cfg.get("fp_fusion", False)
+            cfg = {key: v for key, v in cfg.items() if key != "fp_fusion"}
             got = call(cfg, ns)
             err = float((got - want).abs().max()) / scale
             ms = harness.graph_median_ms(lambda: call(cfg, ns))
-            row = {"shape": f"B={b} L={length}", "config": " ".join(f"{k}={v}" for k, v in cfg.items()),
+            row = {"shape": f"B={b} L={length}", "config": " ".join(f"{k}={v}" for k, v in cfg.items())
+                   + (" fp_fusion" if I.FP_FUSION else ""),
                    "nsplit": ns or "auto", "programs": b * ns if ns else "", "graph ms": ms, "x floor": ms / floor_ms,
                    "key TB/s": b * length * 132 / (ms * 1e-3) / 1e12, "max err / max|score|": err}
             rows.append(row)
             print(row, flush=True)
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
     name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else \
-        "indexer_sweep_f16" if args.f16 else "indexer_sweep_caps" if args.caps else "indexer_sweep"
+        "indexer_sweep_f16" if args.f16 else "indexer_sweep_caps" if args.caps else \
+        "indexer_sweep_fp_fusion" if args.fp_fusion else "indexer_sweep"
     for r in harness.compiled_resources("lightning"):
         print("resources", r, flush=True)
     harness.report(name + (f"_{args.tag}" if args.tag else ""), cols, rows,

@@ -66,6 +66,11 @@ def main(argv=None) -> int:
     ap.add_argument("--value-configs", default="",
                     help="value-pass configs to time instead of VALUE_CONFIGS, as BHxBKxWARPS[xMAXNREG[xSTAGES]] "
                          "joined by '+' (MAXNREG 0: no cap; one stage unless given), e.g. 64x64x8+64x32x4+64x64x8x128x2")
+    ap.add_argument("--score-configs", default="",
+                    help="score-pass configs to time instead of SCORE_CONFIGS, as BHxBKxWARPS joined by '+' "
+                         "(one stage), e.g. 64x32x4+128x32x8")
+    ap.add_argument("--segments", default="", help="score-pass segment counts to time, '+'-joined (default: "
+                                                  "2 at B=64, 2 and 4 at B=32; with --scores=default the op's own)")
     ap.add_argument("--tag", default="", help="write results/sfa_forms_TAG.* instead")
     ap.add_argument("--scores", choices=("all", "default"), default="all",
                     help="'default': time only the committed score config (when only value configs are compared)")
@@ -75,6 +80,9 @@ def main(argv=None) -> int:
          **({"maxnreg": int(v[3])} if len(v) > 3 and int(v[3]) else {})}
         for v in (c.split("x") for c in args.value_configs.split("+"))]
     score_configs = SCORE_CONFIGS if args.scores == "all" else [SCORE_CONFIGS[0]]
+    if args.score_configs:
+        score_configs = [{"BH": int(v[0]), "BK": int(v[1]), "num_warps": int(v[2]), "num_stages": 1}
+                         for v in (c.split("x") for c in args.score_configs.split("+"))]
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
         q, mcache, views, slots = step_attention_inputs(b, length)
@@ -95,7 +103,8 @@ def main(argv=None) -> int:
         o = torch.empty_like(ref_o)
         lse = torch.empty_like(ref_l)
         best_score = {}
-        for ns in ((2, 4) if b == 32 else (2,)) if args.scores == "all" else (TP.score_segments(T, H, K, 64, 32),):
+        counts = ((2, 4) if b == 32 else (2,)) if args.scores == "all" else (TP.score_segments(T, H, K, 64, 32),)
+        for ns in [int(n) for n in args.segments.split("+")] if args.segments else counts:
             pm = torch.empty((ns, T, H), dtype=torch.float32, device="cuda")
             pl = torch.empty_like(pm)
             for cfg in score_configs:
