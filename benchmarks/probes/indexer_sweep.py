@@ -81,11 +81,11 @@ def main(argv=None) -> int:
             blocks = -(-length // 64)
             plan = [({**DECODE_BF16, "maxnreg": cap}, key_splits(b, blocks, SMS * (65536 // (cap * 128))))
                     for cap in (128, 96, 80)]
+        contract = [False] * len(plan)           # indexer.FP_FUSION per entry
         if args.fp_fusion:
-            plan = [({**DECODE_BF16, "fp_fusion": on}, None) for on in (False, True, False, True)]
-        for cfg, ns in plan:
-            I.FP_FUSION = cfg.get("fp_fusion", False)
-            cfg = {key: v for key, v in cfg.items() if key != "fp_fusion"}
+            plan, contract = [(DECODE_BF16, None)] * 4, [False, True, False, True]
+        for (cfg, ns), on in zip(plan, contract):
+            I.FP_FUSION = on
             got = call(cfg, ns)
             err = float((got - want).abs().max()) / scale
             ms = harness.graph_median_ms(lambda: call(cfg, ns))
@@ -95,6 +95,7 @@ def main(argv=None) -> int:
                    "key TB/s": b * length * 132 / (ms * 1e-3) / 1e12, "max err / max|score|": err}
             rows.append(row)
             print(row, flush=True)
+    I.FP_FUSION = False
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
     name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else \
         "indexer_sweep_f16" if args.f16 else "indexer_sweep_caps" if args.caps else \
