@@ -263,7 +263,7 @@ class Frontend(ExprMixin):
             ann = p.annot
             if isinstance(ann, lang.TensorAnnot):
                 dt = ann.dtype if ann.dtype_param is None else self.constexprs[ann.dtype_param]
-                v = Value(TensorType(dt, ann.dims), p.name)
+                v = Value(TensorType(dt, ann.dims, ann.align), p.name)
             else:
                 v = Value(TileType(ann, ()), p.name)
             params.append(Param(p.name, v, p.loc))

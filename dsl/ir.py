@@ -115,6 +115,7 @@ class TileType:
 class TensorType:
     dtype: D.DType
     dims: tuple[str, ...]        # named/expression dims as written, e.g. ("N", "D // 128")
+    align: int = 0               # k.aligned(n): rows start on n-byte multiples (0: no promise)
 
     @property
     def rank(self) -> int:
@@ -122,7 +123,28 @@ class TensorType:
 
     def __str__(self) -> str:
         dims = ", ".join(f'"{d}"' for d in self.dims)
-        return f"tensor<{self.dtype.name}>[{dims}]"
+        return f"tensor<{self.dtype.name}>[{dims}]" + (f" align {self.align}" if self.align else "")
+
+    def misalignment(self, shape, strides=None) -> str | None:
+        """Why a tensor of this shape and strides (elements; None: contiguous) breaks the
+        `k.aligned(n)` promise (every row on an n-byte multiple: innermost stride 1, the other
+        strides and the innermost extent multiples of n bytes), or None when it keeps it. Axes of
+        extent 1 never move an address."""
+        if not self.align or not shape:
+            return None
+        if strides is None:
+            strides = [1] * len(shape)
+            for axis in range(len(shape) - 2, -1, -1):
+                strides[axis] = strides[axis + 1] * shape[axis + 1]
+        size = self.dtype.itemsize
+        if shape[-1] > 1 and strides[-1] != 1:
+            return f"its innermost stride is {strides[-1]}, not 1"
+        for axis, (n, s) in enumerate(zip(shape[:-1], strides[:-1])):
+            if n > 1 and s * size % self.align:
+                return f"its stride on axis {axis} is {s * size} bytes"
+        if shape[-1] * size % self.align:
+            return f"its rows hold {shape[-1] * size} bytes"
+        return None
 
 
 Type = TileType | TensorType

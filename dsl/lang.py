@@ -20,13 +20,34 @@ def set_compiler(fn: Callable) -> None:
     _COMPILER = fn
 
 
-class TensorAnnot:
-    """`k.Tensor[k.bf16, "N", "D"]`: dtype plus one named or expression dim per axis. The dtype
-    slot may instead name a dtype constexpr of the kernel, `k.Tensor["XT", "N", "D"]`: a call
-    binds it from the tensor's dtype (see `constexpr`)."""
+ALIGNMENTS = (2, 4, 8, 16)
 
-    def __init__(self, dtype: D.DType | str, dims: tuple[str, ...]):
-        self.dtype, self.dims = dtype, dims
+
+class aligned:  # noqa: N801 - spelled like the other names of the DSL surface
+    """`k.aligned(16)`, the last item of a `k.Tensor[...]`: a promise that every row of the tensor
+    starts on a multiple of that many bytes: each stride but the innermost, and the innermost
+    extent, are multiples of it, and the innermost stride is 1. Every call checks it (a K31Error
+    names the parameter); Triton is told, so gathers of rows whose length is no multiple of 16
+    elements (a 656-byte record viewed as 328 bf16, say) become 16-byte vector loads instead of one
+    load per element."""
+
+    def __init__(self, nbytes: int):
+        if isinstance(nbytes, bool) or nbytes not in ALIGNMENTS:
+            raise K31Error(f"k.aligned takes a byte count out of {', '.join(map(str, ALIGNMENTS))}, got {nbytes!r}",
+                           hint="16 is what a vector load wants")
+        self.nbytes = nbytes
+
+    def __repr__(self) -> str:
+        return f"k.aligned({self.nbytes})"
+
+
+class TensorAnnot:
+    """`k.Tensor[k.bf16, "N", "D"]`: dtype plus one named or expression dim per axis, and
+    optionally `k.aligned(n)` last. The dtype slot may instead name a dtype constexpr of the
+    kernel, `k.Tensor["XT", "N", "D"]`: a call binds it from the tensor's dtype (see `constexpr`)."""
+
+    def __init__(self, dtype: D.DType | str, dims: tuple[str, ...], align: int = 0):
+        self.dtype, self.dims, self.align = dtype, dims, align
 
     @property
     def dtype_param(self) -> str | None:
@@ -39,18 +60,24 @@ class TensorAnnot:
         shape = "e.g. k.Tensor[k.f32, \"N\", \"D\"], or k.Tensor[\"XT\", \"N\", \"D\"] with a dtype constexpr XT"
         if not (isinstance(first, D.DType) or (isinstance(first, str) and first.isidentifier())):
             raise K31Error(f"k.Tensor[...] starts with a dtype or the name of a dtype constexpr, {shape}")
+        align = 0
+        if len(item) > 1 and isinstance(item[-1], aligned):
+            align, item = item[-1].nbytes, item[:-1]
         dims = []
         for d in item[1:]:
+            if isinstance(d, aligned):
+                raise K31Error(f"{d!r} goes last in k.Tensor[...], after the dims")
             if not isinstance(d, (str, int)):
                 raise K31Error(f"k.Tensor dims are names or expressions in strings, got {d!r}")
             dims.append(str(d))
         if not dims:
             raise K31Error(f"k.Tensor[...] starts with a dtype (or a dtype constexpr's name), then at least "
                            f"one dim: {shape}")
-        return cls(first, tuple(dims))
+        return cls(first, tuple(dims), align)
 
     def __repr__(self) -> str:
-        return f"k.Tensor[{self.dtype!r}, {', '.join(map(repr, self.dims))}]"
+        tail = f", k.aligned({self.align})" if self.align else ""
+        return f"k.Tensor[{self.dtype!r}, {', '.join(map(repr, self.dims))}{tail}]"
 
 
 Tensor = TensorAnnot

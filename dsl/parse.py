@@ -22,6 +22,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from . import dtypes as D
 from .errors import K31Error, Loc
 from .ir import Block, Kernel, Op, Param, TensorType, TileType, Value
+from .lang import ALIGNMENTS
 
 WORDS = {"none": None, "true": True, "false": False, "inf": math.inf, "nan": math.nan}
 
@@ -160,8 +161,15 @@ class _Builder:
             return TileType(self.dtype(t.children[0]), ())
         if t.data == "tile_type":
             return TileType(self.dtype(t.children[0]), tuple(int(c) for c in t.children[1:]))
-        dims = tuple(_unquote(self.src, c) for c in t.children[1:] if c is not None)
-        return TensorType(self.dtype(t.children[0]), dims)
+        align = t.children[-1]                 # the `align N` suffix's INT, or None
+        dims = tuple(_unquote(self.src, c) for c in t.children[1:-1] if c is not None)
+        return TensorType(self.dtype(t.children[0]), dims, self.alignment(align) if align is not None else 0)
+
+    def alignment(self, tok: Token) -> int:
+        if int(tok) not in ALIGNMENTS:
+            raise self.src.error_at(tok, f"`align {tok}` is no alignment a tensor can promise",
+                                    f"bytes out of {', '.join(map(str, ALIGNMENTS))}")
+        return int(tok)
 
     def attr_value(self, t: Tree) -> Any:
         kind = t.data

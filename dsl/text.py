@@ -60,7 +60,8 @@ def fmt_attr(v: Any) -> str:
 def fmt_type(t) -> str:
     """Like str(type), with tensor dims quoted the way fmt_attr quotes strings."""
     if isinstance(t, TensorType):
-        return f"tensor<{t.dtype.name}>[{', '.join(fmt_attr(d) for d in t.dims)}]"
+        align = f" align {t.align}" if t.align else ""
+        return f"tensor<{t.dtype.name}>[{', '.join(fmt_attr(d) for d in t.dims)}]{align}"
     return str(t)
 
 

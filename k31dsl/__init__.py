@@ -12,7 +12,7 @@
 from k31dsl.dsl.dtypes import (bf16, bool_, e8m0, f8e4m3, f8e5m2, f16, f32, f64, i8, i32, i64,  # noqa: F401
                                u8, u32, DType)
 from k31dsl.dsl.errors import CapacityError, K31Error, Loc  # noqa: F401
-from k31dsl.dsl.lang import (Tensor, constexpr, func, kernel, KernelDef, FuncDef,  # noqa: F401
+from k31dsl.dsl.lang import (Tensor, aligned, constexpr, func, kernel, KernelDef, FuncDef,  # noqa: F401
                              grid, span, arange, zeros, full, exp, exp2, log, log2, sqrt, rsqrt, abs,
                              sigmoid, softplus, relu, floor, ceil, maximum, minimum, where, sum, max,
                              min, cumsum, histogram, dot, topk, take, cat, reshape, broadcast_to, cdiv, load,

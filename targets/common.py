@@ -27,6 +27,11 @@ def _array_facts(x, allow_numpy: bool):
     return None
 
 
+def _strides(x) -> tuple:
+    """Strides in elements of a torch tensor or numpy array."""
+    return tuple(x.stride()) if callable(getattr(x, "stride", None)) else tuple(s // x.itemsize for s in x.strides)
+
+
 @functools.lru_cache(maxsize=1024)
 def _dim_code(expr: str):
     """(names, code) of a dim annotation, code None when it is not plain integer arithmetic;
@@ -78,6 +83,11 @@ def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
             if len(shape) != t.rank:
                 raise error(f"{what} has rank {len(shape)} (shape {list(shape)}), the kernel expects rank "
                             f"{t.rank} {list(t.dims)}", where, "reshape or view the tensor to the annotated rank")
+            broken = t.align and t.misalignment(shape, _strides(a))
+            if broken:
+                raise error(f"{what} breaks its k.aligned({t.align}): {broken}", where,
+                            f"pass rows that start on {t.align}-byte multiples, e.g. a contiguous tensor whose "
+                            f"innermost dim holds a multiple of {t.align} bytes")
             for axis, (expr, size) in enumerate(zip(t.dims, shape)):
                 if expr.isidentifier() and expr not in dims:
                     dims[expr] = size

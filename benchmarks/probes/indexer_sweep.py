@@ -52,6 +52,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fp-fusion", action="store_true",
                     help="the pinned decode config without and with multiply-add contraction (indexer.FP_FUSION), "
                          "twice each, alternating")
+    ap.add_argument("--pb2", action="store_true",
+                    help="the pinned decode config against two pages per step at 8 warps (one warpgroup per page; "
+                         "sm_90a 126 registers at the 128 cap: two programs per SM, the same 16 warps), at the key "
+                         "split that fills whole waves at two programs per SM, and at 4 / 6 stages")
     ap.add_argument("--tag", default="", help="append _TAG to the results' file name (A/B runs)")
     args = ap.parse_args(argv)
     rows = []
@@ -81,6 +85,11 @@ def main(argv=None) -> int:
             blocks = -(-length // 64)
             plan = [({**DECODE_BF16, "maxnreg": cap}, key_splits(b, blocks, SMS * (65536 // (cap * 128))))
                     for cap in (128, 96, 80)]
+        if args.pb2:
+            from k31dsl.ops.dsa.indexer import key_splits
+            two = {**DECODE_BF16, "PB": 2, "num_warps": 8}
+            ns2 = key_splits(b, -(-length // 128), SMS * 2)
+            plan = [(DECODE_BF16, None)] + [({**two, "num_stages": st}, ns2) for st in (4, 5, 6)] + [(DECODE_BF16, None)]
         contract = [False] * len(plan)           # indexer.FP_FUSION per entry
         if args.fp_fusion:
             plan, contract = [(DECODE_BF16, None)] * 4, [False, True, False, True]
@@ -99,7 +108,7 @@ def main(argv=None) -> int:
     cols = ["shape", "config", "nsplit", "programs", "graph ms", "x floor", "key TB/s", "max err / max|score|"]
     name = "indexer_sweep_stages" if args.stages else "indexer_sweep_maxnreg" if args.maxnreg else \
         "indexer_sweep_f16" if args.f16 else "indexer_sweep_caps" if args.caps else \
-        "indexer_sweep_fp_fusion" if args.fp_fusion else "indexer_sweep"
+        "indexer_sweep_fp_fusion" if args.fp_fusion else "indexer_sweep_pb2" if args.pb2 else "indexer_sweep"
     for r in harness.compiled_resources("lightning"):
         print("resources", r, flush=True)
     harness.report(name + (f"_{args.tag}" if args.tag else ""), cols, rows,

@@ -150,6 +150,10 @@ def check_binding(program, kernel, bound: dict, where=None) -> None:
             if len(node.shape) != t.rank:
                 raise error(f"`{kernel.name}`: parameter `{p.name}` has rank {t.rank} {list(t.dims)}, bound to "
                             f"{val} of shape {list(node.shape)}", where or p.loc)
+            broken = t.misalignment(node.shape)
+            if broken:                      # a graph's tensors are contiguous (execute.py makes them so)
+                raise error(f"`{kernel.name}`: parameter `{p.name}` bound to {val} breaks its k.aligned({t.align}): "
+                            f"{broken}", where or p.loc, f"give {val} rows of a multiple of {t.align} bytes")
             for expr, size in zip(t.dims, node.shape):
                 if expr.isidentifier() and expr not in env:
                     env[expr] = size

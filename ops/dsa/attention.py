@@ -30,6 +30,15 @@ RECORD = 656
 SCALE_COL = LATENT // 4            # first scale in the fp32 view
 ROPE_COL = (LATENT + 16) // 2      # first rope value in the bf16 view
 
+# The kernels' annotations of the cache's three typed views (cache_views). A record's 656 bytes are
+# a multiple of 16, so every row of every view starts on a 16-byte boundary: k.aligned(16) says so
+# (and every call checks it). Without it Triton sees rows of 164 fp32 / 328 bf16, no multiple of
+# 16 elements, and gathers the rope one bf16 per load (sm_90a score pass: 16 LDG.U16 + 16 STS.U16
+# per block and thread; with it 2 + 2 of 16 bytes, 2256 -> 1936 instructions, NOTES).
+CacheCodes = k.Tensor[k.f8e4m3, "S", "R", k.aligned(16)]
+CacheScales = k.Tensor[k.f32, "S", "R // 4", k.aligned(16)]
+CacheRope = k.Tensor[k.bf16, "S", "R // 2", k.aligned(16)]
+
 WRITE_CONFIGS = [{"BM": 4}, {"BM": 8}, {"BM": 16}, {"BM": 2}]
 # BH heads x BK indices per step. BH=64 keeps the four [64, 128] fp32 accumulators in registers on
 # Hopper (128 heads -> 2 programs per query, the second reading the gathered rows from L2).
@@ -166,8 +175,8 @@ def load_query(q, t, h0, BH):
 
 @k.kernel(configs=WRITE_CONFIGS)
 def mla_cache_write_rows(kv: k.Tensor["XT", "N", "DL"], kr: k.Tensor["RT", "N", "DR"], slots: k.Tensor[k.i32, "N"],
-                         codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S", "R // 4"],
-                         rope: k.Tensor[k.bf16, "S", "R // 2"], eps: k.f32,
+                         codes: CacheCodes, scales: CacheScales,
+                         rope: CacheRope, eps: k.f32,
                          XT: k.constexpr[FLOAT_INPUTS] = k.bf16, RT: k.constexpr[FLOAT_INPUTS] = k.bf16,
                          POW2: k.constexpr = False, BM: k.constexpr = 4):
     # One program quantizes BM tokens and scatters their records to their slots (slot < 0 or
@@ -235,8 +244,8 @@ def empty_online_state(BH):
 
 
 @k.kernel(configs=SFA_CONFIGS)
-def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
-                             scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: CacheCodes,
+                             scales: CacheScales, rope: CacheRope,
                              indices: k.Tensor[k.i32, "T", "K"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                              lse: k.Tensor[k.f32, "T", "H"], sm_scale: k.f32,
                              QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 32,
@@ -255,8 +264,8 @@ def sparse_mla_attention_fwd(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor
 
 
 @k.kernel(configs=SFA_CONFIGS)
-def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
-                               scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+def sparse_mla_attention_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: CacheCodes,
+                               scales: CacheScales, rope: CacheRope,
                                indices: k.Tensor[k.i32, "T", "K"], part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"],
                                part_lse: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
                                QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64,

@@ -36,7 +36,7 @@ import k31dsl as k
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
-from k31dsl.ops.dsa.attention import empty_online_state, finish, load_query, online_block
+from k31dsl.ops.dsa.attention import CacheCodes, CacheRope, CacheScales, empty_online_state, finish, load_query, online_block
 from k31dsl.ops.dsa.indexer import (indexer_page_scores, indexer_page_scores_bf16, indexer_query, indexer_query_bf16,
                                     resolve_mma)
 from k31dsl.ops.dsa.topk import kth_in_tile, order_key, select_tile
@@ -186,8 +186,8 @@ def write_sel(sel, t, chosen, col, pos, n_sel, KP):
 def fused_li_sfa_decode(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales: k.Tensor[k.e8m0, "T", "HI", "DI // 32"],
                         weights: k.Tensor[k.f32, "T", "HI"], kc: k.Tensor[k.f8e4m3, "P", "PG", "DI"],
                         ksc: k.Tensor[k.e8m0, "P", "PG", "DI // 32"], q: k.Tensor["QT", "T", "H", "DQK"],
-                        codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S", "R // 4"],
-                        rope: k.Tensor[k.bf16, "S", "R // 2"], block_table: k.Tensor[k.i32, "B", "MP"],
+                        codes: CacheCodes, scales: CacheScales,
+                        rope: CacheRope, block_table: k.Tensor[k.i32, "B", "MP"],
                         ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                         lse: k.Tensor[k.f32, "T", "H"], sel: k.Tensor[k.i32, "T", "KS"],
                         cand_o: k.Tensor[k.i32, "G", "CAP"], cand_p: k.Tensor[k.i32, "G", "CAP"],
@@ -255,8 +255,8 @@ def fused_li_select_split(q_codes: k.Tensor[k.f8e4m3, "T", "HI", "DI"], q_scales
 
 
 @k.kernel(configs=[{"BH": 64, "BK": 32, "num_warps": 8}])
-def fused_sfa_merge(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
-                    scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+def fused_sfa_merge(q: k.Tensor["QT", "T", "H", "DQK"], codes: CacheCodes,
+                    scales: CacheScales, rope: CacheRope,
                     block_table: k.Tensor[k.i32, "B", "MP"], list_o: k.Tensor[k.i32, "T", "NL"],
                     list_p: k.Tensor[k.i32, "T", "NL"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                     lse: k.Tensor[k.f32, "T", "H"], sel: k.Tensor[k.i32, "T", "KS"],

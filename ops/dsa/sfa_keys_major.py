@@ -16,7 +16,7 @@ kernel, same outputs; split > 1 writes the same fp32 partials for sparse_mla_att
 from __future__ import annotations
 
 import k31dsl as k
-from k31dsl.ops.dsa.attention import finish, finish_segment, live_blocks, load_query, segment_blocks
+from k31dsl.ops.dsa.attention import CacheCodes, CacheRope, CacheScales, finish, finish_segment, live_blocks, load_query, segment_blocks
 
 # (BH, BK, warps): filled in from probes/sfa_heads16.py (H200, 16 heads). BK 64 is left out: on
 # Triton 3.6 / sm_90a its wgmma reads shared memory past the allocation (compute-sanitizer,
@@ -66,8 +66,8 @@ def keys_major_blocks(ql0, ql1, ql2, ql3, qr, codes, scales, rope, indices, t, f
 
 
 @k.kernel(configs=KEYS_CONFIGS)
-def sfa_keys_major(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
-                   scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+def sfa_keys_major(q: k.Tensor["QT", "T", "H", "DQK"], codes: CacheCodes,
+                   scales: CacheScales, rope: CacheRope,
                    indices: k.Tensor[k.i32, "T", "K"], o: k.Tensor[k.bf16, "T", "H", "DV"],
                    lse: k.Tensor[k.f32, "T", "H"], sm_scale: k.f32,
                    QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 16, BK: k.constexpr = 32):
@@ -84,8 +84,8 @@ def sfa_keys_major(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3,
 
 
 @k.kernel(configs=KEYS_CONFIGS)
-def sfa_keys_major_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
-                         scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+def sfa_keys_major_split(q: k.Tensor["QT", "T", "H", "DQK"], codes: CacheCodes,
+                         scales: CacheScales, rope: CacheRope,
                          indices: k.Tensor[k.i32, "T", "K"], part_o: k.Tensor[k.f32, "NS", "T", "H", "DV"],
                          part_lse: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
                          QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 16, BK: k.constexpr = 32):

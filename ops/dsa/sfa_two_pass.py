@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.dsa.attention import (LATENT, MAX_TWO_PASS_QUERIES, TILE, live_blocks, load_query, records_at,
-                                      score_tile, segment_blocks)
+from k31dsl.ops.dsa.attention import (LATENT, MAX_TWO_PASS_QUERIES, TILE, CacheCodes, CacheRope, CacheScales,
+                                      live_blocks, load_query, records_at, score_tile, segment_blocks)
 
 # Candidates from probes/sfa_forms.py (H200, the DSA step's shapes, 128 heads; NOTES.md, DSA, and
 # results/sfa_forms*.md). Score pass: two programs per SM at one pipeline stage (q's [64, 576] bf16
@@ -55,8 +55,8 @@ SCORE_BUDGET = 256 << 20          # largest fp32 score buffer (bytes) the auto f
 
 
 @k.kernel(configs=SCORE_CONFIGS)
-def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: k.Tensor[k.f8e4m3, "S", "R"],
-               scales: k.Tensor[k.f32, "S", "R // 4"], rope: k.Tensor[k.bf16, "S", "R // 2"],
+def sfa_scores(q: k.Tensor["QT", "T", "H", "DQK"], codes: CacheCodes,
+               scales: CacheScales, rope: CacheRope,
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"], sm_scale: k.f32,
                QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BK: k.constexpr = 64):
@@ -106,7 +106,7 @@ def segments_lse(part_m, part_l, t, h0, BH, NSB):
 
 
 @k.kernel(configs=VALUE_CONFIGS)
-def sfa_values(codes: k.Tensor[k.f8e4m3, "S", "R"], scales: k.Tensor[k.f32, "S", "R // 4"],
+def sfa_values(codes: CacheCodes, scales: CacheScales,
                indices: k.Tensor[k.i32, "T", "K"], s: k.Tensor[k.f32, "T", "H", "K"],
                part_m: k.Tensor[k.f32, "NS", "T", "H"], part_l: k.Tensor[k.f32, "NS", "T", "H"],
                o: k.Tensor[k.bf16, "T", "H", "DV"], lse: k.Tensor[k.f32, "T", "H"],

@@ -281,6 +281,7 @@ class TritonEmitter(PyEmitter):
         their IR dtype. tl.full keeps an f64 argument's precision in the interpreter too."""
         for p in self.k.params:
             if p.is_tensor:
+                self.alignment_facts(p)
                 continue
             dt = p.value.type.dtype
             self.maybe_cx.add(p.value.uid)
@@ -290,6 +291,18 @@ class TritonEmitter(PyEmitter):
             elif dt not in (D.f32, D.i32, D.bool_):
                 self.line(0, f"{p.name} = tl.full([], {p.name}, {self.carrier(dt)})")
                 self.maybe_cx.discard(p.value.uid)
+
+    def alignment_facts(self, p):
+        """A `k.aligned(n)` tensor's row strides and innermost extent restated as `v // A * A` (A: n
+        bytes in elements), the identity on the values every call checks: Triton reads the multiply
+        as "multiple of A" and can vectorise row gathers and their masks. The JIT itself marks only
+        multiples of 16 elements, and tl.multiple_of cannot mark a kernel argument."""
+        t = p.value.type
+        per = t.align // t.dtype.itemsize
+        if per < 2:
+            return
+        for n in [f"{p.name}_stride_{a}" for a in range(t.rank - 1)] + [f"{p.name}_size_{t.rank - 1}"]:
+            self.line(0, f"{n} = {n} // {per} * {per}  # k.aligned({t.align}): a multiple of {per}")
 
     # ------------------------------------------------------------ host block (Python ints)
     host_helpers = False
