@@ -3,7 +3,9 @@
 A `Kernel` is one specialisation of an `@k.kernel` function (its constexprs are fixed):
 typed parameters, a `host` block that computes the launch grid from parameters, and a `body`
 block whose arguments are the program ids. Tile shapes are static integers; tensor sizes,
-strides and scalar parameters are runtime values.
+strides and scalar parameters are runtime values. A tensor parameter may carry one static fact
+about them, `align` (k.aligned(n): rows on n-byte multiples; text form `... align 16`), which
+every call checks and a target may use to widen loads.
 
 The op set (operands | attrs -> results). "tile" means any TileType, scalars are shape ().
 

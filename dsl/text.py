@@ -3,6 +3,7 @@
     kernel rms @ "ops/common.py":10:0 {
       constexpr BD = 128
       param %x : tensor<bf16>["N", "D"]
+      param %w : tensor<bf16>["D"] align 16
       param %eps : f32
       host {
         %0 = dim(%x) {axis = 0} : i32 @12:16
