@@ -115,3 +115,18 @@ def test_triton_is_told_and_vectorises_the_gather(tmp_path):
     out = dict(line.split(" ", 1) for line in run_compiler_script(script).strip().splitlines())
     assert re.search(r"ld\.global\S*\.v4\.b32", out["gather_rows"]) and ".b16" not in out["gather_rows"], out
     assert ".b16" in out["gather_rows_unaligned"] and ".v4" not in out["gather_rows_unaligned"], out
+
+
+def test_blind_spots_name_rows_the_jit_cannot_see_aligned():
+    from k31dsl.targets.triton.aot import blind_spots
+    meta = dict(device="meta")
+    idx, y = torch.empty((5,), dtype=torch.int32, **meta), torch.empty((5, 64), dtype=torch.bfloat16, **meta)
+    records = torch.empty((100, 328), dtype=torch.bfloat16, **meta)        # 656-byte rows
+    [line] = blind_spots(gather_rows_unaligned.ir(), x=records, idx=idx, y=y)
+    assert line.startswith("`x` [100, 328] strides [328, 1]: rows on 16-byte multiples") and "k.aligned(16)" in line
+    assert blind_spots(gather_rows.ir(), x=records, idx=idx, y=y) == []                     # promised already
+    assert blind_spots(gather_rows_unaligned.ir(), x=torch.empty((100, 320), dtype=torch.bfloat16, **meta),
+                       idx=idx, y=y) == []                                                  # the JIT sees 320
+    [line] = blind_spots(gather_rows_unaligned.ir(), x=torch.empty((100, 12), dtype=torch.bfloat16, **meta))
+    assert "rows on 8-byte multiples" in line and "k.aligned(8)" in line                   # 24-byte rows
+    assert blind_spots(gather_rows_unaligned.ir(), x=torch.empty((100, 13), dtype=torch.bfloat16, **meta)) == []

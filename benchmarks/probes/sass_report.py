@@ -3,7 +3,9 @@
 tensors, here meta tensors at the step's shapes), with registers, spills, shared memory, SASS
 instructions and the programs per SM those allow. Run it with the GPU's Triton (3.6), so the code is
 the GPU's code: its registers and instruction counts then match Nsight's (SFA score pass at B=64,
-every offset int64 there: 199 registers and 2256 instructions; the indexer 118 and 1536).
+every offset int64 there: 199 registers and 2256 instructions before its cache views carried
+k.aligned; the indexer 118 and 1536). Tensor arguments whose row alignment the JIT cannot see
+(`aot.blind_spots`) are listed before each build.
 
     env -u TRITON_INTERPRET /work/venv36/bin/python benchmarks/probes/sass_report.py [--shapes 64x32768]
     ... --ops /path/to/variant.py     (an sfa_two_pass.py variant to build instead of the committed one)
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     import k31dsl as k
     from k31dsl.ops.dsa import attention as A
     from k31dsl.ops.dsa import indexer as I
-    from k31dsl.targets.triton.aot import compile_for_gpu, jit_like
+    from k31dsl.targets.triton.aot import blind_spots, compile_for_gpu, jit_like
     from k31dsl.targets.triton.emit import LAUNCH_KEYS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
@@ -93,6 +95,8 @@ def main(argv=None) -> int:
                        {key: v for key, v in TP.VALUE_CONFIGS[0].items() if key in LAUNCH_KEYS})]
             for name, kern, launch in builds:
                 like = jit_like(kern, n_per_seq=1, **{p.name: t[p.name] for p in kern.params if p.name in t})
+                for line in blind_spots(kern, **{p.name: t[p.name] for p in kern.params if p.name in t}):
+                    print(f"{name}: {line}", flush=True)
                 compiled = compile_for_gpu(kern, folder, arch=90, **like, **launch)
                 rows.append({"shape": f"B={b} L={length}", "kernel": name, "offsets": like["index_type"],
                              **sass_facts(compiled, folder)})

@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 from typing import Callable
 
-from k31dsl.dsl.ir import Kernel
+from k31dsl.dsl.ir import Kernel, TensorType
 from k31dsl.targets.triton.emit import TritonEmitter, emit
 
 POINTER = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "f64": "*fp64", "i8": "*i8", "i32": "*i32",
@@ -96,3 +96,29 @@ def jit_like(kernel: Kernel, **args) -> dict:
     facts.update({name: v % 16 == 0 for name, v in ints.items()})
     return {"divisible": lambda name: facts.get(name, False), "index_type": "int64" if wide else "int32",
             "ones": frozenset(name for name, v in ints.items() if v == 1)}
+
+
+def blind_spots(kernel: Kernel, **args) -> list[str]:
+    """The tensor arguments (torch tensors by parameter name, meta ones will do) whose rows keep a
+    `k.aligned(n)` promise their parameter does not make, while the JIT cannot see it: it marks
+    only values that are multiples of 16 elements, so rows of 328 bf16 (656 bytes) or of 4 bytes
+    look unaligned to Triton and are loaded an element at a time. One line per such argument, with
+    the largest n that holds; empty when Triton already knows all it could."""
+    out = []
+    for p in kernel.params:
+        t, x = p.value.type, args.get(p.name)
+        if not p.is_tensor or t.align or x is None or x.dim() == 0:
+            continue
+        shape, strides = tuple(x.shape), tuple(x.stride())
+        seen = [s_ for n, s_ in zip(shape[:-1], strides[:-1]) if n > 1] + [shape[-1]]
+        if all(v % 16 == 0 for v in seen):
+            continue                                            # the JIT marks them all
+        for nbytes in (16, 8, 4, 2):
+            if nbytes <= t.dtype.itemsize:
+                break
+            if TensorType(t.dtype, t.dims, nbytes).misalignment(shape, strides) is None:
+                out.append(f"`{p.name}` {list(shape)} strides {list(strides)}: rows on {nbytes}-byte multiples, which "
+                           f"the JIT cannot see (it marks multiples of 16 elements); annotate it "
+                           f"k.Tensor[..., k.aligned({nbytes})]")
+                break
+    return out
