@@ -3,8 +3,8 @@ Kept in the IR and its text form, checked at every call (op calls and graph bind
 target, and told to Triton so that gathers of rows whose length is no multiple of 16 elements
 vectorise (the MLA cache's 656-byte records viewed as 328 bf16 or 164 fp32)."""
 import re
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -101,8 +101,8 @@ def test_triton_is_told_and_vectorises_the_gather(tmp_path):
     # sm_90 PTX at the cache's shapes, as the H200's JIT builds it (row stride 328 is no multiple of
     # 16, so the JIT marks nothing), 8 elements per thread: 2-byte loads without the promise, 16-byte ones with it
     script = (
-        "import pathlib, sys, torch\n"
-        f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})\n"
+        "import pathlib, re, sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import test_aligned as m\n"
         "from k31dsl.targets.triton.aot import compile_for_gpu, jit_like\n"
         "x = torch.empty((4096, 328), dtype=torch.bfloat16, device='meta')\n"
@@ -111,7 +111,7 @@ def test_triton_is_told_and_vectorises_the_gather(tmp_path):
         "for kd in (m.gather_rows, m.gather_rows_unaligned):\n"
         "    kern = kd.ir(C=256, OFF=8)\n"
         f"    c = compile_for_gpu(kern, pathlib.Path({str(tmp_path)!r}), arch=90, num_warps=1, **jit_like(kern, x=x, idx=idx, y=y))\n"
-        "    print(kd.name, ' '.join(sorted(set(__import__('re').findall(r'ld\\.global(?:\\.[a-z0-9]+)+', c.asm['ptx'])))))\n")
+        "    print(kd.name, ' '.join(sorted(set(re.findall(r'ld\\.global(?:\\.[a-z0-9]+)+', c.asm['ptx'])))))\n")
     out = dict(line.split(" ", 1) for line in run_compiler_script(script).strip().splitlines())
     assert re.search(r"ld\.global\S*\.v4\.b32", out["gather_rows"]) and ".b16" not in out["gather_rows"], out
     assert ".b16" in out["gather_rows_unaligned"] and ".v4" not in out["gather_rows_unaligned"], out

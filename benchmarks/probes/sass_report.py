@@ -94,8 +94,9 @@ def main(argv=None) -> int:
                           key: v for key, v in TP.VALUE_CONFIGS[0].items() if key not in LAUNCH_KEYS}),
                        {key: v for key, v in TP.VALUE_CONFIGS[0].items() if key in LAUNCH_KEYS})]
             for name, kern, launch in builds:
-                like = jit_like(kern, n_per_seq=1, **{p.name: t[p.name] for p in kern.params if p.name in t})
-                for line in blind_spots(kern, **{p.name: t[p.name] for p in kern.params if p.name in t}):
+                call = {p.name: t[p.name] for p in kern.params if p.name in t}
+                like = jit_like(kern, n_per_seq=1, **call)
+                for line in blind_spots(kern, **call):
                     print(f"{name}: {line}", flush=True)
                 compiled = compile_for_gpu(kern, folder, arch=90, **like, **launch)
                 rows.append({"shape": f"B={b} L={length}", "kernel": name, "offsets": like["index_type"],
