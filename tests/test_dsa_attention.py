@@ -172,50 +172,6 @@ def test_sfa_form_choice():
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("T, H, K, pages, qdt, cfg", [
-    (4, 5, 40, 3, torch.bfloat16, {}),                          # heads padded to a 16-row block, one key tile
-    (3, 20, 70, 2, torch.float32, {"BN": 16, "BK": 32}),        # f32 q; ragged key tiles and value blocks
-    (2, 70, 150, 3, torch.bfloat16, {"BN": 32, "BK": 16, "BR": 16}),  # two head blocks, several stage blocks
-])
-def test_sfa_staged_matches_oracle(target, T, H, K, pages, qdt, cfg):
-    """The staged form (records copied into a contiguous bf16 buffer, then dense score and value
-    products): ragged heads and index counts, compacted lists, leading -1 blocks, out-of-range
-    and duplicate indices, a lonely query."""
-    g = _gen()
-    cache = _filled_cache(g, pages)
-    n = pages * A.PAGE
-    q = torch.randn(T, H, A.LATENT + A.ROPE, generator=g).to(qdt)
-    idx = torch.randint(-2, n + 3, (T, K), generator=g, dtype=torch.int32)
-    idx[0, K // 3:] = -1                                         # a compacted list: -1 padding at the end
-    idx[0, 1:K // 3:4] = idx[0, 0]                               # duplicates count twice
-    idx[1, :K // 2] = -1                                         # leading key tiles without a valid index
-    idx[-1] = -1                                                 # a lonely query ...
-    idx[-1, 0] = n                                               # ... whose only entry is past the cache
-    o, lse = A.sparse_mla_attention(q, cache, idx, 0.1, form="staged", target=target, **cfg)
-    _check_sfa(o, lse, q, cache, idx, 0.1)
-    assert (o[-1] == 0).all() and torch.isinf(lse[-1]).all() and (lse[-1] > 0).all()
-
-
-def test_sfa_staged_stage_rows():
-    """The stage kernel's rows are the records' exact bf16 codes, rope and scales; invalid rows zero."""
-    from k31dsl.ops.dsa import sfa_staged as ST
-    g = _gen()
-    cache = _filled_cache(g, 2)
-    idx = torch.tensor([[5, -1, 127, 128, 3]], dtype=torch.int32)
-    keys = torch.full((1, 5, ST.DQK), float("nan"), dtype=torch.bfloat16)
-    scales = torch.full((1, 5, 4), float("nan"))
-    ST.sfa_stage["triton"](*A.cache_views(cache), idx, keys, scales, BR=4)
-    rec = cache.view(-1, A.RECORD)
-    for j, slot in enumerate(idx[0].tolist()):
-        if 0 <= slot < rec.shape[0]:
-            want = torch.cat([rec[slot, :512].view(torch.float8_e4m3fn).to(torch.bfloat16),
-                              rec[slot, 528:].view(torch.bfloat16)])
-            assert torch.equal(keys[0, j], want) and torch.equal(scales[0, j], rec[slot, 512:528].view(torch.float32))
-        else:
-            assert (keys[0, j] == 0).all() and (scales[0, j] == 0).all()
-
-
-@pytest.mark.parametrize("target", TARGETS)
 def test_sfa_two_pass_config_keys_reach_their_pass(target):
     """Config keys of the public call go to the passes that take them (BK and num_warps to both);
     results as the default."""
@@ -355,17 +311,11 @@ def test_slots_of_positions(target):
     (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
                                     torch.zeros(2, 8, dtype=torch.int32), 0.1, form="two_pass", PREFETCH=True),
      "two-pass form takes no config key PREFETCH"),
-    (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
-                                    torch.zeros(2, 8, dtype=torch.int32), 0.1, form="staged", SPLIT=2),
-     "staged form takes no config key SPLIT"),
     (lambda: A.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
      "next_n"),
     (lambda: A.sparse_mla_attention(torch.zeros(1, 1, 576).bfloat16().expand(65536, 1, 576), A.new_mla_cache(1),
                                     torch.zeros(65536, 1, dtype=torch.int32), 0.1, form="two_pass"),
      "at most 65535 queries"),
-    (lambda: A.sparse_mla_attention(torch.zeros(1, 1, 576).bfloat16().expand(65536, 1, 576), A.new_mla_cache(1),
-                                    torch.zeros(65536, 1, dtype=torch.int32), 0.1, form="staged"),
-     "form=\"staged\" takes at most 65535"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     with pytest.raises(K31Error) as e:
@@ -386,5 +336,3 @@ def test_compiles_for_hopper(tmp_path):
     assert_compiles_for_hopper(sfa_two_pass.__file__, ["sfa_scores", "sfa_values"], tmp_path)
     from k31dsl.ops.dsa import sfa_keys_major
     assert_compiles_for_hopper(sfa_keys_major.__file__, ["sfa_keys_major", "sfa_keys_major_split"], tmp_path)
-    from k31dsl.ops.dsa import sfa_staged
-    assert_compiles_for_hopper(sfa_staged.__file__, ["sfa_stage", "sfa_dense_scores", "sfa_dense_values"], tmp_path)

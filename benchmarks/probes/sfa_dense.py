@@ -1,7 +1,20 @@
 """Probe: the staged form of sparse MLA attention (ops/dsa/sfa_staged.py: the selected records
 copied into a contiguous bf16 buffer, then both products as dense GEMMs over it) at the DSA decode
 step's shapes, kernel by kernel and config by config, against the committed two-pass form in the
-same run. Each staged output is checked against the two-pass output first. CUDA-graph medians;
+same run. The kernels live here, not in ops/: the form lost (0.278 against 0.250 ms at B=64 L=32K,
+0.145 against 0.133 at B=32 L=128K; NOTES, DSA attention, session of 07:47 UTC 2 Dec).
+
+The design: the gather kernels (one-pass, two-pass) address each block of records through a
+loaded index tile, so Triton keeps no copy in flight across blocks, and the E4M3 codes pass
+through registers (widened to bf16) before an MMA reads them. Here `sfa_stage` first copies each
+query's selected records into keys [T, K, 576] bf16 (codes widened exactly, rope) and key_scales
+[T, K, 4] fp32 (zero rows for invalid indices); `sfa_dense_scores` (program: key tile of BN, head
+block, query) then takes per latent tile g the [BH, 128] x [128, BN] product times the keys' scale g,
+plus the rope product, masks invalid indices to -inf and writes the fp32 scores with each tile's
+softmax (m, l); `sfa_dense_values` (program: 128-column tile, head block, query) takes lse from
+every tile's (m, l) and sums (exp(s - lse) * scale_g) @ keys_g over key blocks. The numerics are the
+two-pass form's (no product of code and scale is rounded). Every load of both products is at an
+address computed from loop counters, so `k.range(stages=N)` pipelines them. Each staged output is checked against the two-pass output first. CUDA-graph medians;
 writes results/sfa_dense[_TAG].json and .md.
 
     python benchmarks/probes/sfa_dense.py [--shapes 64x32768,32x131072]
@@ -16,7 +29,97 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import k31dsl as k  # noqa: E402
+from k31dsl.ops.dsa.attention import LATENT, ROPE, TILE, CacheCodes, CacheRope, CacheScales  # noqa: E402
+from k31dsl.ops.dsa.sfa_two_pass import fold_stats, segments_lse  # noqa: E402
+
 SM_SCALE = 0.135234
+
+DQK = LATENT + ROPE
+STAGE_CONFIGS = [{"BR": 32, "num_warps": 4}]
+SCORE_CONFIGS = [{"BH": 64, "BN": 64, "STAGES": 2, "num_warps": 4}]
+VALUE_CONFIGS = [{"BH": 64, "BK": 64, "STAGES": 2, "num_warps": 4}]
+
+
+@k.kernel(configs=STAGE_CONFIGS)
+def sfa_stage(codes: CacheCodes, scales: CacheScales, rope: CacheRope, indices: k.Tensor[k.i32, "T", "K"],
+              keys: k.Tensor[k.bf16, "T", "K", "DQK"], key_scales: k.Tensor[k.f32, "T", "K", "G"],
+              BR: k.constexpr = 32):
+    for rb, t in k.grid(k.cdiv(indices.shape[1], BR), indices.shape[0]):
+        r0 = rb * BR
+        idx = indices[t, k.span(r0, BR, other=-1)]
+        valid = (idx >= 0) & (idx < codes.shape[0])
+        keys[t, k.span(r0, BR), k.span(0, 512)] = k.where(
+            valid[:, None], codes[idx, k.span(0, 512, other=0.0)].to(k.bf16), 0.0)
+        keys[t, k.span(r0, BR), k.span(512, 64)] = k.where(valid[:, None], rope[idx, k.span(264, 64, other=0.0)], 0.0)
+        key_scales[t, k.span(r0, BR), k.span(0, 4)] = k.where(
+            valid[:, None], k.load(scales, (idx, k.span(128, 4)), other=0.0), 0.0)
+
+
+@k.kernel(configs=SCORE_CONFIGS)
+def sfa_dense_scores(q: k.Tensor["QT", "T", "H", "DQK"], keys: k.Tensor[k.bf16, "T", "K", "DQK"],
+                     key_scales: k.Tensor[k.f32, "T", "K", "G"], indices: k.Tensor[k.i32, "T", "K"],
+                     s: k.Tensor[k.f32, "T", "H", "K"], part_m: k.Tensor[k.f32, "NT", "T", "H"],
+                     part_l: k.Tensor[k.f32, "NT", "T", "H"], n_slots: k.i32, sm_scale: k.f32,
+                     QT: k.constexpr[k.bf16, k.f32] = k.bf16, BH: k.constexpr = 64, BN: k.constexpr = 64,
+                     STAGES: k.constexpr = 2):
+    # Key tiles are the grid's fastest axis: a query's tiles run side by side and share its rows
+    # of q from L2. The scale of tile g multiplies each tile's product (not the keys), so the dot
+    # is a fresh one per tile and Triton waits on it; the loads of the next tiles are in flight.
+    for n, hb, t in k.grid(k.cdiv(s.shape[2], BN), k.cdiv(s.shape[1], BH), s.shape[0]):
+        h0 = hb * BH
+        n0 = n * BN
+        acc = k.zeros((BH, BN), k.f32)
+        for g in k.range(4, stages=STAGES):
+            a = q[t, k.span(h0, BH), k.span(g * TILE, TILE, other=0.0)].to(k.bf16)
+            b = keys[t, k.span(n0, BN), k.span(g * TILE, TILE, other=0.0)]
+            sg = k.load(key_scales, (t, k.span(n0, BN), g), other=0.0)
+            acc += k.dot(a, b.T) * sg[None, :]
+        a = q[t, k.span(h0, BH), k.span(LATENT, ROPE, other=0.0)].to(k.bf16)
+        acc += k.dot(a, keys[t, k.span(n0, BN), k.span(LATENT, ROPE, other=0.0)].T)
+        idx = indices[t, k.span(n0, BN, other=-1)]
+        valid = (idx >= 0) & (idx < n_slots)
+        sc = k.where(valid[None, :], acc * sm_scale, float("-inf"))
+        s[t, k.span(h0, BH), k.span(n0, BN)] = sc
+        m, l = fold_stats(k.full((BH,), float("-inf"), k.f32), k.zeros((BH,), k.f32), sc)
+        part_m[n, t, k.span(h0, BH)] = m
+        part_l[n, t, k.span(h0, BH)] = l
+
+
+@k.kernel(configs=VALUE_CONFIGS)
+def sfa_dense_values(keys: k.Tensor[k.bf16, "T", "K", "DQK"], key_scales: k.Tensor[k.f32, "T", "K", "G"],
+                     s: k.Tensor[k.f32, "T", "H", "K"], part_m: k.Tensor[k.f32, "NT", "T", "H"],
+                     part_l: k.Tensor[k.f32, "NT", "T", "H"], o: k.Tensor[k.bf16, "T", "H", "DV"],
+                     lse: k.Tensor[k.f32, "T", "H"], BH: k.constexpr = 64, BK: k.constexpr = 64,
+                     NSB: k.constexpr = 1, STAGES: k.constexpr = 2):
+    # NSB: the key-tile count of the score pass rounded up to a power of two (the caller passes
+    # it). A masked score is -inf, so its probability is 0 whatever lse is (+inf for a lonely query).
+    for g, hb, t in k.grid(k.cdiv(o.shape[2], TILE), k.cdiv(o.shape[1], BH), o.shape[0]):
+        h0 = hb * BH
+        row_lse = segments_lse(part_m, part_l, t, h0, BH, NSB)
+        acc = k.zeros((BH, TILE), k.f32)
+        for j in k.range(k.cdiv(s.shape[2], BK), stages=STAGES):
+            sc = k.load(s, (t, k.span(h0, BH), k.span(j * BK, BK)), other=float("-inf"))
+            sg = k.load(key_scales, (t, k.span(j * BK, BK), g), other=0.0)
+            p = k.exp(sc - row_lse[:, None]) * sg[None, :]
+            acc += k.dot(p.to(k.bf16), keys[t, k.span(j * BK, BK), k.span(g * TILE, TILE, other=0.0)])
+        o[t, k.span(h0, BH), k.span(g * TILE, TILE)] = acc.to(k.bf16)
+        lse[t, k.span(h0, BH)] = row_lse
+
+
+def key_tiles(topk: int, bn: int) -> int:
+    """The score pass's key tiles per query (its (m, l) partials)."""
+    return -(-topk // bn)
+
+
+def buffers(t: int, h: int, topk: int, bn: int) -> dict:
+    """The staged form's intermediates by name -> (shape, dtype name)."""
+    nt = key_tiles(topk, bn)
+    return {"keys": ((t, topk, DQK), "bfloat16"), "key_scales": ((t, topk, 4), "float32"),
+            "scores": ((t, h, topk), "float32"), "part_m": ((nt, t, h), "float32"),
+            "part_l": ((nt, t, h), "float32")}
+
+
 
 
 def parse(text: str, names: tuple[str, ...]) -> list[dict]:
@@ -41,7 +144,7 @@ def main(argv=None) -> int:
     import harness
     from dsa import step_attention_inputs
     from k31dsl.ops.dsa import attention as A
-    from k31dsl.ops.dsa import sfa_staged as ST
+    ST = sys.modules[__name__]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--score-configs", default="64x64x2x4+64x64x3x4+128x64x2x8+64x128x2x4")
@@ -74,8 +177,6 @@ def main(argv=None) -> int:
 
         add("two-pass (committed)", {}, attempt(lambda: A.sparse_mla_attention(
             q, mcache, slots, SM_SCALE, form="two_pass", target="triton")))
-        add("staged (op defaults)", {}, attempt(lambda: A.sparse_mla_attention(
-            q, mcache, slots, SM_SCALE, form="staged", target="triton")))
         bufs = {bn: {n: torch.empty(s, dtype=getattr(torch, d), device="cuda")
                      for n, (s, d) in ST.buffers(T, H, K, bn).items()} for bn in {c["BN"] for c in score_cfgs}}
         first = next(iter(bufs.values()))

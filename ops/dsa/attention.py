@@ -468,7 +468,7 @@ def _check_scale(op: str, sm_scale):
                             "= 0.135234); there is no default")
 
 
-FORMS = ("one_pass", "two_pass", "keys_major", "staged")
+FORMS = ("one_pass", "two_pass", "keys_major")
 MAX_TWO_PASS_QUERIES = 65535      # sfa_two_pass's pass 2 has the queries on CUDA's z axis (at most 65535)
 
 
@@ -488,9 +488,7 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     segment count, by default ~2 programs per SM on a GPU, else 1; it keeps an fp32
     [T, H, topk] score buffer, so it suits decode-sized calls) or "keys_major" (sfa_keys_major.py:
     the gathered keys as the MMA rows, for few heads: up to 32 heads per program; split as for
-    one_pass) or "staged" (sfa_staged.py: the selected records copied into a contiguous bf16 buffer
-    first, then both products as dense GEMMs over it; T * topk * 1152 bytes more memory);
-    None: sfa_form's choice.
+    one_pass); None: sfa_form's choice.
     **config pins kernel constexprs (BH, BK, ...) and, on Triton, launch options (num_warps, ...)."""
     import torch
     target = resolve_target(target)
@@ -510,8 +508,8 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     if form not in FORMS:
         raise K31Error(f"{op}: form must be one of {', '.join(FORMS)}, got {form!r}")
     T, H = q.shape[0], q.shape[1]
-    if form in ("two_pass", "staged") and T > MAX_TWO_PASS_QUERIES:
-        raise K31Error(f"{op}: form=\"{form}\" takes at most {MAX_TWO_PASS_QUERIES} queries per call, got {T}",
+    if form == "two_pass" and T > MAX_TWO_PASS_QUERIES:
+        raise K31Error(f"{op}: form=\"two_pass\" takes at most {MAX_TWO_PASS_QUERIES} queries per call, got {T}",
                        hint="use form=\"one_pass\" or split the call")
     o = torch.zeros((T, H, LATENT), dtype=torch.bfloat16, device=q.device)
     lse = torch.full((T, H), float("inf"), dtype=torch.float32, device=q.device)
@@ -528,9 +526,6 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
         if split is None:
             split = TP.score_segments(T, H, idx.shape[1], kw.get("BH", 64)) if q.device.type == "cuda" else 1
         return TP.sparse_mla_attention_two_pass(target, q.contiguous(), (c, s, r), idx, sm_scale, o, lse, split, kw)
-    if form == "staged":
-        from k31dsl.ops.dsa import sfa_staged as ST
-        return ST.sparse_mla_attention_staged(target, q.contiguous(), (c, s, r), idx, sm_scale, o, lse, kw)
     fwd, split_fwd = sparse_mla_attention_fwd, sparse_mla_attention_split
     if form == "keys_major":
         from k31dsl.ops.dsa import sfa_keys_major as KM
