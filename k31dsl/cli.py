@@ -415,6 +415,7 @@ examples:
   k31dsl check mxfp8_quantize --target triton --seed 3
   k31dsl selftest                                        compile + check everything, every target
   k31dsl explain step.py --target triton                 a graph program after each pass
+  k31dsl resources kern.py::k --arg x=4096x328:bf16 ...  registers and occupancy on sm_90, from a CPU
   k31dsl cache info                                      the compile cache
   k31dsl run --prompt "Hello"                            generate text with the tiny K31 model
 
@@ -565,8 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="info as JSON")
     p.set_defaults(func=cmd_cache)
 
-    from k31dsl import run_cmd      # the model front end lives in its own module
+    from k31dsl import resources_cmd, run_cmd      # commands with their own modules
     run_cmd.add_parser(sub, fmt)
+    resources_cmd.add_parser(sub, fmt)
 
     p = sub.add_parser("version", help="print the version", description="Print k31dsl's version.")
     p.add_argument("--verbose", "-v", action="store_true", help="also dependencies and targets")
@@ -578,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)     # a command may re-run itself
     except SystemExit as e:          # --help, --version, usage errors
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     if args.command is None:

@@ -5,7 +5,8 @@ instructions and the programs per SM those allow. Run it with the GPU's Triton (
 the GPU's code: its registers and instruction counts then match Nsight's (SFA score pass at B=64,
 every offset int64 there: 199 registers and 2256 instructions before its cache views carried
 k.aligned; the indexer 118 and 1536). Tensor arguments whose row alignment the JIT cannot see
-(`aot.blind_spots`) are listed before each build.
+(`aot.blind_spots`) are listed before each build. `k31dsl resources` does this for any one
+kernel and call shape; this probe builds the DSA step's three kernels at once.
 
     env -u TRITON_INTERPRET /work/venv36/bin/python benchmarks/probes/sass_report.py [--shapes 64x32768]
     ... --ops /path/to/variant.py     (an sfa_two_pass.py variant to build instead of the committed one)
@@ -14,33 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-REGS_PER_SM, SMEM_PER_SM = 65536, 232448        # sm_90: 64 K registers, 227 KB of shared memory
-
-
-def sass_facts(compiled, folder: Path) -> dict:
-    import triton
-    bin_dir = Path(triton.__file__).parent / "backends/nvidia/bin"
-    cubin = folder / "k.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
-    sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True).stdout
-    res = subprocess.run([str(bin_dir / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-    regs = int(re.search(r"REG:(\d+)", res).group(1))
-    warps = compiled.metadata.num_warps
-    smem = compiled.metadata.shared
-    by_regs = REGS_PER_SM // (32 * warps * -(-regs // 8) * 8)
-    by_smem = SMEM_PER_SM // (smem + 1024) if smem else 32
-    return {"regs": regs, "spill loads": len(re.findall(r"\bLDL\b", sass)), "smem KB": round(smem / 1024, 1),
-            "warps": warps, "SASS": len(re.findall(r"\n\s+/\*[0-9a-f]{4}\*/", sass)),
-            "HGMMA": len(re.findall(r"HGMMA", sass)), "per SM": min(by_regs, by_smem, 64 // warps),
-            "limit": "registers" if by_regs < by_smem else "shared memory"}
 
 
 def main(argv=None) -> int:
@@ -52,6 +31,7 @@ def main(argv=None) -> int:
     from k31dsl.ops.dsa import indexer as I
     from k31dsl.targets.triton.aot import blind_spots, compile_for_gpu, jit_like
     from k31dsl.targets.triton.emit import LAUNCH_KEYS
+    from k31dsl.targets.triton.resources import sass_facts
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--ops", default="", help="an sfa_two_pass.py variant to build instead of the committed one")
@@ -103,7 +83,7 @@ def main(argv=None) -> int:
                              **sass_facts(compiled, folder)})
                 print(rows[-1], flush=True)
     harness.print_table(["shape", "kernel", "offsets", "regs", "spill loads", "smem KB", "warps", "per SM", "limit",
-                         "SASS", "HGMMA"], rows)
+                         "SASS", "MMA", "global loads"], rows)
     return 0
 
 
