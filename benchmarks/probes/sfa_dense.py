@@ -1,7 +1,7 @@
 """Probe: the staged form of sparse MLA attention (ops/dsa/sfa_staged.py: the selected records
 copied into a contiguous bf16 buffer, then both products as dense GEMMs over it) at the DSA decode
 step's shapes, kernel by kernel and config by config, against the committed two-pass form in the
-same run. The kernels live here, not in ops/: the form lost (0.278 against 0.250 ms at B=64 L=32K,
+same run. The kernels live here, not in ops/: the form lost (0.276 against 0.251 ms at B=64 L=32K,
 0.145 against 0.133 at B=32 L=128K; NOTES, DSA attention, session of 07:47 UTC 2 Dec).
 
 The design: the gather kernels (one-pass, two-pass) address each block of records through a
