@@ -5,16 +5,19 @@ The DSL's value pass (`sfa_two_pass.sfa_values`, Triton `tl`) computes per block
 keys p = exp(s - lse) * scale_g (registers), widens the gathered E4M3 code tile to bf16 and
 multiplies them; Triton waits on every such wgmma (its left operand is computed in the loop) and
 each block's loads are issued in the block (NOTES: 31 % of the pass's stall samples wait on the
-score tile). Here, per program (column tile g, head block, query), with one warpgroup:
-  - block j + 1's score tile, scales, indices and code rows are loaded into registers while block
-    j is worked on (a register double buffer: loads are only waited on where they are used);
+score tile). Here, per program (column tile g, head block, query), with one warpgroup or two
+(NW 4 / 8; the second takes half of the 128 columns):
+  - with PREFETCH, block j + 1's score tile, scales, indices and code rows are loaded into
+    registers while block j is worked on (a register double buffer);
   - block j's probabilities (bf16) and widened codes go to one of two shared-memory buffers each,
     and the wgmma reading them is asynchronous: it is waited on only after block j + 1's wgmma is
     issued (`warpgroup_mma_wait(1)`), so it overlaps block j + 1's exponentials and conversions.
-    (With the probabilities as a register operand, ptxas waits on each of the block's four
-    HGMMAs: their operand registers are reused.)
-Same inputs and numerics as `sfa_values` (checked against it first). CUDA-graph medians; writes
-results/sfa_values_gluon.json and .md.
+    Block 0 is peeled with use_acc=False: a zero-initialised accumulator carried into the loop
+    makes ptxas serialise every wgmma (C7515), whatever the operands. (A first version with the
+    probabilities as a register operand was built only before that fix: 255 registers.)
+Same inputs and numerics as `sfa_values`: the outputs came out bit-identical. Measured slower
+(0.187 against 0.115 ms at B=64 L=32K at best; NOTES, session of 07:47 UTC 2 Dec). CUDA-graph
+medians; writes results/sfa_values_gluon.json and .md. Needs Triton 3.6's Gluon and a GPU.
 
     python benchmarks/probes/sfa_values_gluon.py [--shapes 64x32768,32x131072]
 """
