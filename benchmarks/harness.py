@@ -30,6 +30,17 @@ def graph_median_ms(fn, rep: int = 200) -> float:
         return float("nan")
 
 
+def try_graph_median_ms(fn, rep: int = 200) -> float:
+    """fn run once (its build), then graph_median_ms(fn); NaN, with the reason printed, when the
+    first run raises (a probe's config that fails to compile is a result, not a crash)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        print("failed", type(e).__name__, str(e)[:300], flush=True)
+        return float("nan")
+    return graph_median_ms(fn, rep)
+
+
 def copy_ceiling_tbs(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written per second (TB/s)."""
     import torch

@@ -167,15 +167,7 @@ def main(argv=None) -> int:
             rows.append({**base, "part": part, "config": fmt(cfg), "ms": ms, **extra})
             print(rows[-1], flush=True)
 
-        def attempt(fn):
-            try:
-                fn()
-                return harness.graph_median_ms(fn)
-            except Exception as e:  # noqa: BLE001 - a config that fails to build is a result
-                print("failed", type(e).__name__, str(e)[:300], flush=True)
-                return float("nan")
-
-        add("two-pass (committed)", {}, attempt(lambda: A.sparse_mla_attention(
+        add("two-pass (committed)", {}, harness.try_graph_median_ms(lambda: A.sparse_mla_attention(
             q, mcache, slots, SM_SCALE, form="two_pass", target="triton")))
         bufs = {bn: {n: torch.empty(s, dtype=getattr(torch, d), device="cuda")
                      for n, (s, d) in ST.buffers(T, H, K, bn).items()} for bn in {c["BN"] for c in score_cfgs}}
@@ -183,8 +175,8 @@ def main(argv=None) -> int:
         c, sc, r = views
         staged_bytes = T * K * (656 + 1152 + 16)
         for cfg in stage_cfgs:
-            ms = attempt(lambda cfg=cfg: ST.sfa_stage["triton"](c, sc, r, slots, first["keys"], first["key_scales"],
-                                                                **cfg))
+            ms = harness.try_graph_median_ms(
+                lambda cfg=cfg: ST.sfa_stage["triton"](c, sc, r, slots, first["keys"], first["key_scales"], **cfg))
             add("stage", cfg, ms, **{"TB/s": staged_bytes / ms / 1e9 if ms == ms else None})
         for bn, bf in bufs.items():
             if bf is not first:
@@ -193,7 +185,7 @@ def main(argv=None) -> int:
         best = {}
         for cfg in score_cfgs:
             bf = bufs[cfg["BN"]]
-            ms = attempt(lambda cfg=cfg, bf=bf: ST.sfa_dense_scores["triton"](
+            ms = harness.try_graph_median_ms(lambda cfg=cfg, bf=bf: ST.sfa_dense_scores["triton"](
                 q, bf["keys"], bf["key_scales"], slots, bf["scores"], bf["part_m"], bf["part_l"], c.shape[0],
                 SM_SCALE, **cfg))
             add("scores", cfg, ms, **{"TFLOP/s": 2 * T * H * K * 576 / ms / 1e9 if ms == ms else None})
@@ -210,7 +202,7 @@ def main(argv=None) -> int:
                 ST.sfa_dense_values["triton"](bf["keys"], bf["key_scales"], bf["scores"], bf["part_m"], bf["part_l"],
                                               o, lse, NSB=nsb, **cfg)
             o.fill_(float("nan"))
-            ms = attempt(p2)
+            ms = harness.try_graph_median_ms(p2)
             err = float((o.float() - ref_o.float()).abs().max()) / scale if ms == ms else float("nan")
             add("values", cfg, ms, **{"scores + values ms": sms + ms, "o rel diff vs two-pass": err,
                                       "lse diff": float((lse - ref_l).abs().max()) if ms == ms else float("nan"),

@@ -181,8 +181,8 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001 - a variant that fails is a result
                 print("failed", bk, pf, nw, type(e).__name__, str(e)[:300], flush=True)
                 ms = err = lerr = float("nan")
-            rows.append({**base, "kernel": f"sfa_values_gluon BK={bk} prefetch={pf} warps={nw} maxnreg={cap or '-'}", "ms": ms, "o rel diff": err,
-                         "lse diff": lerr})
+            name = f"sfa_values_gluon BK={bk} prefetch={pf} warps={nw} maxnreg={cap or '-'}"
+            rows.append({**base, "kernel": name, "ms": ms, "o rel diff": err, "lse diff": lerr})
             print(rows[-1], flush=True)
         rows.append({**base, "kernel": "sfa_values (DSL, committed) again", "ms": harness.graph_median_ms(committed)})
         print(rows[-1], flush=True)
