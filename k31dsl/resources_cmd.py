@@ -55,7 +55,8 @@ def add_parser(sub, fmt) -> None:
 
 
 def cmd_resources(args) -> int:
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from k31dsl.targets.triton.resources import interpreter_set
+    if interpreter_set():
         return _without_interpreter(args.argv)
     from k31dsl.cli import _console
     from k31dsl.sources import _kernel_defs, import_path, parse_constexpr

@@ -97,11 +97,9 @@ def sass_facts(compiled, folder: Path, arch: int = 90) -> dict:
             "per SM": least, "limit": " and ".join(k for k, v in limits.items() if v == least)}
 
 
-def candidate_configs(kdef, fixed: dict) -> list[dict]:
-    """The configs a call fixing `fixed` (constexprs and launch options) leaves open, as the GPU
-    autotuner would time them; [{}] when the kernel has none or none agrees."""
-    out = [cfg for cfg in kdef.configs if all(fixed.get(k, v) == v for k, v in cfg.items())]
-    return out or [{}]
+def interpreter_set() -> bool:
+    """Whether this process has Triton's interpreter on (its real compiler then cannot run here)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def missing_args(kdef, args: dict) -> list[str]:
@@ -124,7 +122,7 @@ def report(kdef, args: dict, fixed: dict, arch: int = 90) -> tuple[list[dict], l
     (parameter name -> meta tensor or number) and `fixed` constexprs / launch options."""
     from k31dsl.targets.common import bind_dtypes, check_args
     from k31dsl.targets.triton.aot import blind_spots, compile_for_gpu, jit_like
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreter_set():
         raise K31Error("resources needs Triton's real compiler, but TRITON_INTERPRET is set in this process",
                        hint="run it in a process without TRITON_INTERPRET (`k31dsl resources` restarts itself so)")
     if arch not in SM_LIMITS:
@@ -141,7 +139,8 @@ def report(kdef, args: dict, fixed: dict, arch: int = 90) -> tuple[list[dict], l
     compiled_kdef = kdef["triton"]
     rows, spots = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for cfg in candidate_configs(kdef, {**passed, **fixed}):
+        # the configs the GPU autotuner would time for this call (the runtime's own filter)
+        for cfg in compiled_kdef._candidates({**passed, **fixed}) or [{}]:
             merged = {**cfg, **passed, **fixed}
             cx = {k: v for k, v in merged.items() if k not in LAUNCH}
             launch = {k: v for k, v in merged.items() if k in LAUNCH}
