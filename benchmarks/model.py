@@ -21,6 +21,7 @@ Floors (bytes and FLOPs of a decode step / a prefill, from the config): `floors(
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import sys
@@ -233,15 +234,18 @@ def bench_decode(runners, batches, context, steps, device, rows, results, warmup
                     one()
                 _sync(device)
                 t0 = time.perf_counter()
+                tokens = []
                 for _ in range(steps):
                     one()
+                    tokens.append(last)
                 _sync(device)
                 s = time.perf_counter() - t0
                 ms, tps = s * 1e3 / steps, b * steps / s
+                digest = hashlib.sha1(repr(tokens).encode()).hexdigest()[:12]   # same tokens <=> same digest
             except Exception as e:  # noqa: BLE001
                 print(f"decode B={b} {name}: {type(e).__name__}: {str(e)[:200]}")
-                ms, tps = float("nan"), float("nan")
-            out.setdefault(b, {})[name] = {"ms_per_step": ms, "tokens_per_s": tps}
+                ms, tps, digest = float("nan"), float("nan"), ""
+            out.setdefault(b, {})[name] = {"ms_per_step": ms, "tokens_per_s": tps, "tokens_sha1": digest}
             rows.append({"case": f"decode B={b} L={context}", "impl": name, "ms": ms, "tokens/s": tps,
                          "timing": f"wall, {steps} steps"})
             print(f"decode B={b} {name}: {ms:.3f} ms/step, {tps:,.0f} tokens/s")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from k31dsl.dsl.ir import Kernel, TensorType
-from k31dsl.targets.triton.emit import TritonEmitter, emit
+from k31dsl.targets.triton.emit import TritonEmitter, emit, pdl_mode
 
 POINTER = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "f64": "*fp64", "i8": "*i8", "i32": "*i32",
            "i64": "*i64", "u8": "*u8", "u32": "*u32", "bool": "*i1", "f8e4m3": "*u8", "f8e5m2": "*u8",
@@ -32,7 +32,7 @@ def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type:
     from triton.compiler import ASTSource
 
     path = Path(folder) / f"{kernel.name}_sm{arch}_{index_type}.py"
-    path.write_text(emit(kernel, mode="gpu", satfinite=arch >= 89))
+    path.write_text(emit(kernel, mode="gpu", satfinite=arch >= 89, pdl=pdl_mode(arch >= 90)))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -2,10 +2,11 @@
 
 The launcher takes the kernel's parameters (torch tensors, numbers), computes the grid from the
 host block and passes every tensor as a data pointer plus all of its sizes and strides. Only
-`tl.*` is used (no libdevice, block pointers or inline asm), and the code is generated for one
-mode, fixed at emit time and written in the header:
+`tl.*` is used (no libdevice, block pointers or inline asm of our own), and the code is generated
+for one mode, fixed at emit time and written in the header:
 
-  gpu        native bf16 tiles, hardware fp8 conversions, correctly rounded `/` and sqrt.
+  gpu        native bf16 tiles, hardware fp8 conversions, correctly rounded `/` and sqrt; on
+             sm_90+ programmatic dependent launch (`tl.extra.cuda.gdc_*`, `launch_pdl=True`).
   interpret  Triton's CPU interpreter: bf16 tiles live in f32 carriers rounded in software (its
              own bf16 is wrong), fp8 converts in software, dots run in f32.
 
@@ -62,6 +63,21 @@ def _sm90() -> bool:
         return False
 
 
+PDL_MODES = ("off", "start", "end")
+PDL_DEFAULT = "off"
+
+
+def pdl_mode(arch_ok: bool) -> str:
+    """How gpu-mode kernels use programmatic dependent launch (sm_90 and newer, `arch_ok`): every
+    kernel waits for the previous kernel of its stream before it touches memory, and lets the next
+    one launch right after that wait ("start") or after its last store ("end"); "off" emits
+    neither. K31DSL_PDL=off|start|end (also 0 / 1 for off / start) overrides PDL_DEFAULT."""
+    if not arch_ok:
+        return "off"
+    mode = {"0": "off", "1": "start"}.get(os.environ.get("K31DSL_PDL", ""), os.environ.get("K31DSL_PDL", ""))
+    return mode if mode in PDL_MODES else PDL_DEFAULT
+
+
 class TritonEmitter(PyEmitter):
     target = "triton"
 
@@ -72,6 +88,10 @@ class TritonEmitter(PyEmitter):
         self.soft_fp8 = bool(self.options.get("soft_fp8", self.interp))
         self.satfinite = not self.soft_fp8 and bool(self.options.get("satfinite", _sm90()))
         self.idx = "tl.int64" if self.interp else "K31_IDX"
+        # programmatic dependent launch (pdl_mode; NOTES.md, "PDL" has the measurements)
+        self.pdl = "off" if self.interp else self.options.get("pdl", pdl_mode(_sm90()))
+        if self.pdl not in PDL_MODES:
+            raise ValueError(f"pdl={self.pdl!r}: one of {PDL_MODES}")
         self.helpers: set[str] = set()
         self.consts: dict[int, str] = {}     # uid -> literal of an inlined constant
         self.maybe_cx: set[int] = set()      # values Triton may see as constexpr (no .to())
@@ -196,10 +216,16 @@ class TritonEmitter(PyEmitter):
         host = self.emit_host()
         host_args = self.host_values_in_body()
         self.lines, self.last_src = [], None
+        if self.pdl != "off":
+            self.line(0, "tl.extra.cuda.gdc_wait()              # the previous kernel's writes are visible")
+        if self.pdl == "start":
+            self.line(0, "tl.extra.cuda.gdc_launch_dependents()")
         for axis, pid in enumerate(k.body.args):
             self.line(0, f"{self.name(pid)} = tl.program_id({axis})")
         self.prologue()
         self.block(k.body, 0)
+        if self.pdl == "end":
+            self.line(0, "tl.extra.cuda.gdc_launch_dependents()  # after the last store: the next kernel may launch")
         body = self.lines
         tensor_params = [p for p in k.params if p.is_tensor]
         scalar_params = [p for p in k.params if not p.is_tensor]
@@ -235,9 +261,10 @@ class TritonEmitter(PyEmitter):
         if not self.interp:
             opts = self.launch_options()
             launch_opts = [f"{n}={v!r}" for n, v in opts.items()]
-            launch_args.append([f"{n}={n}" for n in opts])
+            launch_args.append([f"{n}={n}" for n in opts] + (["launch_pdl=True"] if self.pdl != "off" else []))
         header = self.header() + [f"# mode: {self.mode}" + ("" if self.interp else
-                                                           f"   soft-fp8: {self.soft_fp8}   satfinite-fp8: {self.satfinite}")]
+                                                           f"   soft-fp8: {self.soft_fp8}   satfinite-fp8: {self.satfinite}"
+                                                           f"   pdl: {self.pdl}")]
         return _ENV.get_template("module.py.jinja").render(
             header=header, name=k.name, params=[p.name for p in k.params], host=host, views=views,
             grid=[self.host_expr(g) for g in k.grid], body=body or ["pass"],

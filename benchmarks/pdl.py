@@ -1,0 +1,176 @@
+"""Programmatic dependent launch (PDL) on and off, same GPU, same run: what the Triton target's
+`gdc_launch_dependents` + `gdc_wait` prologue and `launch_pdl=True` launches change at the model's
+decode steps (hundreds of few-µs kernels per token, replayed as CUDA graphs) and at the DSA decode
+step (five kernels), and a check that the outputs do not change.
+
+Each setting runs in its own process (K31DSL_PDL=off|start|end is read when a kernel is emitted;
+targets/triton/emit.py, pdl_mode), by default in the order end, off, end, so drift over the run
+shows up as a difference between the two runs of one setting.
+The torch anchors of each case (eager and torch.compile; the DSA step's from benchmarks/dsa.py,
+the model's from the reference model) are measured once, in the first process: PDL does not touch
+torch's kernels.
+
+    python benchmarks/pdl.py                       # GPU; writes benchmarks/results/pdl.{json,md}
+    python benchmarks/pdl.py --parts dsa --order on,off --tag dsa
+
+A worker prints nothing but its progress and writes one JSON file (times, output digests).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402
+
+
+def _digest(*tensors) -> str:
+    """A short hash of the tensors' bytes: equal outputs <=> equal digests."""
+    h = hashlib.sha1()
+    for t in tensors:
+        h.update(t.detach().contiguous().view(-1).view(__import__("torch").uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def work_model(anchors: bool, batches: list[int], context: int, steps: int) -> list[dict]:
+    import model as M
+    from k31dsl.model.config import K31Config, pages_for
+    from k31dsl.model.weights import cast_weights, init_weights
+    cfg = K31Config.load("small")
+    weights = {n: w.to("cuda") for n, w in cast_weights(init_weights(cfg, 0), cfg.dtype).items()}
+    impls = ["k31dsl"] + (["eager", "torch.compile"] if anchors else [])
+    num_pages = max(b * pages_for(context + steps + 3) for b in batches)
+    runners = M.Runners(cfg, weights, impls, num_pages, max(batches), "cuda")
+    results: dict = {}
+    M.bench_decode(runners.for_section(max(batches), context + steps + 3), batches, context, steps, "cuda",
+                   [], results, warmup=2)
+    rows = [{"case": f"model decode B={b} L={context}", "impl": impl, "ms": r["ms_per_step"],
+             "digest": r["tokens_sha1"], "timing": f"wall per step, {steps} steps"}
+            for b, per in results["decode"].items() for impl, r in per.items()]
+    # the device side alone: the k31dsl runner's captured decode graphs replayed back to back (no
+    # host work, no sync per step; the wall figures above move by several % between runs)
+    for shape, (graph, _static, _out) in sorted(runners.k31._graphs.items(), key=lambda kv: kv[0].n_seqs):
+        if shape.kind == "decode":
+            rows.append({"case": f"model decode graph B={shape.n_seqs} L={context}", "impl": "k31dsl",
+                         "ms": harness.median_ms(graph.replay, warmup=10, rep=200), "digest": "-",
+                         "timing": "do_bench median of graph replays"})
+            print(f"{rows[-1]['case']}: {rows[-1]['ms']:.4f} ms", flush=True)
+    return rows
+
+
+def work_dsa(anchors: bool, shapes: list[tuple[int, int]]) -> list[dict]:
+    import torch
+    import dsa as D
+    from k31dsl.ops.dsa import fused as F
+    rows = []
+    for b, length in shapes:
+        args, anchor_in = D.make_step(b, length, 2048, 64, 128, "cuda", anchors=anchors)
+
+        def step():
+            return F.li_sfa_unfused(*args, 2048, D.SM_SCALE, target="triton", max_len=length, mma="bf16")
+        o, lse = step()
+        case = f"DSA step B={b} L={length}"
+        rows.append({"case": case, "impl": "k31dsl", "ms": harness.graph_median_ms(step), "digest": _digest(o, lse),
+                     "timing": "CUDA-graph median"})
+        if anchors:
+            compiled = torch.compile(D.torch_step)
+            for impl, fn in (("eager", lambda: D.torch_step(*anchor_in)), ("torch.compile", lambda: compiled(*anchor_in))):
+                fn()
+                rows.append({"case": case, "impl": impl, "ms": harness.graph_median_ms(fn), "digest": "",
+                             "timing": "CUDA-graph median"})
+        print(*(f"{r['case']} {r['impl']}: {r['ms']:.4f} ms" for r in rows[-3 if anchors else -1:]), sep="\n",
+              flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def worker(args) -> int:
+    anchors = args.anchors
+    rows = []
+    if args.worker == "model":
+        rows = work_model(anchors, [int(b) for b in args.batches.split(",")], args.context, args.steps)
+    elif args.worker == "dsa":
+        rows = work_dsa(anchors, harness.shape_pairs(args.shapes))
+    Path(args.out).write_text(json.dumps(rows))
+    return 0
+
+
+def summarise(runs: list[tuple[str, list[dict]]]) -> list[dict]:
+    """One row per (case, impl, setting, run); k31dsl rows get the change against the median "off"
+    time of their case and whether their outputs equal the first "off" run's."""
+    off_ms: dict = {}
+    off_digest: dict = {}
+    for setting, rows in runs:
+        for r in rows:
+            if setting == "off" and r["impl"] == "k31dsl":
+                off_ms.setdefault(r["case"], []).append(r["ms"])
+                off_digest.setdefault(r["case"], r["digest"])
+    out = []
+    for i, (setting, rows) in enumerate(runs):
+        for r in rows:
+            row = {"case": r["case"], "impl": r["impl"], "PDL": setting if r["impl"] == "k31dsl" else "-",
+                   "run": i + 1, "ms": r["ms"], "timing": r["timing"]}
+            if r["impl"] == "k31dsl" and r["case"] in off_ms:
+                base = sorted(off_ms[r["case"]])[len(off_ms[r["case"]]) // 2]
+                row["vs off %"] = 100 * (r["ms"] / base - 1)
+                row["same outputs as off"] = r["digest"] == off_digest[r["case"]] and bool(r["digest"])
+            out.append(row)
+    return sorted(out, key=lambda r: (r["case"], r["impl"] != "k31dsl", r["run"]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="model,dsa", help="which cases: model (decode steps), dsa (the decode step)")
+    ap.add_argument("--order", default="end,off,end",
+                    help="K31DSL_PDL settings (off, start, end; on = start), one process each, in this order")
+    ap.add_argument("--batches", default="1,64", help="model decode batch sizes")
+    ap.add_argument("--context", type=int, default=1024, help="model decode context")
+    ap.add_argument("--steps", type=int, default=32, help="model decode steps timed")
+    ap.add_argument("--shapes", default="64x32768,32x131072", help="DSA step shapes BxL")
+    ap.add_argument("--no-anchors", action="store_true", help="skip the torch anchors (an A/B of settings only)")
+    ap.add_argument("--tag", default="", help="write results/pdl_TAG.{json,md}")
+    ap.add_argument("--worker", choices=["model", "dsa"], help=argparse.SUPPRESS)
+    ap.add_argument("--anchors", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    order = [s.strip() for s in args.order.replace("+", ",").split(",")]   # "+": gpu_run.sh lists
+    if any(s not in ("on", "off", "start", "end") for s in order):
+        ap.error(f"--order takes off, start, end (on = start), got {args.order!r}")
+    results = {"env": harness.environment(), "order": order, "runs": []}
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in [p for p in args.parts.split(",") if p]:
+            for i, setting in enumerate(order):
+                out = Path(tmp) / f"{part}_{i}.json"
+                cmd = [sys.executable, __file__, "--worker", part, "--out", str(out), "--batches", args.batches,
+                       "--context", str(args.context), "--steps", str(args.steps), "--shapes", args.shapes]
+                if i == 0 and not args.no_anchors:
+                    cmd.append("--anchors")
+                env = {**os.environ, "K31DSL_PDL": "start" if setting == "on" else setting}
+                print(f"=== {part}, PDL {setting} (run {i + 1})", flush=True)
+                rc = subprocess.run(cmd, env=env).returncode
+                if rc != 0 or not out.exists():
+                    print(f"{part} PDL {setting}: worker failed (rc {rc})")
+                    continue
+                rows = json.loads(out.read_text())
+                runs.append((setting, rows))
+                results["runs"].append({"part": part, "PDL": setting, "rows": rows})
+    table = summarise(runs)
+    cols = ["case", "impl", "PDL", "run", "ms", "vs off %", "same outputs as off", "timing"]
+    harness.write(f"pdl_{args.tag}" if args.tag else "pdl", {**results, "rows": table}, cols, table,
+                  notes="k31dsl rows: each run in its own process; vs off % against the median of the off "
+                        "runs of the case; outputs compared as a hash of the tokens (model) or of o and lse (DSA)")
+    harness.print_table(cols, table)
+    return 0 if all(r.get("same outputs as off", True) for r in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

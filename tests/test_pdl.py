@@ -1,0 +1,89 @@
+"""Programmatic dependent launch in the Triton target's gpu-mode code: every kernel first waits for
+the previous kernel of its stream (griddepcontrol) before any memory access, then lets the next
+one launch, and its launcher asks for the launch attribute. Off in the interpreter, before
+sm_90 and when K31DSL_PDL / the emit option says "off" (targets/triton/emit.py, pdl_mode)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import k31dsl as k
+from k31dsl.targets.triton.emit import PDL_DEFAULT, emit, pdl_mode
+from hopper import run_compiler_script
+
+
+@k.kernel
+def shifted_copy(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], BN: k.constexpr = 64):
+    for i in k.grid(k.cdiv(x.shape[0], BN)):
+        y[k.span(i * BN, BN)] = x[k.span(i * BN, BN)] + 1.0
+
+
+def _body(src: str) -> list[str]:
+    """The kernel function's statements, in order."""
+    lines = src.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("def shifted_copy_kernel("))
+    body = []
+    for ln in lines[start + 1:]:
+        if ln.startswith("def "):
+            break
+        if ln.startswith("    ") and not ln.startswith("        "):
+            body.append(ln.strip())
+    return [b for b in body if b and not b.startswith("#") and not b.startswith(")")]
+
+
+def test_gpu_kernels_wait_for_the_previous_kernel_before_touching_memory():
+    body = _body(emit(shifted_copy.ir(), mode="gpu", pdl="start"))
+    assert body[0].startswith("tl.extra.cuda.gdc_wait()")
+    assert body[1] == "tl.extra.cuda.gdc_launch_dependents()"
+    assert next(i for i, s in enumerate(body) if "tl.load" in s or "tl.store" in s) > 1
+
+
+def test_end_mode_lets_the_next_kernel_launch_after_the_last_store():
+    src = emit(shifted_copy.ir(), mode="gpu", pdl="end")
+    body = _body(src)
+    assert body[0].startswith("tl.extra.cuda.gdc_wait()")
+    assert body[-1].startswith("tl.extra.cuda.gdc_launch_dependents()")
+    assert max(i for i, s in enumerate(body) if "tl.store" in s) < len(body) - 1
+    assert "launch_pdl=True" in src and "pdl: end" in src
+
+
+@pytest.mark.parametrize("mode, pdl", [("gpu", "off"), ("interpret", "start"), ("interpret", "end")])
+def test_no_dependent_launch_when_off_or_in_the_interpreter(mode, pdl):
+    src = emit(shifted_copy.ir(), mode=mode, pdl=pdl)
+    assert "gdc_" not in src and "launch_pdl" not in src
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="pdl='early'"):
+        emit(shifted_copy.ir(), mode="gpu", pdl="early")
+
+
+@pytest.mark.parametrize("env, want", [(None, PDL_DEFAULT), ("0", "off"), ("off", "off"), ("1", "start"),
+                                       ("start", "start"), ("end", "end"), ("bogus", PDL_DEFAULT)])
+def test_the_switch_needs_hopper_and_honours_the_environment(monkeypatch, env, want):
+    if env is None:
+        monkeypatch.delenv("K31DSL_PDL", raising=False)
+    else:
+        monkeypatch.setenv("K31DSL_PDL", env)
+    assert pdl_mode(True) == want and pdl_mode(False) == "off"
+
+
+def test_sm90_code_carries_griddepcontrol_and_sm80_code_does_not(tmp_path):
+    """Triton's real compiler: the sm_90 PTX orders wait, launch_dependents, then the first global
+    load; the sm_80 build (no griddepcontrol there) has neither instruction."""
+    script = (
+        "import pathlib, sys\n"
+        f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})\n"
+        "from test_pdl import shifted_copy\n"
+        "from k31dsl.targets.triton.aot import compile_for_gpu\n"
+        f"folder = pathlib.Path({str(tmp_path)!r})\n"
+        "for arch in (90, 80):\n"
+        "    ptx = compile_for_gpu(shifted_copy.ir(), folder, arch=arch).asm['ptx']\n"
+        "    (folder / f'sm{arch}.ptx').write_text(ptx)\n")
+    env = {"K31DSL_PDL": "start"}
+    run_compiler_script(script, **env)
+    sm90 = (tmp_path / "sm90.ptx").read_text()
+    order = [m.group(0) for m in re.finditer(r"griddepcontrol\.launch_dependents|griddepcontrol\.wait|ld\.global", sm90)]
+    assert order[:3] == ["griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global"], order[:4]
+    assert "griddepcontrol" not in (tmp_path / "sm80.ptx").read_text()
