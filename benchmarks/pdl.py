@@ -3,7 +3,7 @@
 decode steps (hundreds of few-µs kernels per token, replayed as CUDA graphs) and at the DSA decode
 step (five kernels), and a check that the outputs do not change.
 
-Each setting runs in its own process (K31DSL_PDL=off|start|end is read when a kernel is emitted;
+Each setting runs in its own process (K31_PDL=off|start|end is read when a kernel is emitted;
 targets/triton/emit.py, pdl_mode), by default in the order end, off, end, so drift over the run
 shows up as a difference between the two runs of one setting.
 The torch anchors of each case (eager and torch.compile; the DSA step's from benchmarks/dsa.py,
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="model,dsa", help="which cases: model (decode steps), dsa (the decode step)")
     ap.add_argument("--order", default="end,off,end",
-                    help="K31DSL_PDL settings (off, start, end; on = start), one process each, in this order")
+                    help="K31_PDL settings (off, start, end; on = start), one process each, in this order")
     ap.add_argument("--batches", default="1,64", help="model decode batch sizes")
     ap.add_argument("--context", type=int, default=1024, help="model decode context")
     ap.add_argument("--steps", type=int, default=32, help="model decode steps timed")
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
                        "--context", str(args.context), "--steps", str(args.steps), "--shapes", args.shapes]
                 if i == 0 and not args.no_anchors:
                     cmd.append("--anchors")
-                env = {**os.environ, "K31DSL_PDL": "start" if setting == "on" else setting}
+                env = {**os.environ, "K31_PDL": "start" if setting == "on" else setting}
                 print(f"=== {part}, PDL {setting} (run {i + 1})", flush=True)
                 rc = subprocess.run(cmd, env=env).returncode
                 if rc != 0 or not out.exists():

@@ -1,7 +1,7 @@
 """Programmatic dependent launch in the Triton target's gpu-mode code: every kernel first waits for
 the previous kernel of its stream (griddepcontrol) before any memory access, then lets the next
 one launch, and its launcher asks for the launch attribute. Off in the interpreter, before
-sm_90 and when K31DSL_PDL / the emit option says "off" (targets/triton/emit.py, pdl_mode)."""
+sm_90 and when K31_PDL / the emit option says "off" (targets/triton/emit.py, pdl_mode)."""
 from __future__ import annotations
 
 import re
@@ -63,9 +63,9 @@ def test_an_unknown_mode_is_refused():
                                        ("start", "start"), ("end", "end"), ("bogus", PDL_DEFAULT)])
 def test_the_switch_needs_hopper_and_honours_the_environment(monkeypatch, env, want):
     if env is None:
-        monkeypatch.delenv("K31DSL_PDL", raising=False)
+        monkeypatch.delenv("K31_PDL", raising=False)
     else:
-        monkeypatch.setenv("K31DSL_PDL", env)
+        monkeypatch.setenv("K31_PDL", env)
     assert pdl_mode(True) == want and pdl_mode(False) == "off"
 
 
@@ -81,7 +81,7 @@ def test_sm90_code_carries_griddepcontrol_and_sm80_code_does_not(tmp_path):
         "for arch in (90, 80):\n"
         "    ptx = compile_for_gpu(shifted_copy.ir(), folder, arch=arch).asm['ptx']\n"
         "    (folder / f'sm{arch}.ptx').write_text(ptx)\n")
-    env = {"K31DSL_PDL": "start"}
+    env = {"K31_PDL": "start"}
     run_compiler_script(script, **env)
     sm90 = (tmp_path / "sm90.ptx").read_text()
     order = [m.group(0) for m in re.finditer(r"griddepcontrol\.launch_dependents|griddepcontrol\.wait|ld\.global", sm90)]

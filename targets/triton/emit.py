@@ -64,17 +64,23 @@ def _sm90() -> bool:
 
 
 PDL_MODES = ("off", "start", "end")
-PDL_DEFAULT = "off"
+# H200, CUDA-graph medians, each setting in its own process (results/pdl_dsa.md, pdl_model.md):
+# "end" -> DSA decode step -0.9 / -1.0 % (B=64 L=32K / B=32 L=128K), model decode graph -6.5..-7 %
+# at B=1 (493 kernels a step), +-0.7 % at B=64; outputs bit-identical. "start" -> -10 % at B=1 but
+# +8 % on the DSA step and +7.5 % at B=64: the next kernel's CTAs, resident early and waiting, cost
+# the running kernel (results/pdl_dsa_wait_first.md). Launching the next one before the wait was
+# worse still (B=64 +11 %, results/pdl_model_trigger_first.md).
+PDL_DEFAULT = "end"
 
 
 def pdl_mode(arch_ok: bool) -> str:
     """How gpu-mode kernels use programmatic dependent launch (sm_90 and newer, `arch_ok`): every
     kernel waits for the previous kernel of its stream before it touches memory, and lets the next
     one launch right after that wait ("start") or after its last store ("end"); "off" emits
-    neither. K31DSL_PDL=off|start|end (also 0 / 1 for off / start) overrides PDL_DEFAULT."""
+    neither. K31_PDL=off|start|end (also 0 / 1 for off / start) overrides PDL_DEFAULT."""
     if not arch_ok:
         return "off"
-    mode = {"0": "off", "1": "start"}.get(os.environ.get("K31DSL_PDL", ""), os.environ.get("K31DSL_PDL", ""))
+    mode = {"0": "off", "1": "start"}.get(os.environ.get("K31_PDL", ""), os.environ.get("K31_PDL", ""))
     return mode if mode in PDL_MODES else PDL_DEFAULT
 
 
