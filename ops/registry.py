@@ -45,7 +45,7 @@ def all_ops() -> dict[str, OpSpec]:
     from k31dsl.ops import kda  # noqa: F401
     from k31dsl.ops.dsa import indexer_checks  # noqa: F401
     from k31dsl.ops.dsa import attention_checks, fused  # noqa: F401
-    from k31dsl.ops import nn  # noqa: F401
+    from k31dsl.ops import nn_checks  # noqa: F401
     from k31dsl.ops.dsa import mla  # noqa: F401
     from k31dsl.ops import moe  # noqa: F401
     return dict(REGISTRY)

@@ -149,3 +149,42 @@ def quant_input(shape, dtype, gen, group: int, kinds=SPECIAL_KINDS):
 
 def dtype_name(t) -> str:
     return {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}.get(str(t), str(t))
+
+
+# ---------------------------------------------------------------- per-dtype checks (nn, mla, moe ops)
+
+# tolerance of a checked output by its dtype: max abs error / max |want|
+TOL = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 2e-2}
+
+
+def rel_err(got, want) -> float:
+    """max |got - want| / max |want| (inf on a shape mismatch or a NaN)."""
+    import numpy as np
+    g = to_f64(got) if not isinstance(got, np.ndarray) else got
+    if g.shape != want.shape or np.isnan(g).any():
+        return float("inf")
+    return float(np.abs(g - want).max() / max(float(np.abs(want).max()), 1e-30)) if want.size else 0.0
+
+
+def result(case: str, got, want, dtype, detail: str = "max abs err / max |want|"):
+    """A CaseResult at the tolerance of the output dtype."""
+    from k31dsl.ops.registry import CaseResult
+    err, tol = rel_err(got, want), TOL[str(dtype).replace("torch.", "")]
+    return CaseResult(case, err, tol, bool(err <= tol), detail)
+
+
+def for_target(target: str, cases, ascendc=(0,)):
+    """The cases to check: all of them, but on ascendc (one g++ build per specialisation, most
+    cases differ in dtypes) only those listed."""
+    return [cases[i] for i in ascendc] if target == "ascendc" else list(cases)
+
+
+def rand(shape, g, dtype, scale=1.0):
+    """Normal values times `scale` from generator g, as `dtype` (torch)."""
+    import torch
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def dtype_names(*dts):
+    """"bf16/f32"-style names of torch dtypes, for case labels."""
+    return "/".join(dtype_name(d) for d in dts)

@@ -296,17 +296,17 @@ def _tables_for(ref, t: int, g):
 
 def _check_absorb_q(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.nn import _names, _rand, for_target, result
+    from k31dsl.ops.testing import dtype_names, for_target, rand, result
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     cases = ((5, 3, 40, torch.bfloat16, None), (37, 2, 100, torch.float32, None), (3, 1, 16, torch.bfloat16, torch.float32))
     for t, h, dn, dt, odt in for_target(target, cases):
-        q, w_uk = _rand((t, h, dn + ROPE), g, dt), _rand((h, dn, LATENT), g, dt, dn ** -0.5)
+        q, w_uk = rand((t, h, dn + ROPE), g, dt), rand((h, dn, LATENT), g, dt, dn ** -0.5)
         cos, sin = _tables_for(ref, t, g)
         o = mla_absorb_q(q.to(dev), w_uk.to(dev), cos.to(dev), sin.to(dev), odt, target=target)
         want = ref.mla_absorb_q(to_f64(q), to_f64(w_uk), cos.double().numpy(), sin.double().numpy())
-        name = f"q=[{t}, {h}, {dn}+64] {_names(dt, o.dtype)}"
+        name = f"q=[{t}, {h}, {dn}+64] {dtype_names(dt, o.dtype)}"
         out.append(result(name + ": latent", o[..., :LATENT], want[..., :LATENT], o.dtype))
         out.append(result(name + ": rope", o[..., LATENT:], want[..., LATENT:], o.dtype))
     return out
@@ -314,34 +314,34 @@ def _check_absorb_q(target: str, seed: int = 0):
 
 def _check_mla_kv(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.nn import _names, _rand, for_target, result
+    from k31dsl.ops.testing import dtype_names, for_target, rand, result
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     for t, dt, odt in for_target(target, ((7, torch.bfloat16, None), (20, torch.float32, None),
                                           (1, torch.float16, torch.float32))):
-        kv = _rand((t, LATENT + ROPE), g, dt, 2.0)
+        kv = rand((t, LATENT + ROPE), g, dt, 2.0)
         w = (1 + 0.5 * torch.randn(LATENT, generator=g)).to(dt)
         cos, sin = _tables_for(ref, t, g)
         lat, kr = mla_kv(kv.to(dev), w.to(dev), cos.to(dev), sin.to(dev), 1e-6, odt, target=target)
         want_l, want_r = ref.mla_kv(to_f64(kv), to_f64(w), cos.double().numpy(), sin.double().numpy(), 1e-6)
-        name = f"kv=[{t}, 576] {_names(dt, lat.dtype)}"
+        name = f"kv=[{t}, 576] {dtype_names(dt, lat.dtype)}"
         out += [result(name + ": latent", lat, want_l, lat.dtype), result(name + ": k_rope", kr, want_r, kr.dtype)]
     return out
 
 
 def _check_mla_out(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.nn import _names, _rand, for_target, result
+    from k31dsl.ops.testing import dtype_names, for_target, rand, result
     from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     cases = ((5, 3, 24, torch.bfloat16, torch.bfloat16), (37, 2, 100, torch.float32, torch.float32),
              (2, 2, 16, torch.bfloat16, torch.float32))
     for t, h, dv, dt, wdt in for_target(target, cases):
-        o, w_uv = _rand((t, h, LATENT), g, dt), _rand((h, dv, LATENT), g, wdt, LATENT ** -0.5)
+        o, w_uv = rand((t, h, LATENT), g, dt), rand((h, dv, LATENT), g, wdt, LATENT ** -0.5)
         y = mla_out(o.to(dev), w_uv.to(dev), target=target)
-        out.append(result(f"o=[{t}, {h}, 512] w_uv=[{h}, {dv}, 512] {_names(dt, wdt, y.dtype)}", y,
+        out.append(result(f"o=[{t}, {h}, 512] w_uv=[{h}, {dv}, 512] {dtype_names(dt, wdt, y.dtype)}", y,
                           ref.mla_out(to_f64(o), to_f64(w_uv)), y.dtype))
     return out
 
