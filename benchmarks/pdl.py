@@ -13,7 +13,7 @@ torch's kernels.
     python benchmarks/pdl.py                       # GPU; writes benchmarks/results/pdl.{json,md}
     python benchmarks/pdl.py --parts dsa --order on,off --tag dsa
 
-A worker prints nothing but its progress and writes one JSON file (times, output digests).
+Each worker prints its progress and writes one JSON file (times, output digests) for the driver.
 """
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ import harness  # noqa: E402
 
 def _digest(*tensors) -> str:
     """A short hash of the tensors' bytes: equal outputs <=> equal digests."""
+    import torch
     h = hashlib.sha1()
     for t in tensors:
-        h.update(t.detach().contiguous().view(-1).view(__import__("torch").uint8).cpu().numpy().tobytes())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()[:12]
 
 
