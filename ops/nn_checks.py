@@ -6,12 +6,11 @@ from k31dsl.ops.nn import (CONV, embedding, embedding_rows, head_norm_gate, head
                            linear_rows_splitk, linear_splitk_reduce, short_conv, short_conv_commit,
                            short_conv_commit_rows, short_conv_rows, swiglu, swiglu_rows)
 from k31dsl.ops.registry import OpSpec, register
-from k31dsl.ops.testing import dtype_names, for_target, rand, result
+from k31dsl.ops.testing import device_for, dtype_names, for_target, load_oracle, rand, result, to_f64
 
 
 def _check_linear(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     bf, f32 = torch.bfloat16, torch.float32
     cases = [((7, 70), 33, bf, bf, None, "none", 1), ((2, 3, 100), 65, f32, f32, None, "silu", 1),
@@ -30,7 +29,6 @@ def _check_linear(target: str, seed: int = 0):
 
 def _check_swiglu(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     for xs, xdt, ydt in for_target(target, (((7, 300), torch.bfloat16, None), ((2, 3, 74), torch.float32, None),
@@ -43,7 +41,6 @@ def _check_swiglu(target: str, seed: int = 0):
 
 def _check_embedding(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     for ids_shape, v, d, dt in for_target(target, (((3, 5), 300, 70, torch.bfloat16), ((40,), 256, 600, torch.float32))):
@@ -65,7 +62,6 @@ def _conv_case(n, s, g):
 
 def _check_short_conv(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     # (N, T, C, slots, update, dtype): prefill chunk, decode, the long (parallel + commit) path, verify
@@ -86,7 +82,6 @@ def _check_short_conv(target: str, seed: int = 0):
 
 def _check_short_conv_commit(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     for n, t, c, s, dt in for_target(target, ((4, 4, 40, 6, torch.bfloat16), (3, 2, 300, 3, torch.float32))):
@@ -104,7 +99,6 @@ def _check_short_conv_commit(target: str, seed: int = 0):
 
 def _check_head_norm_gate(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     cases = (((7,), 4, 32, torch.bfloat16, None), ((2, 3), 2, 20, torch.float32, None),

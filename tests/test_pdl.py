@@ -5,6 +5,7 @@ sm_90 and when K31_PDL / the emit option says "off" (targets/triton/emit.py, pdl
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -74,15 +75,14 @@ def test_sm90_code_carries_griddepcontrol_and_sm80_code_does_not(tmp_path):
     load; the sm_80 build (no griddepcontrol there) has neither instruction."""
     script = (
         "import pathlib, sys\n"
-        f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_pdl import shifted_copy\n"
         "from k31dsl.targets.triton.aot import compile_for_gpu\n"
         f"folder = pathlib.Path({str(tmp_path)!r})\n"
         "for arch in (90, 80):\n"
         "    ptx = compile_for_gpu(shifted_copy.ir(), folder, arch=arch).asm['ptx']\n"
         "    (folder / f'sm{arch}.ptx').write_text(ptx)\n")
-    env = {"K31_PDL": "start"}
-    run_compiler_script(script, **env)
+    run_compiler_script(script, K31_PDL="start")
     sm90 = (tmp_path / "sm90.ptx").read_text()
     order = [m.group(0) for m in re.finditer(r"griddepcontrol\.launch_dependents|griddepcontrol\.wait|ld\.global", sm90)]
     assert order[:3] == ["griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global"], order[:4]

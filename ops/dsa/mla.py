@@ -296,8 +296,7 @@ def _tables_for(ref, t: int, g):
 
 def _check_absorb_q(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import dtype_names, for_target, rand, result
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    from k31dsl.ops.testing import device_for, dtype_names, for_target, load_oracle, rand, result, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     cases = ((5, 3, 40, torch.bfloat16, None), (37, 2, 100, torch.float32, None), (3, 1, 16, torch.bfloat16, torch.float32))
@@ -314,8 +313,7 @@ def _check_absorb_q(target: str, seed: int = 0):
 
 def _check_mla_kv(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import dtype_names, for_target, rand, result
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    from k31dsl.ops.testing import device_for, dtype_names, for_target, load_oracle, rand, result, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     for t, dt, odt in for_target(target, ((7, torch.bfloat16, None), (20, torch.float32, None),
@@ -332,8 +330,7 @@ def _check_mla_kv(target: str, seed: int = 0):
 
 def _check_mla_out(target: str, seed: int = 0):
     import torch
-    from k31dsl.ops.testing import dtype_names, for_target, rand, result
-    from k31dsl.ops.testing import device_for, load_oracle, to_f64
+    from k31dsl.ops.testing import device_for, dtype_names, for_target, load_oracle, rand, result, to_f64
     ref, dev, g = load_oracle("nn"), device_for(target), torch.Generator().manual_seed(seed)
     out = []
     cases = ((5, 3, 24, torch.bfloat16, torch.bfloat16), (37, 2, 100, torch.float32, torch.float32),

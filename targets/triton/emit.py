@@ -80,7 +80,8 @@ def pdl_mode(arch_ok: bool) -> str:
     neither. K31_PDL=off|start|end (also 0 / 1 for off / start) overrides PDL_DEFAULT."""
     if not arch_ok:
         return "off"
-    mode = {"0": "off", "1": "start"}.get(os.environ.get("K31_PDL", ""), os.environ.get("K31_PDL", ""))
+    raw = os.environ.get("K31_PDL", "")
+    mode = {"0": "off", "1": "start"}.get(raw, raw)
     return mode if mode in PDL_MODES else PDL_DEFAULT
 
 
