@@ -151,7 +151,7 @@ def dtype_name(t) -> str:
     return {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}.get(str(t), str(t))
 
 
-# ---------------------------------------------------------------- per-dtype checks (nn, mla ops)
+# ---------------------------------------------------------------- per-dtype checks (nn, mla ops; moe uses TOL)
 
 # tolerance of a checked output by its dtype: max abs error / max |want|
 TOL = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 2e-2}
