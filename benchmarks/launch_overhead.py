@@ -50,9 +50,11 @@ def main() -> int:
     grid = (-(-8 // bm), -(-1024 // bn))
     cb, sb = codes.view(torch.uint8), scales.view(torch.uint8)
 
+    pdl = {"K31_PDL_EARLY": False} if "K31_PDL_EARLY" in kern.arg_names else {}   # PDL "auto"
+
     def raw():
         kern[grid](x, 8, 1024, 1024, 1, cb, 8, 1024, 1024, 1, sb, 8, 32, 32, 1,
-                   BM=bm, BN=bn, FLOOR=False, K31_IDX=tl.int32)
+                   BM=bm, BN=bn, FLOOR=False, K31_IDX=tl.int32, **pdl)
 
     compiled = torch.compile(qbench.torch_mxfp8)
     layers = {"public op (mxfp8_quantize)": lambda: quant.mxfp8_quantize(x, target="triton"),

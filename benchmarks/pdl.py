@@ -3,7 +3,7 @@
 decode steps (hundreds of few-µs kernels per token, replayed as CUDA graphs) and at the DSA decode
 step (five kernels), and a check that the outputs do not change.
 
-Each setting runs in its own process (K31_PDL=off|start|end is read when a kernel is emitted;
+Each setting runs in its own process (K31_PDL=off|start|end|auto is read when a kernel is emitted;
 targets/triton/emit.py, pdl_mode), by default in the order end, off, end, so drift over the run
 shows up as a difference between the two runs of one setting.
 The torch anchors of each case (eager and torch.compile; the DSA step's from benchmarks/dsa.py,
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="model,dsa", help="which cases: model (decode steps), dsa (the decode step)")
     ap.add_argument("--order", default="end,off,end",
-                    help="K31_PDL settings (off, start, end; on = start), one process each, in this order")
+                    help="K31_PDL settings (off, start, end, auto; on = start), one process each, in this order")
     ap.add_argument("--batches", default="1,64", help="model decode batch sizes")
     ap.add_argument("--context", type=int, default=1024, help="model decode context")
     ap.add_argument("--steps", type=int, default=32, help="model decode steps timed")
@@ -143,8 +143,8 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
     order = [s.strip() for s in args.order.replace("+", ",").split(",")]   # "+": gpu_run.sh lists
-    if any(s not in ("on", "off", "start", "end") for s in order):
-        ap.error(f"--order takes off, start, end (on = start), got {args.order!r}")
+    if any(s not in ("on", "off", "start", "end", "auto") for s in order):
+        ap.error(f"--order takes off, start, end, auto (on = start), got {args.order!r}")
     results = {"env": harness.environment(), "order": order, "runs": []}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

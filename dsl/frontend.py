@@ -28,9 +28,6 @@ from .ir import Block, Kernel, Op, Param, TensorType, TileType, Value
 from .pysource import source_of
 from .signature import Signature, read_signature
 
-# names kept for other modules (builtins_impl, verify)
-_is_value, _is_const = is_value, is_const
-
 HOST_OPS = {"const", "dim", "add", "sub", "mul", "floordiv", "mod", "maximum", "minimum"}
 MAX_TILE_NUMEL = 1 << 20
 MAX_OPS = 200_000

@@ -53,6 +53,8 @@ def compile_for_gpu(kernel: Kernel, folder: Path, *, arch: int = 90, index_type:
             signature[name], constants[name] = "constexpr", 1
     if "K31_IDX" in fn.arg_names:                                          # launcher-chosen offsets
         signature["K31_IDX"], constants["K31_IDX"] = "constexpr", getattr(triton.language, index_type)
+    if "K31_PDL_EARLY" in fn.arg_names:                                    # PDL "auto": the full-GPU form
+        signature["K31_PDL_EARLY"], constants["K31_PDL_EARLY"] = "constexpr", False
     for name in fn.arg_names:
         if name in kernel.constexprs:
             signature[name], constants[name] = "constexpr", kernel.constexprs[name]

@@ -22,7 +22,7 @@ from pathlib import Path
 import jinja2
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import error
+from k31dsl.dsl.errors import K31Error, error
 from k31dsl.dsl.ir import BINARY, COMPARE, Kernel, Op, TileType, Value, walk
 from k31dsl.targets.pyemit import PyEmitter
 from k31dsl.targets.triton import lower
@@ -63,26 +63,32 @@ def _sm90() -> bool:
         return False
 
 
-PDL_MODES = ("off", "start", "end")
-# H200, CUDA-graph medians, each setting in its own process (results/pdl_dsa.md, pdl_model.md):
+PDL_MODES = ("off", "start", "end", "auto")
+# H200, CUDA-graph medians, each setting in its own process (results/pdl_*.md; NOTES.md, "PDL"):
 # "end" -> DSA decode step -0.9 / -1.0 % (B=64 L=32K / B=32 L=128K), model decode graph -6.5..-7 %
-# at B=1 (493 kernels a step), +-0.7 % at B=64; outputs bit-identical. "start" -> -10 % at B=1 but
-# +8 % on the DSA step and +7.5 % at B=64: the next kernel's CTAs, resident early and waiting, cost
-# the running kernel (results/pdl_dsa_wait_first.md). Launching the next one before the wait was
-# worse still (B=64 +11 %, results/pdl_model_trigger_first.md).
-PDL_DEFAULT = "end"
+# at B=1 (493 kernels a step), +-0.7 % at B=64; "start" -> -10 % at B=1 but +8 % on the DSA step
+# and +7.5 % at B=64: the next kernel's CTAs, resident early and waiting, take SM slots the
+# running kernel's later programs need (pdl_dsa_wait_first.md). "auto" starts early only from
+# grids smaller than the GPU: model B=1 -11.5 % (end -6.4 %), B=64 and the DSA step as "end"
+# (pdl_auto.md). Outputs bit-identical in every mode.
+PDL_DEFAULT = "auto"
 
 
 def pdl_mode(arch_ok: bool) -> str:
     """How gpu-mode kernels use programmatic dependent launch (sm_90 and newer, `arch_ok`): every
     kernel waits for the previous kernel of its stream before it touches memory, and lets the next
-    one launch right after that wait ("start") or after its last store ("end"); "off" emits
-    neither. K31_PDL=off|start|end (also 0 / 1 for off / start) overrides PDL_DEFAULT."""
+    one launch right after that wait ("start") or after its last store ("end"); "auto" decides per
+    launch: "start" when the grid has fewer programs than the GPU has SMs (the next kernel's early
+    CTAs then wait on SMs this one does not use), else "end"; "off" emits neither.
+    K31_PDL=off|start|end|auto (also 0 / 1 for off / start) overrides PDL_DEFAULT; another value is
+    refused."""
     if not arch_ok:
         return "off"
-    raw = os.environ.get("K31_PDL", "")
-    mode = {"0": "off", "1": "start"}.get(raw, raw)
-    return mode if mode in PDL_MODES else PDL_DEFAULT
+    raw = os.environ.get("K31_PDL", "").strip().lower()
+    mode = {"0": "off", "1": "start", "": PDL_DEFAULT}.get(raw, raw)
+    if mode not in PDL_MODES:
+        raise K31Error(f"K31_PDL={raw!r}: expected one of {', '.join(PDL_MODES)} (or 0 / 1)")
+    return mode
 
 
 class TritonEmitter(PyEmitter):
@@ -227,12 +233,18 @@ class TritonEmitter(PyEmitter):
             self.line(0, "tl.extra.cuda.gdc_wait()              # the previous kernel's writes are visible")
         if self.pdl == "start":
             self.line(0, "tl.extra.cuda.gdc_launch_dependents()")
+        elif self.pdl == "auto":
+            self.line(0, "if K31_PDL_EARLY:                     # a grid smaller than the GPU (see the launcher)")
+            self.line(1, "tl.extra.cuda.gdc_launch_dependents()")
         for axis, pid in enumerate(k.body.args):
             self.line(0, f"{self.name(pid)} = tl.program_id({axis})")
         self.prologue()
         self.block(k.body, 0)
         if self.pdl == "end":
             self.line(0, "tl.extra.cuda.gdc_launch_dependents()  # after the last store: the next kernel may launch")
+        elif self.pdl == "auto":
+            self.line(0, "if not K31_PDL_EARLY:")
+            self.line(1, "tl.extra.cuda.gdc_launch_dependents()  # after the last store: the next kernel may launch")
         body = self.lines
         tensor_params = [p for p in k.params if p.is_tensor]
         scalar_params = [p for p in k.params if not p.is_tensor]
@@ -261,6 +273,10 @@ class TritonEmitter(PyEmitter):
         if not self.interp and tensor_params:
             cx_params.append("K31_IDX: tl.constexpr")
             cx_args.append(f"K31_IDX=_index_type({', '.join(p.name for p in tensor_params)})")
+        if self.pdl == "auto":
+            cx_params.append("K31_PDL_EARLY: tl.constexpr")
+            first = tensor_params[0].name if tensor_params else "None"
+            cx_args.append(f"K31_PDL_EARLY=_fewer_programs_than_sms(grid, {first})")
         if cx_params:
             kernel_params.append(cx_params)
             launch_args.append(cx_args)
@@ -278,7 +294,7 @@ class TritonEmitter(PyEmitter):
             kernel_params=kernel_params, launch_args=launch_args, launch_opts=launch_opts,
             no_specialize=[p.name for p in scalar_params] + host_args,
             used=self.helpers,
-            host_helpers=self.host_helpers, mode=self.mode,
+            host_helpers=self.host_helpers, mode=self.mode, pdl_auto=self.pdl == "auto",
             device="the CPU (the interpreter copies them)" if self.interp else "the GPU")
 
     def launch_options(self) -> dict:
