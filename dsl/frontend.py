@@ -36,7 +36,6 @@ LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg"}   # configs=
 CONSTEXPR_TYPES = (bool, int, float, str, D.DType, tuple, type(None))
 
 UNSUPPORTED_STMT = {
-    ast.While: ("`while` loops", "use `for i in range(n)` with a bound known at launch"),
     ast.Try: ("`try` blocks", "kernels cannot catch errors; check inputs before the launch"),
     ast.With: ("`with` blocks", "kernels have no context managers; write the body directly"),
     ast.Raise: ("`raise`", "use `assert` on constexprs for compile-time checks"),
@@ -48,7 +47,8 @@ UNSUPPORTED_STMT = {
     ast.Global: ("`global`", "kernels cannot change module state; store into an output tensor"),
     ast.Nonlocal: ("`nonlocal`", "kernels cannot change outer state; return values from @k.func"),
     ast.Delete: ("`del`", "just stop using the name"),
-    ast.Break: ("`break`", "loops run their full range; mask the remaining work with k.where"),
+    ast.Break: ("`break`", "a range() loop runs its full range; to stop on data, loop with "
+                "`while cond:` and let the body change what cond reads"),
     ast.Continue: ("`continue`", "wrap the rest of the body in k.where masks instead"),
     ast.Match: ("`match`", "use `if` on constexprs"),
     ast.AnnAssign: ("annotated assignments", "write `x = value.to(k.f32)` to fix a dtype"),
@@ -58,6 +58,11 @@ UNSUPPORTED_STMT = {
 class _Return(Exception):
     def __init__(self, value):
         self.value = value
+
+
+def _hint(name: str) -> str:
+    """The value name of a variable; the compiler's own loop variables start with NUL."""
+    return name.lstrip("\0")
 
 
 def _assigned_names(stmts) -> set[str]:
@@ -274,6 +279,8 @@ class Frontend(ExprMixin):
             self.aug_assign(st)
         elif isinstance(st, ast.For):
             self.for_loop(st)
+        elif isinstance(st, ast.While):
+            self.while_loop(st)
         elif isinstance(st, ast.If):
             cond = self.expr(st.test)
             if is_value(cond):
@@ -425,16 +432,56 @@ class Frontend(ExprMixin):
             self.assign(st.target, v, st)
             self.stmts(st.body)
 
-    def runtime_loop(self, st: ast.For, lo, hi, step, attrs: dict):
-        ivname = st.target.id
-        assigned = _assigned_names(st.body)
+    def while_loop(self, st: ast.While):
+        """`while cond:` with a runtime scalar condition: a `for` over (0, 2^31 - 1, 1) that also
+        carries the condition as a bool flag (attr `while` = its index among the carried values),
+        computed before the loop and again at the end of each iteration from the body's values."""
+        if st.orelse:
+            raise self.err(st, "`while ... else` is not supported", "remove the else block")
+        cond = self.expr(st.test)
+        if is_const(cond) and not is_value(cond) and not cond:
+            return                                 # false at compile time: the body never runs
+        reads = list(ast.walk(st.test))
+        if not any(isinstance(n, (ast.Subscript, ast.Call)) for n in reads) and \
+                not {n.id for n in reads if isinstance(n, ast.Name)} & _assigned_names(st.body):
+            raise self.err(st.test, "the loop body assigns none of the names this `while` condition reads: "
+                           "once true it would stay true", "update a variable of the condition in the body")
+        flag = "\0loop_on"                          # NUL: no user variable has this name
+        self.env[flag] = self.as_flag(cond, st.test)
+
+        def next_flag():
+            again = self.expr(st.test)
+            if is_const(again) and not is_value(again) and again:
+                raise self.err(st.test, "this `while` condition is still true at compile time after the body: "
+                               "the loop would never end", "let the body change a runtime value the condition reads")
+            self.env[flag] = self.as_flag(again, st.test)
+        try:
+            self.runtime_loop(st, *(self.const(v, D.i32, st) for v in (0, 2147483647, 1)), {},
+                              ivname="\0trip", extra=(flag,), at_end=next_flag)
+        finally:
+            self.env.pop(flag, None)
+
+    def as_flag(self, cond, node) -> Value:
+        """A scalar `while` condition as a bool value (numbers compare against zero, like `if`)."""
+        cond = self.as_value(cond, node, D.bool_)
+        if not cond.type.is_scalar:
+            raise self.err(node, f"a `while` condition must be a scalar, got a {cond.type} tile",
+                           "reduce it first, e.g. `while k.sum(mask.to(k.i32)) > 0:`")
+        return cond if cond.type.dtype is D.bool_ else self.emit1("cast", [cond], {"dtype": D.bool_}, node)
+
+    def runtime_loop(self, st: ast.For | ast.While, lo, hi, step, attrs: dict, ivname: str | None = None,
+                     extra: tuple = (), at_end=None):
+        """A `for` op over the statements of st.body. `extra` names more carried values (a while
+        loop's flag; the first one becomes attr `while`); `at_end` runs after the body."""
+        ivname = ivname or st.target.id
+        assigned = _assigned_names(st.body) | set(extra)
         carried = sorted(n for n in assigned if n != ivname and n in self.env
                          and (is_tile(self.env[n]) or is_const(self.env[n]) or _tile_tuple(self.env[n])))
         # a tuple of tiles is carried as one loop value per element (`slots`: name, element or None)
         slots = [(n, i) for n in carried for i in (range(len(self.env[n])) if _tile_tuple(self.env[n]) else [None])]
         inits = [self.as_value(self.env[n] if i is None else self.env[n][i], st, None) for n, i in slots]
-        body = Block([Value(TileType(D.i32, ()), ivname)]
-                     + [Value(v.type, n if i is None else f"{n}_{i}") for v, (n, i) in zip(inits, slots)])
+        body = Block([Value(TileType(D.i32, ()), _hint(ivname))]
+                     + [Value(v.type, _hint(n) if i is None else f"{n}_{i}") for v, (n, i) in zip(inits, slots)])
         outer_env, outer_block, outer_locals = dict(self.env), self.block, self.loop_locals
         self.env[ivname] = body.args[0]
         for n in carried:
@@ -444,6 +491,8 @@ class Frontend(ExprMixin):
         self.in_loop += 1
         try:
             self.stmts(st.body)
+            if at_end is not None:
+                at_end()
             yields = []
             for (n, i), init in zip(slots, inits):
                 v = self.env[n]
@@ -473,13 +522,16 @@ class Frontend(ExprMixin):
             self.in_loop -= 1
             inner_locals = self.loop_locals
             self.block, self.env, self.loop_locals = outer_block, outer_env, outer_locals
+        if extra:
+            attrs = {**attrs, "while": next(i for i, (n, _) in enumerate(slots) if n == extra[0])}
         results = self.emit("for", [lo, hi, step] + inits, dict(attrs), st, regions=[body])
         for r, (n, i) in zip(results, slots):
-            r.hint = n if i is None else f"{n}_{i}"
+            r.hint = _hint(n) if i is None else f"{n}_{i}"
         for n in carried:
             rs = [r for r, (m, _) in zip(results, slots) if m == n]
             self.env[n] = tuple(rs) if _tile_tuple(outer_env[n]) else rs[0]
-        inner_locals.setdefault(ivname, self.cur_src.loc(st.target))
+        if isinstance(st, ast.For):
+            inner_locals.setdefault(ivname, self.cur_src.loc(st.target))
         for n, loc in inner_locals.items():
             if n not in self.env:
                 self.env[n] = LoopLocal(n, loc)

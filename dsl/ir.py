@@ -31,8 +31,11 @@ The op set (operands | attrs -> results). "tile" means any TileType, scalars are
   broadcast     x              | shape                 -> tile of shape
   reshape       x              | shape                 -> tile of shape (row-major)
   cat           a[L], b[L]     | -                     -> [2L] (a then b)
-  for           lo, hi, step, init* | stages?  region(iv, carried*) -> carried*
-                (stages: a pipelining hint from k.range, read by the Triton target only)
+  for           lo, hi, step, init* | stages?, while?  region(iv, carried*) -> carried*
+                (stages: a pipelining hint from k.range, read by the Triton target only;
+                while = j: carried value j is a bool flag and an iteration starts only while
+                iv < hi and the flag is true; a kernel's `while cond:` is such a loop over
+                (0, 2^31 - 1, 1) whose body ends by recomputing cond)
   yield         v*             | -                     -> -   (terminates a for body)
 
 INDEX KINDS of load/store (attr `index`, one entry per tensor axis, each consumes one operand):

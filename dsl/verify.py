@@ -204,6 +204,14 @@ def _for_signature(s: Site, ctx):
     for a, init in zip(args[1:], inits):
         if a.type != init.type:
             problems.append(f"carried {ctx.name(a)} has type {a.type} but its initial value {ctx.name(init)} is {init.type}")
+    flag = op.attrs.get("while")
+    if _is_int(flag):
+        if not 0 <= flag < len(inits):
+            problems.append(f"attribute while = {flag} names no carried value (the loop carries {len(inits)})")
+        elif inits[flag].type != TileType(D.bool_, ()):
+            problems.append(f"the `while` flag {ctx.name(args[1 + flag])} has type {inits[flag].type}, not bool")
+        if op.attrs.get("stages") is not None:
+            problems.append("a `for ... while` loop takes no `stages` (it is not software-pipelined)")
     return problems
 
 
@@ -272,6 +280,7 @@ ATTR_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "precision": (lambda x: x in DOT_PRECISIONS, '"ieee", "tf32" or "tf32x3"'),
     "evict": (lambda x: x in ("first", "last"), '"first" or "last"'),
     "stages": (lambda x: _is_int(x) and x >= 1, "an integer >= 1"),
+    "while": (lambda x: _is_int(x) and x >= 0, "an integer >= 0"),
     "index": (lambda x: isinstance(x, (list, tuple)) and all(isinstance(e, str) for e in x), "a list of strings"),
 }
 
@@ -357,7 +366,7 @@ RULES: list[Rule] = [
     Rule("arity", "ops take the number of operands dsl/ir.py lists", _arity),
     Rule("regions", "`for` has exactly one region, other ops none", _regions),
     Rule("for-signature", "a `for` takes (lo, hi, step, init...) and its body (i32 iv, carried...) "
-         "typed like the inits", _for_signature, needs=("regions",)),
+         "typed like the inits; its `while` flag is a carried bool", _for_signature, needs=("regions",)),
     Rule("for-yield", "a `for` body ends with `yield` of the carried types", _for_yield, needs=("regions",)),
     Rule("yield-placement", "`yield` appears only as the last op of a `for` body", _yield_placement),
     Rule("host-ops", "the host block holds only const/dim and integer scalar arithmetic", _host_ops),

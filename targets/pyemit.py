@@ -8,7 +8,7 @@ import linecache
 import os
 import re
 
-from k31dsl.dsl.ir import Block, Kernel, Op, Value, all_ops
+from k31dsl.dsl.ir import Block, Kernel, Op, Value, all_ops, walk
 from k31dsl.dsl.text import ir_hash
 from k31dsl.version import __version__
 
@@ -113,8 +113,21 @@ class PyEmitter:
             # carried values live in one variable across iterations, named after the result
             self.names[c.uid] = self.name(r)
             self.line(depth, f"{self.names[c.uid]} = {self.init_expr(init)}")
-        self.line(depth, f"for {self.name(iv)} in {self.loop_range(lo, hi, step, op.attrs)}:")
-        fix = self.loop_index(iv)
+        counted = True
+        if "while" in op.attrs:
+            # for ... while flag: a Python `while` (Triton has no `break`); the trip counter is
+            # left out when nothing reads it and the bound is the frontend's 2^31 - 1
+            flag = self.n(carried[op.attrs["while"]])
+            counted = any(iv.uid == v.uid for o in walk(body) for v in o.operands) or \
+                self.const_value(hi) != 2147483647
+            if counted:
+                self.line(depth, f"{self.name(iv)} = {self.init_expr(lo)}")
+                self.line(depth, f"while {self.both(flag, f'{self.name(iv)} < {self.n(hi)}')}:")
+            else:
+                self.line(depth, f"while {flag}:")
+        else:
+            self.line(depth, f"for {self.name(iv)} in {self.loop_range(lo, hi, step, op.attrs)}:")
+        fix = self.loop_index(iv) if counted else None
         if fix is not None:
             self.line(depth + 1, fix)
         start = len(self.lines)
@@ -123,9 +136,21 @@ class PyEmitter:
         for c, y in zip(carried, yield_op.operands):
             if self.n(c) != self.n(y):
                 self.line(depth + 1, f"{self.n(c)} = {self.n(y)}")
+        if "while" in op.attrs and counted:
+            self.line(depth + 1, f"{self.name(iv)} = {self.name(iv)} + {self.n(step)}")
         if len(self.lines) == start:
             self.line(depth + 1, "pass")
         self.last_src = None
+
+    def both(self, a: str, b: str) -> str:
+        """The conjunction of two scalar conditions (Python's `and`; Triton's tensors need `&`)."""
+        return f"{a} and {b}"
+
+    def const_value(self, v: Value):
+        """The value of a `const` op's result, else None."""
+        if not hasattr(self, "_consts_by_uid"):
+            self._consts_by_uid = {op.result.uid: op.attrs["value"] for op in all_ops(self.k) if op.name == "const"}
+        return self._consts_by_uid.get(v.uid)
 
     def loop_range(self, lo, hi, step, attrs: dict) -> str:
         """The loop's iterator; attrs are the `for` op's hints (stages), which only Triton reads."""

@@ -2,13 +2,39 @@
 The line the error must name ends with `# <-`; each source is written to its own file."""
 
 CASES = {
-    "while": ("""
+    "while-endless": ("""
         @k.kernel
         def kern(x: k.Tensor[k.f32, "N"]):
             for i in k.grid(x.shape[0]):
                 while i < 3:  # <-
-                    pass
-        """, "`while` loops"),
+                    x[i] = 1.0
+        """, "assigns none of the names this `while` condition reads"),
+    "while-constant": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                n = 0
+                while n < 3:  # <-
+                    n = 1
+        """, "still true at compile time"),
+    "while-tile": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                v = x[k.span(0, 16)]
+                while v > 0.0:  # <-
+                    v = v - 1.0
+        """, "a `while` condition must be a scalar"),
+    "while-else": ("""
+        @k.kernel
+        def kern(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                n = 0
+                while n < 3:  # <-
+                    n += 1
+                else:
+                    x[i] = 1.0
+        """, "`while ... else`"),
     "try": ("""
         @k.kernel
         def kern(x: k.Tensor[k.f32, "N"]):

@@ -8,6 +8,11 @@ compiles and runs in its own process on the same seeded scores); --save writes t
     git show 1cfcb15:ops/dsa/topk.py > ops/dsa/topk.py      # the old version (restore after)
     bash benchmarks/gpu_run.sh "probes/topk_select:200:--tag=old,--save=/tmp/old.pt,--against=/tmp/new1.pt"
 
+--no-exit runs the count search all 32 steps (ops/dsa/topk.py SEARCH_EXIT = False) instead of
+stopping at an exact count, in the same file:
+
+    bash benchmarks/gpu_run.sh "probes/topk_select:200:--tag=exit,--save=/tmp/e.pt probes/topk_select:200:--tag=noexit,--no-exit,--against=/tmp/e.pt"
+
 CUDA-graph medians; writes results/topk_select_<tag>.json and .md.
 """
 from __future__ import annotations
@@ -30,7 +35,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="new")
     ap.add_argument("--save", default="")
     ap.add_argument("--against", default="")
+    ap.add_argument("--no-exit", action="store_true", help="the count search without its early exit")
     args = ap.parse_args(argv)
+    if args.no_exit:
+        # the module itself: `import k31dsl.ops.dsa.topk as m` gives the package's re-exported
+        # topk function of the same name
+        sys.modules["k31dsl.ops.dsa.topk"].SEARCH_EXIT = False
+    print("tile options of a one-tile level:", sys.modules["k31dsl.ops.dsa.topk"].tile_options(8192), flush=True)
     rows, saved = [], {}
     ref = torch.load(args.against) if args.against else {}
     for b, length in harness.shape_pairs(args.shapes):
@@ -40,12 +51,12 @@ def main(argv=None) -> int:
         ms = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=False, target="triton"))
         ms_sorted = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=True, target="triton"))
         same = bool(torch.equal(got.cpu(), ref[(b, length)])) if (b, length) in ref else ""
-        rows.append({"version": args.tag, "B": b, "L": length, "set ms": ms, "sorted ms": ms_sorted,
+        rows.append({"version": args.tag, "exit": not args.no_exit, "B": b, "L": length, "set ms": ms, "sorted ms": ms_sorted,
                      "same positions as --against": same})
         print(rows[-1], flush=True)
     if args.save:
         torch.save(saved, args.save)
-    harness.report(f"topk_select_{args.tag}", ["version", "B", "L", "set ms", "sorted ms",
+    harness.report(f"topk_select_{args.tag}", ["version", "exit", "B", "L", "set ms", "sorted ms",
                                                 "same positions as --against"], rows,
                    notes="CUDA-graph medians of the whole top-k (every level) on the DSA step's indexer scores")
     return 0

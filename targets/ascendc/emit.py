@@ -184,6 +184,8 @@ class AscendEmitter(PyEmitter):
             cond = f"{i} < {self.n(hi)}"
         else:
             cond = f"({self.n(step)} > 0 ? {i} < {self.n(hi)} : {i} > {self.n(hi)})"
+        if "while" in op.attrs:                        # for ... while flag (a Python `while`)
+            cond = f"{cond} && {self.n(carried[op.attrs['while']])}"
         self.line(depth, f"for (int32_t {i} = {self.n(lo)}; {cond}; {i} += {self.n(step)}) {{")
         self.block(body, depth + 1)
         y = body.ops[-1]

@@ -126,6 +126,9 @@ class TritonEmitter(PyEmitter):
     def reserved(self) -> set[str]:
         return super().reserved() | set(HELPERS) | {"grid", "float", "int", "bool"}
 
+    def both(self, a: str, b: str) -> str:
+        return f"({a}) & ({b})"
+
     def loop_range(self, lo, hi, step, attrs: dict) -> str:
         # k.range(stages=N): an explicit num_stages also makes Triton pipeline loads that feed no
         # dot (its AssignLatencies pass pipelines those only for loops carrying the attribute)
