@@ -34,7 +34,7 @@ The op set (operands | attrs -> results). "tile" means any TileType, scalars are
   for           lo, hi, step, init* | stages?, while?  region(iv, carried*) -> carried*
                 (stages: a pipelining hint from k.range, read by the Triton target only;
                 while = j: carried value j is a bool flag and an iteration starts only while
-                iv < hi and the flag is true; a kernel's `while cond:` is such a loop over
+                iv < hi (step > 0) and the flag is true; a kernel's `while cond:` is such a loop over
                 (0, 2^31 - 1, 1) whose body ends by recomputing cond)
   yield         v*             | -                     -> -   (terminates a for body)
 

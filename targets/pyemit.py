@@ -28,6 +28,7 @@ class PyEmitter:
         self.depth = 0               # indentation of the op being emitted (for pre-lines)
         self.ir_hash = ir_hash(kernel)
         self.hints = {x.hint for op in all_ops(kernel) for x in op.results if x.hint}
+        self.const_values = {op.result.uid: op.attrs["value"] for op in all_ops(kernel) if op.name == "const"}
 
     # ------------------------------------------------------------ naming
     def name(self, v: Value) -> str:
@@ -148,9 +149,7 @@ class PyEmitter:
 
     def const_value(self, v: Value):
         """The value of a `const` op's result, else None."""
-        if not hasattr(self, "_consts_by_uid"):
-            self._consts_by_uid = {op.result.uid: op.attrs["value"] for op in all_ops(self.k) if op.name == "const"}
-        return self._consts_by_uid.get(v.uid)
+        return self.const_values.get(v.uid)
 
     def loop_range(self, lo, hi, step, attrs: dict) -> str:
         """The loop's iterator; attrs are the `for` op's hints (stages), which only Triton reads."""
