@@ -73,6 +73,7 @@ SEMANTICS (targets/numpy/rt.py is the executable reference; every target matches
 ADDITIONS (beyond the first version of this contract; targets must handle them):
   Param.loc     where the parameter is declared (call-time argument errors point there).
   reduce/cumsum `axis` attrs are non-negative (the frontend normalises `axis=-1`).
+  for           attr `while` (a data-dependent loop: the kernel's `while cond:`; see the op table).
   topk          also on i64 tiles (packed sort keys, e.g. order bits << 32 | position bits);
                 the Triton target gives only the values there (using the positions is a
                 compile error): equal i64 values are identical, so their order is moot.
