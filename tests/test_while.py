@@ -85,6 +85,29 @@ def test_a_tile_carried_through_a_data_dependent_loop(target):
 
 
 @k.kernel
+def first_above(x: k.Tensor[k.f32, "R", "N"], out: k.Tensor[k.i32, "R"], limit: k.f32):
+    # a linear search that stops at the first hit: two conditions joined with & (and ~ for not)
+    for r in k.grid(x.shape[0]):
+        i = 0
+        found = False
+        while (i < x.shape[1]) & ~found:
+            found = x[r, i] > limit
+            i += 1
+        out[r] = k.where(found, i - 1, -1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_search_that_stops_at_the_first_hit(target):
+    x = torch.rand(6, 41)
+    x[2] = 0.0                                   # no hit: the loop runs to the end of the row
+    x[4, 0] = 2.0                                # a hit at the first element
+    out = torch.full((6,), 99, dtype=torch.int32)
+    k.compile(first_above, target=target)(x, out, 0.9)
+    want = [int(np.argmax(row > 0.9)) if np.any(row > 0.9) else -1 for row in x.double().numpy()]
+    assert out.tolist() == want
+
+
+@k.kernel
 def kth_largest(x: k.Tensor[k.f32, "R", "L"], out: k.Tensor[k.i32, "R", "2"], K: k.i32,
                 BL: k.constexpr = 64):
     # the order key of each row's K-th largest score, by the early-exit search and by all 32 steps
