@@ -41,7 +41,7 @@ MAX_K = 4096
 INT_MIN = -2147483647 - 1
 GROUP = 4                 # candidate lists merged per program above stage 1 (and SEG = GROUP * KP)
 MAX_BL = 8192             # lanes held in registers per program (32 per thread at 8 warps)
-SELECT_LANES = 2048       # lanes per tile of the selection pass (SL)
+SELECT_LANES = 2048       # lanes per tile of the selection pass (SL); H200: 4096 +11 %, 1024 +3.5 % (NOTES)
 SEARCH_EXIT = True        # the count search stops at an exact count (kth_in_tile); False: 32 steps
 
 
