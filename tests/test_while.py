@@ -108,13 +108,15 @@ def test_a_search_that_stops_at_the_first_hit(target):
 
 
 @k.kernel
-def kth_largest(x: k.Tensor[k.f32, "R", "L"], out: k.Tensor[k.i32, "R", "2"], K: k.i32,
+def kth_largest(x: k.Tensor[k.f32, "R", "L"], out: k.Tensor[k.i32, "R", "3"], K: k.i32,
                 BL: k.constexpr = 64):
-    # the order key of each row's K-th largest score, by the early-exit search and by all 32 steps
+    # the order key of each row's K-th largest score: the early-exit search after a count of the
+    # valid keys, without that count, and all 32 steps
     for r in k.grid(x.shape[0]):
         o = order_key(k.load(x, (r, k.span(0, BL)), other=float("-inf")))
         out[r, 0] = kth_in_tile(o, K, True)
-        out[r, 1] = kth_in_tile(o, K, False)
+        out[r, 1] = kth_in_tile(o, K, True, False)
+        out[r, 2] = kth_in_tile(o, K, False)
 
 
 def _order_key(v: np.ndarray) -> np.ndarray:
@@ -132,12 +134,18 @@ def test_the_top_k_search_stops_early_with_the_same_threshold(target):
     x[2, :] = -np.inf                            # fewer valid keys than K
     x[2, :5] = rng.standard_normal(5)
     x[3, [4, 9]] = [np.inf, -0.0]
-    out = torch.zeros((rows, 2), dtype=torch.int32)
+    x[5, kk:] = -np.inf                          # exactly K valid keys: the smallest of them
+    x[6, 7:] = np.nan                            # NaN never counts
+    x[7] = -np.abs(x[7]) - 0.5                   # exactly K keys >= +0: the first step's exact count
+    x[7, 20:20 + kk] = np.abs(x[7, 20:20 + kk])
+    out = torch.zeros((rows, 3), dtype=torch.int32)
     k.compile(kth_largest, target=target)(torch.from_numpy(x), out, kk)
     keys = _order_key(x)
     want = [int(np.sort(row)[::-1][kk - 1]) if np.sum(row > -2 ** 31) >= kk else -2 ** 31 for row in keys]
-    assert out[:, 0].tolist() == want
-    assert out[:, 1].tolist() == want
+    assert want[5] == int(keys[5, :kk].min()) and want[2] == want[6] == -2 ** 31
+    assert want[7] == int(keys[7, 20:20 + kk].min())
+    for col in range(3):
+        assert out[:, col].tolist() == want, col
 
 
 def test_the_text_form_keeps_the_flag_and_the_verifier_checks_it():

@@ -37,7 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--against", default="")
     ap.add_argument("--no-exit", action="store_true", help="the count search without its early exit")
     ap.add_argument("--select-lanes", type=int, default=0, help="SELECT_LANES (the selection pass's tile) to use")
+    ap.add_argument("--no-count-first", action="store_true", help="no count of the valid keys before the search")
     args = ap.parse_args(argv)
+    if args.no_count_first:
+        sys.modules["k31dsl.ops.dsa.topk"].COUNT_FIRST = False
     if args.select_lanes:
         sys.modules["k31dsl.ops.dsa.topk"].SELECT_LANES = args.select_lanes
     if args.no_exit:
@@ -54,13 +57,13 @@ def main(argv=None) -> int:
         ms = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=False, target="triton"))
         ms_sorted = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=True, target="triton"))
         same = bool(torch.equal(got.cpu(), ref[(b, length)])) if (b, length) in ref else ""
-        rows.append({"version": args.tag, "exit": not args.no_exit,
+        rows.append({"version": args.tag, "exit": not args.no_exit, "count first": not args.no_count_first,
                      "SL": sys.modules["k31dsl.ops.dsa.topk"].SELECT_LANES, "B": b, "L": length, "set ms": ms, "sorted ms": ms_sorted,
                      "same positions as --against": same})
         print(rows[-1], flush=True)
     if args.save:
         torch.save(saved, args.save)
-    harness.report(f"topk_select_{args.tag}", ["version", "exit", "SL", "B", "L", "set ms", "sorted ms",
+    harness.report(f"topk_select_{args.tag}", ["version", "exit", "count first", "SL", "B", "L", "set ms", "sorted ms",
                                                 "same positions as --against"], rows,
                    notes="CUDA-graph medians of the whole top-k (every level) on the DSA step's indexer scores")
     return 0

@@ -43,6 +43,7 @@ GROUP = 4                 # candidate lists merged per program above stage 1 (an
 MAX_BL = 8192             # lanes held in registers per program (32 per thread at 8 warps)
 SELECT_LANES = 2048       # lanes per tile of the selection pass (SL); H200: 4096 +11 %, 1024 +3.5 % (NOTES)
 SEARCH_EXIT = True        # the count search stops at an exact count (kth_in_tile); False: 32 steps
+COUNT_FIRST = True        # ... and skips itself for rows of at most K valid keys (rows_with_k_or_fewer)
 
 
 @k.func
@@ -69,11 +70,11 @@ def seg_tile(vals, idx, r, start, n, j, BL, HAS_IDX):
 
 
 @k.func
-def kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX, EXIT=True):
+def kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX, EXIT=True, COUNT_FIRST=True):
     """The largest t with #{keys >= t} >= K over the segment (o0 = its first tile's keys, in
     registers; the other tiles are re-read per step), or INT_MIN when fewer than K are valid.
     Bitwise on the unsigned image u = o ^ INT_MIN, one counting step per bit from the top; EXIT
-    stops early as kth_in_tile does."""
+    and COUNT_FIRST as in kth_in_tile."""
     p = 0
     if not EXIT:
         for b in range(32):
@@ -83,6 +84,8 @@ def kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX, EXIT=True):
         return p ^ (-2147483647 - 1)
     exact = -2147483647 - 1
     b = 0
+    if COUNT_FIRST:
+        exact, b = rows_with_k_or_fewer(seg_count(vals, idx, r, start, n, o0, -2147483647, BL, HAS_IDX), K)
     while b < 32:
         cand = p | (1 << (31 - b))
         cnt = seg_count(vals, idx, r, start, n, o0, cand ^ (-2147483647 - 1), BL, HAS_IDX)
@@ -107,12 +110,24 @@ def seg_count(vals, idx, r, start, n, o0, t, BL, HAS_IDX):
 
 
 @k.func
-def kth_in_tile(o, K, EXIT=True):
+def rows_with_k_or_fewer(valid, K):
+    """The search's start from the count of valid keys: (exact, first bit). With fewer than K
+    valid keys the answer is INT_MIN and with exactly K the smallest valid key (exact = INT_MIN + 1,
+    every valid key reaches it), so the bitwise steps are skipped: a decode row shorter than k (the
+    model at short contexts, the first k rows of a causal prefill) costs one count, not 32."""
+    short = valid <= K
+    return k.where(valid == K, -2147483647, -2147483647 - 1), k.where(short, 32, 0)
+
+
+@k.func
+def kth_in_tile(o, K, EXIT=True, COUNT_FIRST=True):
     """kth_key for keys held in one tile: the largest t with #{o >= t} >= K, INT_MIN if fewer
     than K keys are valid. One block reduction per bit, from the top. EXIT: once a candidate t has
     exactly K keys >= t, the answer is the smallest of them (one more reduction) and the search
     stops there (a `while` loop): on distinct scores after ~19 of the 32 steps for 2048 of 8192
-    (DSA-like and normal scores; ~21 log-normal), never on ties at the K-th key (33 then)."""
+    (DSA-like and normal scores; ~21 log-normal), never on ties at the K-th key (33 then).
+    COUNT_FIRST: the valid keys counted with the first step (rows_with_k_or_fewer: a row of at
+    most K valid keys needs no search)."""
     p = 0
     if not EXIT:
         for b in range(32):
@@ -121,6 +136,15 @@ def kth_in_tile(o, K, EXIT=True):
         return p ^ (-2147483647 - 1)
     exact = -2147483647 - 1          # the candidate that exactly K keys reach (INT_MIN: none)
     b = 0
+    if COUNT_FIRST:
+        # the valid keys and the first step's count (keys >= +0) in one reduction, 16 bits each
+        assert o.shape[0] < 65536, "kth_in_tile packs two counts of the tile's lanes into 16 bits each"
+        both = k.sum((o != -2147483647 - 1).to(k.i32) + ((o >= 0).to(k.i32) << 16))
+        exact, b = rows_with_k_or_fewer(both & 0xFFFF, K)
+        first = both >> 16
+        p = k.where((b == 0) & (first >= K), -2147483647 - 1, p)          # bit 31 of the image
+        exact = k.where((b == 0) & (first == K), 0, exact)
+        b = k.where(b == 0, k.where(first == K, 32, 1), b)
     while b < 32:
         cand = p | (1 << (31 - b))
         cnt = k.sum((o >= (cand ^ (-2147483647 - 1))).to(k.i32))
@@ -172,7 +196,7 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
                   out_i: k.Tensor[k.i32, "R", "M"], ends: k.Tensor[k.i32, "R"], seg: k.i32,
                   KP: k.constexpr = 16, HAS_IDX: k.constexpr = False, FINAL: k.constexpr = False,
                   HAS_END: k.constexpr = False, BL: k.constexpr = 4096, SL: k.constexpr = 2048,
-                  ONE_TILE: k.constexpr = False, EXIT: k.constexpr = True):
+                  ONE_TILE: k.constexpr = False, EXIT: k.constexpr = True, COUNT_FIRST: k.constexpr = True):
     # Program (r, sp) reduces vals[r, sp*seg : (sp+1)*seg] to its top KP (FINAL: top M), written
     # compacted in position order to out_*[r, sp*KP : sp*KP + KP] (-inf / -1 after the last).
     # Positions are the column (HAS_IDX=False) or idx's entry (then the lists in the segment are
@@ -192,9 +216,9 @@ def topk_segments(vals: k.Tensor[k.f32, "R", "N"], idx: k.Tensor[k.i32, "R", "N"
             base = sp * KP
         _, o0, _ = seg_tile(vals, idx, r, start, n, 0, BL, HAS_IDX)
         if ONE_TILE:                    # the caller promises n <= BL (tile_options): no streamed tiles
-            thr = kth_in_tile(o0, K, EXIT)
+            thr = kth_in_tile(o0, K, EXIT, COUNT_FIRST)
         else:
-            thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX, EXIT)
+            thr = kth_key(vals, idx, r, start, n, o0, K, BL, HAS_IDX, EXIT, COUNT_FIRST)
         above = k.sum((o0 > thr).to(k.i32))
         if not ONE_TILE:
             for j in range(1, k.cdiv(n, BL)):
@@ -263,7 +287,8 @@ def tile_options(seg: int, bl: int | None = None) -> dict:
     power of two holding a segment, at most MAX_BL), SL, and whether a segment fits one tile
     (ONE_TILE: no streaming code, ~half the registers: sm_90a BL 8192 / 8 warps 123 instead of 200)."""
     bl = _bl(seg) if bl is None else bl
-    return {"BL": bl, "SL": min(SELECT_LANES, bl), "ONE_TILE": seg <= bl, "EXIT": SEARCH_EXIT}
+    return {"BL": bl, "SL": min(SELECT_LANES, bl), "ONE_TILE": seg <= bl, "EXIT": SEARCH_EXIT,
+            "COUNT_FIRST": COUNT_FIRST}
 
 
 def topk(scores, k_: int, *, sorted: bool = True, ends=None, chunks: int | None = None, target: str | None = None):
