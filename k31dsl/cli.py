@@ -1,10 +1,11 @@
-"""The `k31dsl` command line: compile kernels to a target, list the op library, check every op
-against its oracle. `main(argv)` returns the exit code (0 ok, 1 a user error or a failed check,
+"""The `k31dsl` command line: compile kernels to a target, explain graph programs, the compile
+cache, the version. Commands with their own modules: `ops`, `check` and `selftest` (the op
+library, library_cmd.py), `run` (run_cmd.py), `resources` (resources_cmd.py); each has an
+`add_parser(sub, fmt)` that build_parser calls. `main(argv)` returns the exit code (0 ok, 1 a user error or a failed check,
 2 a bad command line or a target that is not built yet, 3 an internal compiler error)."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import os
@@ -14,14 +15,13 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from k31dsl.dsl.errors import CapacityError, K31Error
-from k31dsl.sources import import_path, load_kernels, parse_constexpr
+from k31dsl.dsl.errors import K31Error
+from k31dsl.sources import load_kernels, parse_constexpr
 from k31dsl.version import __version__
 
 TARGETS = ("numpy", "triton", "ascendc")
 TARGET_TITLES = {"numpy": "NumPy", "triton": "Triton", "ascendc": "AscendC"}
 NOT_BUILT_ISSUE = {"ascendc": "issue 3"}
-EXTRA_OPS_ENV = "K31_EXTRA_OPS"
 
 
 class TargetNotBuilt(Exception):
@@ -143,203 +143,6 @@ def cmd_compile(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- op library
-
-def load_extra_ops(extras: list[str]) -> None:
-    """Import modules that register more OpSpecs: `--extra MODULE` (dotted name or .py path) and
-    the comma-separated K31_EXTRA_OPS environment variable."""
-    names = [e for e in os.environ.get(EXTRA_OPS_ENV, "").split(",") if e.strip()] + list(extras)
-    for name in names:
-        name = name.strip()
-        if name.endswith(".py"):
-            import_path(Path(name))
-            continue
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            raise K31Error(f"--extra {name}: cannot import it ({e})",
-                           hint="give a module importable from here or a path to a .py file") from None
-
-
-def _all_ops(extras: list[str]) -> dict:
-    from k31dsl.ops.registry import all_ops
-    load_extra_ops(extras)
-    return all_ops()
-
-
-def cmd_ops(args) -> int:
-    ops = _all_ops(args.extra)
-    rows = [{"name": s.name, "module": s.module, "summary": s.summary,
-             "kernels": [getattr(k, "name", str(k)) for k in s.kernels], "exact": bool(s.exact)}
-            for s in sorted(ops.values(), key=lambda s: (s.module, s.name))]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    from rich.table import Table
-    table = Table(title=f"k31dsl op library ({len(rows)} ops)")
-    for col in ("op", "module", "summary", "kernels", "exact?"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        kernels = r["kernels"]
-        shown = ", ".join(kernels) if len(kernels) <= 3 else f"{kernels[0]}, … ({len(kernels)} kernels)"
-        table.add_row(r["name"], r["module"], r["summary"], shown,
-                      "bit-exact" if r["exact"] else "tolerance")
-    _console().print(table)
-    return 0
-
-
-def _run_check(spec, target: str, seed: int) -> list[dict]:
-    try:
-        results = spec.check(target, seed)
-        if not results:
-            raise RuntimeError("its check returned no cases")
-        return [{"op": spec.name, "case": r.case, "max_err": float(r.max_err), "tol": float(r.tol),
-                 "passed": bool(r.passed), "detail": r.detail} for r in results]
-    except Exception as e:  # noqa: BLE001 - a crashing check is a failed check, reported as such
-        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
-        return [{"op": spec.name, "case": "(check raised)", "max_err": float("nan"),
-                 "tol": float("nan"), "passed": False, "detail": f"{type(e).__name__}: {e}{at}"}]
-
-
-def _quiet_interpreter() -> None:
-    """The Triton interpreter computes masked-off lanes too and NumPy warns about their garbage;
-    those warnings say nothing about the results, which the checks compare."""
-    import warnings
-    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
-
-
-def _with_progress(items: list, label, work, enabled: bool) -> list:
-    """Run work(item) for each item, with a progress bar on a terminal; concatenates the results."""
-    rows: list = []
-    if not enabled:
-        for item in items:
-            rows += work(item)
-        return rows
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=_console(stderr=True), transient=True) as bar:
-        task = bar.add_task("", total=len(items))
-        for item in items:
-            bar.update(task, description=label(item))
-            rows += work(item)
-            bar.advance(task)
-    return rows
-
-
-def _check_rows(ops: dict, names: list[str], target: str, seed: int, progress: bool) -> list[dict]:
-    _quiet_interpreter()
-    return _with_progress(names, lambda n: f"{target}: {n}",
-                          lambda n: _run_check(ops[n], target, seed), progress)
-
-
-def _results_table(title: str, rows: list[dict]):
-    from rich.markup import escape
-    from rich.table import Table
-    table = Table(title=title)
-    for col, just in (("op", "left"), ("case", "left"), ("max error", "right"),
-                      ("tolerance", "right"), ("result", "left")):
-        table.add_column(col, justify=just, overflow="fold")
-    for r in rows:
-        status = "[green]pass[/]" if r["passed"] else f"[bold red]FAIL[/] {escape(r['detail'])}".rstrip()
-        table.add_row(escape(r["op"]), escape(r["case"]), f"{r['max_err']:.3g}", f"{r['tol']:.3g}", status)
-    return table
-
-
-def cmd_check(args) -> int:
-    require_target(args.target)
-    ops = _all_ops(args.extra)
-    names = args.ops or sorted(ops)
-    unknown = [n for n in names if n not in ops]
-    if unknown:
-        raise K31Error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                       f"the ops are: {', '.join(sorted(ops))}")
-    rows = _check_rows(ops, names, args.target, args.seed, sys.stderr.isatty() and not args.json)
-    failed = [r for r in rows if not r["passed"]]
-    if args.json:
-        print(json.dumps({"target": args.target, "seed": args.seed, "results": rows,
-                          "passed": not failed}, indent=2))
-        return 1 if failed else 0
-    console = _console()
-    console.print(_results_table(f"k31dsl check --target {args.target} --seed {args.seed}", rows))
-    verdict = "[green]all passed[/]" if not failed else f"[bold red]{len(failed)} failed[/]"
-    console.print(f"{len(names)} ops, {len(rows)} cases on {args.target}: {verdict}")
-    return 1 if failed else 0
-
-
-# ---------------------------------------------------------------- selftest
-
-def _compile_library(ops: dict, target: str, progress: bool) -> tuple[dict[str, str], list[dict]]:
-    """Every kernel the ops launch, through the pipeline and the emitter: (files, failures)."""
-    from k31dsl.dsl.text import print_kernel
-    from k31dsl.lowering.pipeline import run_pipeline
-    from k31dsl.targets import emit_source
-    kdefs = list({id(kd): kd for spec in ops.values() for kd in spec.kernels}.values())
-    files: dict[str, str] = {}
-
-    def one(kd):
-        try:
-            kernel = run_pipeline(kd.ir(), target)
-            files.update(emit_source(kernel, target))
-            files[f"{kernel.name}.k31"] = print_kernel(kernel)
-            return []
-        except CapacityError as e:    # too large at the default sizes; the checks run smaller ones
-            return [{"kernel": kd.name, "error": e.message.splitlines()[0].split(" Largest live tiles")[0],
-                     "capacity": True}]
-        except Exception as e:  # noqa: BLE001 - reported per kernel, the run goes on
-            return [{"kernel": kd.name, "error": f"{type(e).__name__}: {e}"}]
-    failures = _with_progress(kdefs, lambda kd: f"{target}: compile {kd.name}", one, progress)
-    return files, failures
-
-
-def cmd_selftest(args) -> int:
-    targets = args.target or [t for t in TARGETS
-                              if importlib.util.find_spec(f"k31dsl.targets.{t}.runtime") is not None]
-    for t in targets:
-        require_target(t)
-    ops = _all_ops(args.extra)
-    progress = sys.stderr.isatty()
-    n_kernels = len({id(kd) for spec in ops.values() for kd in spec.kernels})
-    summary, bad_rows, compile_failures, capacity_notes = [], [], [], []
-    for target in targets:
-        files, failures = _compile_library(ops, target, progress)
-        if args.output:
-            _write_files(files, Path(args.output) / target)
-        rows = _check_rows(ops, sorted(ops), target, args.seed, progress)
-        failed = [r for r in rows if not r["passed"]]
-        too_big = [f for f in failures if f.get("capacity")]
-        summary.append((target, n_kernels - len(failures), n_kernels, len(too_big), len(rows) - len(failed), len(rows)))
-        capacity_notes += [(target, f) for f in too_big]
-        compile_failures += [(target, f) for f in failures if not f.get("capacity")]
-        bad_rows += [dict(r, op=f"{target}: {r['op']}") for r in failed]
-
-    from rich.markup import escape
-    from rich.table import Table
-    console = _console()
-    table = Table(title=f"k31dsl selftest: {len(ops)} ops, seed {args.seed}")
-    for col in ("target", "kernels compiled", "cases passed"):
-        table.add_column(col, justify="left" if col == "target" else "right")
-    for target, ok_k, all_k, big_k, ok_c, all_c in summary:
-        good = ok_k + big_k == all_k and ok_c == all_c
-        mark = "[green]" if good else "[bold red]"
-        big = f" [yellow](+{big_k} too large at default sizes)[/]" if big_k else ""
-        table.add_row(target, f"{mark}{ok_k}/{all_k}[/]{big}", f"{mark}{ok_c}/{all_c}[/]")
-    console.print(table)
-    for target, f in capacity_notes:
-        console.print(f"[yellow]too large at its default constexprs[/] for {target}: {f['kernel']}: "
-                      f"{escape(f['error'])} (the op's checks run it at smaller sizes; `k31dsl compile "
-                      f"--constexpr` picks smaller tiles)")
-    for target, f in compile_failures:
-        console.print(f"[bold red]compile failed[/] {target}: {f['kernel']}: {escape(f['error'])}")
-    if bad_rows:
-        console.print(_results_table("failed cases", bad_rows))
-    if args.output:
-        console.print(f"generated code in {os.path.join(os.path.normpath(args.output), '')}<target>/")
-    ok = not bad_rows and not compile_failures
-    console.print("[green]selftest passed[/]" if ok else "[bold red]selftest FAILED[/]")
-    return 0 if ok else 1
-
-
 # ---------------------------------------------------------------- graph programs and the cache
 
 def cmd_explain(args) -> int:
@@ -436,36 +239,6 @@ examples:
   k31dsl compile kernels.py --target numpy --dump-after verify  IR after a pass
   k31dsl compile ops/ --target triton -o build/ops           the whole op library"""
 
-CHECK_HELP = """\
-Run each op's equivalence check on a target: fresh random inputs (seeded), ragged shapes,
-compared with an fp64 NumPy oracle under a per-dtype tolerance (bit-exact for quantizer codes).
-Exits 1 if any case fails.
-
-examples:
-  k31dsl check --target numpy                     all ops
-  k31dsl check rmsnorm swiglu --target triton     some ops (Triton interpreter without a GPU)
-  k31dsl check --target numpy --seed 7 --json     machine-readable results
-  k31dsl check --target numpy --extra my_ops.py   also check ops registered by my_ops.py"""
-
-SELFTEST_HELP = """\
-The main job in one command: compile every kernel of the op library for each target that is
-built (numpy, triton — in its interpreter without a GPU — and ascendc once it lands), then check
-every op on each against its fp64 oracle. Exits 1 on any compile error or failed case.
-
-examples:
-  k31dsl selftest
-  k31dsl selftest --target numpy -o out/      keep the generated code in out/numpy/
-  k31dsl selftest --seed 5"""
-
-OPS_HELP = """\
-List the op library: each op's name, module, summary, the kernels it launches and whether
-its check is bit-exact.
-
-examples:
-  k31dsl ops
-  k31dsl ops --json"""
-
-
 EXPLAIN_HELP = """\
 Show a graph program (kernel calls, host ops and tensors; lowering/graph) after each graph pass
 of the target's pipeline: superkernel fusion and launch groups, NZ weights, streams and events,
@@ -523,31 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "a string or a dtype name such as bf16")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("ops", help="list the op library", description=OPS_HELP, formatter_class=fmt)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--extra", metavar="MODULE", action="append", default=[],
-                   help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
-    p.set_defaults(func=cmd_ops)
-
-    p = sub.add_parser("check", help="check ops against their oracles", description=CHECK_HELP,
-                       formatter_class=fmt)
-    p.add_argument("ops", nargs="*", metavar="OP", help="op names (default: all)")
-    p.add_argument("--target", "-t", required=True, choices=TARGETS)
-    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
-    p.add_argument("--json", action="store_true", help="print JSON results instead of a table")
-    p.add_argument("--extra", metavar="MODULE", action="append", default=[],
-                   help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
-    p.set_defaults(func=cmd_check)
-
-    p = sub.add_parser("selftest", help="compile the op library for every target and check it",
-                       description=SELFTEST_HELP, formatter_class=fmt)
-    p.add_argument("--target", "-t", action="append", choices=TARGETS,
-                   help="a target to test (repeatable; default: every target that is built)")
-    p.add_argument("-o", "--output", metavar="DIR", help="also write the generated code to DIR/<target>/")
-    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
-    p.add_argument("--extra", metavar="MODULE", action="append", default=[],
-                   help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
-    p.set_defaults(func=cmd_selftest)
+    from k31dsl import library_cmd, resources_cmd, run_cmd      # commands with their own modules
+    library_cmd.add_parser(sub, fmt)       # ops, check, selftest: listed right after compile
 
     p = sub.add_parser("explain", help="show a graph program after each pass", description=EXPLAIN_HELP,
                        formatter_class=fmt)
@@ -566,7 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="info as JSON")
     p.set_defaults(func=cmd_cache)
 
-    from k31dsl import resources_cmd, run_cmd      # commands with their own modules
     run_cmd.add_parser(sub, fmt)
     resources_cmd.add_parser(sub, fmt)
 
