@@ -3,8 +3,10 @@
 The frontend is a partial evaluator. Names bound to Python numbers, dtypes, tuples and constexprs
 are folded while reading (so `if` on a constexpr picks a branch and `BD * 2` is a number);
 everything that depends on runtime data becomes IR ops. `@k.func` helpers are inlined.
-Statements and the driver live here; expressions, loads/stores and calls in frontend_exprs.py;
-loops (range, k.range, k.static_range, while) in frontend_loops.py; parameters are classified by signature.py; the function's parsed source and the map from its AST
+Statements and the driver live here; expressions, subscripts, loads/stores and calls in
+frontend_exprs.py; operators (arithmetic, comparisons, unary, `and`/`or`, constant folding) in
+frontend_operators.py; loops (range, k.range, k.static_range, while) in frontend_loops.py;
+parameters are classified by signature.py; the function's parsed source and the map from its AST
 back to the user's file come from pysource.py. A tensor annotated `k.Tensor["XT", ...]` takes the
 dtype that the constexpr XT holds in this specialisation, so the IR is always concrete.
 
@@ -24,6 +26,7 @@ from .errors import K31Error, Loc, error
 from .frontend_exprs import (ExprMixin, GridCall, Method, ShapeOf, Span,  # noqa: F401
                              is_tensor, is_value)
 from .frontend_loops import LoopMixin
+from .frontend_operators import OperatorMixin
 from .infer import TypeRuleError, infer
 from .ir import Block, Kernel, Op, Param, TensorType, TileType, Value
 from .pysource import source_of
@@ -64,7 +67,7 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-class Frontend(ExprMixin, LoopMixin):
+class Frontend(ExprMixin, OperatorMixin, LoopMixin):
     def __init__(self, kdef: lang.KernelDef, constexprs: dict[str, Any]):
         self.kdef = kdef
         self.src = self.cur_src = source_of(kdef.fn, kdef)
