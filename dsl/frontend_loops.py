@@ -9,7 +9,7 @@ import ast
 from . import dtypes as D
 from . import lang
 from .frontend_exprs import LoopLocal, is_const, is_tile, is_value
-from .ir import Block, TileType, Value
+from .ir import WHILE_BOUND, Block, TileType, Value
 
 MAX_UNROLL = 4096
 
@@ -140,7 +140,7 @@ class LoopMixin:
                                "the loop would never end", "let the body change a runtime value the condition reads")
             self.env[flag] = self.as_flag(again, st.test)
         try:
-            self.runtime_loop(st, *(self.const(v, D.i32, st) for v in (0, 2147483647, 1)), {},
+            self.runtime_loop(st, *(self.const(v, D.i32, st) for v in (0, WHILE_BOUND, 1)), {},
                               ivname="\0trip", extra=(flag,), at_end=next_flag)
         finally:
             self.env.pop(flag, None)

@@ -224,6 +224,7 @@ class Kernel:
 
 # ---------------------------------------------------------------- op families
 
+WHILE_BOUND = 2147483647                       # `hi` of the `for` a kernel's `while cond:` becomes
 DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")   # k.dot's fp32 modes; numpy and AscendC compute all three exactly
 
 BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "maximum", "minimum",

@@ -8,7 +8,7 @@ import linecache
 import os
 import re
 
-from k31dsl.dsl.ir import Block, Kernel, Op, Value, all_ops, walk
+from k31dsl.dsl.ir import WHILE_BOUND, Block, Kernel, Op, Value, all_ops, walk
 from k31dsl.dsl.text import ir_hash
 from k31dsl.version import __version__
 
@@ -117,10 +117,10 @@ class PyEmitter:
         counted = True
         if "while" in op.attrs:
             # for ... while flag: a Python `while` (Triton has no `break`); the trip counter is
-            # left out when nothing reads it and the bound is the frontend's 2^31 - 1
+            # left out when nothing reads it and the bound is the frontend's WHILE_BOUND
             flag = self.n(carried[op.attrs["while"]])
             counted = any(iv.uid == v.uid for o in walk(body) for v in o.operands) or \
-                self.const_value(hi) != 2147483647
+                self.const_value(hi) != WHILE_BOUND
             if counted:
                 self.line(depth, f"{self.name(iv)} = {self.init_expr(lo)}")
                 self.line(depth, f"while {self.both(flag, f'{self.name(iv)} < {self.n(hi)}')}:")

@@ -39,15 +39,16 @@ def main(argv=None) -> int:
     ap.add_argument("--select-lanes", type=int, default=0, help="SELECT_LANES (the selection pass's tile) to use")
     ap.add_argument("--no-count-first", action="store_true", help="no count of the valid keys before the search")
     args = ap.parse_args(argv)
+    # the module itself: `import k31dsl.ops.dsa.topk as m` gives the package's re-exported topk
+    # function of the same name
+    topk_module = sys.modules["k31dsl.ops.dsa.topk"]
     if args.no_count_first:
-        sys.modules["k31dsl.ops.dsa.topk"].COUNT_FIRST = False
+        topk_module.COUNT_FIRST = False
     if args.select_lanes:
-        sys.modules["k31dsl.ops.dsa.topk"].SELECT_LANES = args.select_lanes
+        topk_module.SELECT_LANES = args.select_lanes
     if args.no_exit:
-        # the module itself: `import k31dsl.ops.dsa.topk as m` gives the package's re-exported
-        # topk function of the same name
-        sys.modules["k31dsl.ops.dsa.topk"].SEARCH_EXIT = False
-    print("tile options of a one-tile level:", sys.modules["k31dsl.ops.dsa.topk"].tile_options(8192), flush=True)
+        topk_module.SEARCH_EXIT = False
+    print("tile options of a one-tile level:", topk_module.tile_options(8192), flush=True)
     rows, saved = [], {}
     ref = torch.load(args.against) if args.against else {}
     for b, length in harness.shape_pairs(args.shapes):
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
         ms_sorted = harness.graph_median_ms(lambda: topk(scores, 2048, sorted=True, target="triton"))
         same = bool(torch.equal(got.cpu(), ref[(b, length)])) if (b, length) in ref else ""
         rows.append({"version": args.tag, "exit": not args.no_exit, "count first": not args.no_count_first,
-                     "SL": sys.modules["k31dsl.ops.dsa.topk"].SELECT_LANES, "B": b, "L": length, "set ms": ms, "sorted ms": ms_sorted,
+                     "SL": topk_module.SELECT_LANES, "B": b, "L": length, "set ms": ms, "sorted ms": ms_sorted,
                      "same positions as --against": same})
         print(rows[-1], flush=True)
     if args.save:
