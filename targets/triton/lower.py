@@ -150,9 +150,21 @@ def from32(em, expr: str, dt: D.DType) -> str:
 
 # ---------------------------------------------------------------- arithmetic
 
+def _outer_product_operands(a, b) -> bool:
+    """Whether a float product has the shapes (M, K, 1) * (1, K, N): Triton's combine pass rewrites
+    `sum(a[:, :, None] * b[None, :, :], axis=1)` into a tt.dot, which Triton 3.6 emits with tf32
+    inputs (inexact) and gets wrong for K < 8 (an H200 summed over query rows too: AttnRes prepare,
+    S >= 9). The pattern only matches this operand order, so `binary` writes b * a instead: the same
+    IEEE product, and the reduction stays the elementwise one the kernel states."""
+    sa, sb = a.type.shape, b.type.shape
+    return len(sa) == 3 and len(sb) == 3 and sa[2] == 1 and sb[0] == 1 and (sa[0] != 1 or sb[2] != 1)
+
+
 def binary(em, op):
     a, b = op.operands
     dt, name = a.type.dtype, op.name
+    if name == "mul" and dt.is_float and _outer_product_operands(a, b):
+        a, b = b, a
     # two possible constexprs: make one a tensor where Python's rules would differ from the IR's
     both_cx = a.uid in em.maybe_cx and b.uid in em.maybe_cx
     A = em.t(a) if both_cx and (name in ("floordiv", "mod") or dt.is_float) else em.n(a)
