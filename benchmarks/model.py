@@ -5,6 +5,8 @@ and under torch.compile, all in one run, on the `small` preset (~1.2 B parameter
   1. prefill TTFT: one sequence of 4K and 32K tokens from an empty cache, one `forward` of the
      whole prompt (the time to the first token's logits). Median of triton.testing.do_bench when a
      call takes < 50 ms, else the median of 3 wall-clock calls after a warm-up (synchronised).
+     Then each runner's prefill logits against the eager reference's (largest difference over the
+     largest |logit|, argmax agreement): the model's end-to-end check with Triton's real compiler.
   2. decode tokens/s at batch 1 and 64: every sequence prefilled to `--decode-context` tokens, then
      `--decode-steps` decode steps, each feeding the greedy token of the step before (argmax on the
      device, to the host: what an engine does). Wall clock over the N steps after 2 warm-up steps.
@@ -206,7 +208,35 @@ def bench_prefill(runners, lengths, device, rows, results, repeats: int = 3):
         base = out[t].get("torch.compile")
         for row in rows[-len(runners):]:
             row["vs torch.compile"] = base / row["ms"] if base else float("nan")
+        agreement = logits_agreement(runners, step)
+        for row in rows[-len(runners):]:
+            row.update(agreement.get(row["impl"], {}))
     results["prefill_ms"] = out
+
+
+def logits_agreement(runners, step) -> dict:
+    """Each runner's prefill logits against the eager reference's (same weights, same prompt):
+    the largest difference over the largest |logit|, and the share of positions whose argmax
+    agrees. The GPU is where Triton's own compiler runs (CI's CPU tests use its interpreter), so
+    this is the model's end-to-end check on it. {} without an eager runner."""
+    ref = runners.get("eager")
+    if ref is None:
+        return {}
+    try:
+        ref.reset_slot(0)
+        want = ref.forward(step).float()
+    except Exception as e:  # noqa: BLE001 - e.g. out of memory at 32K: no comparison, not a failed run
+        print(f"logits check: eager failed: {type(e).__name__}: {str(e)[:200]}")
+        return {}
+    out = {}
+    for name, r in runners.items():
+        r.reset_slot(0)
+        got = r.forward(step).float()
+        rel = float((got - want).abs().max() / want.abs().max())
+        agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        out[name] = {"logits rel diff vs eager": rel, "argmax == eager": agree}
+        print(f"  {name}: logits max diff / max |logit| {rel:.2e}, argmax agrees at {agree:.1%} of positions")
+    return out
 
 
 def bench_decode(runners, batches, context, steps, device, rows, results, warmup: int = 2):
@@ -340,7 +370,7 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     skip = set(args.skip.split(","))
     cols = ["case", "impl", "ms", "tokens/s", "vs torch.compile", "timing", "acceptance", "speedup vs plain",
-            "tokens == plain"]
+            "tokens == plain", "logits rel diff vs eager", "argmax == eager"]
 
     def save():
         results["rows"] = rows
