@@ -148,12 +148,20 @@ def _quiet_interpreter() -> None:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
 
 
-def _with_progress(items: list, label, work, enabled: bool) -> list:
-    """Run work(item) for each item, with a progress bar on a terminal; concatenates the results."""
+def _with_progress(items: list, label, work, enabled: bool, summary=None) -> list:
+    """Run work(item) for each item, with a progress bar on a terminal; concatenates the results.
+    Without one (a log file, a CI job) and given `summary(results) -> str`, one line per item goes
+    to stderr as it finishes, so a long run shows where it is (a GPU check compiles for minutes)."""
+    import time
     rows: list = []
     if not enabled:
-        for item in items:
-            rows += work(item)
+        for i, item in enumerate(items, 1):
+            t0 = time.perf_counter()
+            got = work(item)
+            rows += got
+            if summary is not None:
+                print(f"[{i}/{len(items)}] {label(item)}: {summary(got)} ({time.perf_counter() - t0:.1f} s)",
+                      file=sys.stderr, flush=True)
         return rows
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(),
@@ -168,8 +176,11 @@ def _with_progress(items: list, label, work, enabled: bool) -> list:
 
 def _check_rows(ops: dict, names: list[str], target: str, seed: int, progress: bool) -> list[dict]:
     _quiet_interpreter()
+    def summary(rows: list[dict]) -> str:
+        failed = sum(not r["passed"] for r in rows)
+        return f"{len(rows)} cases, " + (f"{failed} FAILED" if failed else "all passed")
     return _with_progress(names, lambda n: f"{target}: {n}",
-                          lambda n: _run_check(ops[n], target, seed), progress)
+                          lambda n: _run_check(ops[n], target, seed), progress, summary)
 
 
 def _results_table(title: str, rows: list[dict]):

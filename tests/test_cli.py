@@ -300,14 +300,18 @@ def test_check_good_op_passes_and_wrong_op_fails(tmp_path, scratch_registry, cap
     good = _extra(tmp_path, "good_scale", "t * a")
     wrong = _extra(tmp_path, "wrong_scale", "t * a + 0.01")      # a plausible slip
     assert main(["check", "good_scale", "--target", "numpy", "--extra", str(good), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    report = json.loads(cap.out)
     assert report["passed"] and len(report["results"]) == 2
+    assert "[1/1] numpy: good_scale: 2 cases, all passed (" in cap.err      # the log line without a terminal
     assert all(r["max_err"] < 1e-5 for r in report["results"])
 
     assert main(["check", "wrong_scale", "good_scale", "--target", "numpy",
                  "--extra", str(wrong)]) == 1
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
     assert "FAIL" in out and "wrong_scale" in out
+    assert "[1/2] numpy: wrong_scale: 2 cases, 2 FAILED (" in cap.err
     assert "2 ops, 4 cases on numpy: 2 failed" in out      # both cases of the wrong op, only those
 
     assert main(["ops", "--json"]) == 0
