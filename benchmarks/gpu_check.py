@@ -66,8 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--collect", type=Path, help="only tabulate the <op>.json files of an earlier run")
     ap.add_argument("--tag", default="gpu_check", help="results file name")
     args = ap.parse_args(argv)
-    from k31dsl.library_cmd import _all_ops
-    ops = args.ops or sorted(_all_ops([]))
+    from k31dsl.ops.registry import all_ops
+    ops = args.ops or sorted(all_ops())
     seconds: dict = {}
     folder = args.collect
     if folder is None:

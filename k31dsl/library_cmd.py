@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -152,7 +153,6 @@ def _with_progress(items: list, label, work, enabled: bool, summary=None) -> lis
     """Run work(item) for each item, with a progress bar on a terminal; concatenates the results.
     Without one (a log file, a CI job) and given `summary(results) -> str`, one line per item goes
     to stderr as it finishes, so a long run shows where it is (a GPU check compiles for minutes)."""
-    import time
     rows: list = []
     if not enabled:
         for i, item in enumerate(items, 1):

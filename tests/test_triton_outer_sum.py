@@ -6,6 +6,7 @@ triton` on the GPU, benchmarks/NOTES.md). The Triton target writes such products
 the pattern does not match. CI has Triton 3.9, whose rewrite is still there (as an exact FMA dot),
 so the compiled TTGIR shows whether the emitted code escapes it."""
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def test_no_dot_in_the_compiled_kernel(tmp_path):
         "from triton.backends.compiler import GPUTarget\n"
         "from triton.compiler import ASTSource\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
-        f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         f"pathlib.Path({str(tmp_path)!r}, 'control.py').write_text('''\n"
         "import triton, triton.language as tl\n"
         "@triton.jit\n"
