@@ -32,7 +32,8 @@ examples:
 CHECK_HELP = """\
 Run each op's equivalence check on a target: fresh random inputs (seeded), ragged shapes,
 compared with an fp64 NumPy oracle under a per-dtype tolerance (bit-exact for quantizer codes).
-Exits 1 if any case fails.
+Exits 1 if any case fails. Progress goes to stderr: a bar on a terminal, else one line per op.
+On a GPU machine `--target triton` runs Triton's real compiler, which the interpreter does not.
 
 examples:
   k31dsl check --target numpy                     all ops
