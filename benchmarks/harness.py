@@ -141,7 +141,7 @@ def _fmt(v) -> str:
 
 
 def print_table(columns: list[str], rows: list[dict]) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c, ""))) for r in rows)) for c in columns]
+    widths = [max([len(c)] + [len(_fmt(r.get(c, ""))) for r in rows]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for r in rows:
         print("  ".join(_fmt(r.get(c, "")).ljust(w) for c, w in zip(columns, widths)))

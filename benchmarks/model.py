@@ -6,7 +6,8 @@ and under torch.compile, all in one run, on the `small` preset (~1.2 B parameter
      whole prompt (the time to the first token's logits). Median of triton.testing.do_bench when a
      call takes < 50 ms, else the median of 3 wall-clock calls after a warm-up (synchronised).
      Then each runner's prefill logits against the eager reference's (largest difference over the
-     largest |logit|, argmax agreement): the model's end-to-end check with Triton's real compiler.
+     largest |logit|, argmax agreement). In bf16 this differs even between eager and torch.compile
+     (the random-weight model is chaotic); section 4 is the end-to-end check.
   2. decode tokens/s at batch 1 and 64: every sequence prefilled to `--decode-context` tokens, then
      `--decode-steps` decode steps, each feeding the greedy token of the step before (argmax on the
      device, to the host: what an engine does). Wall clock over the N steps after 2 warm-up steps.
@@ -14,6 +15,12 @@ and under torch.compile, all in one run, on the `small` preset (~1.2 B parameter
      requests with and without a draft; speedup = decode tokens/s ratio (engine stats), acceptance
      rate, and a check that the tokens are identical. Draft: the layer-skip draft of `k31dsl run`
      (the target's first quarter of layers, its own weights: a small K31 config).
+  4. accuracy: one prefill of `--accuracy-tokens` tokens against an fp32 truth (the reference model,
+     eager, TF32 off, on the bf16 weights upcast exactly): the generated ops in fp32 (must sit near
+     the truth: this is the check that Triton's compiler computes what the interpreter does) and
+     in bf16, next to torch's own bf16 runs. With random weights a bf16 model is chaotic (MoE
+     routing and the top-k flip on rounding noise: eager and torch.compile disagree with each
+     other), so a bf16 runner is judged by its distance to the truth relative to eager bf16's.
 
     python benchmarks/model.py            # GPU; writes benchmarks/results/model.{json,md}
     python benchmarks/model.py --smoke    # tiny preset on the CPU (Triton interpreter), end to end
@@ -234,6 +241,92 @@ def logits_agreement(logits: dict) -> dict:
     return out
 
 
+def logits_error(got, want) -> dict:
+    """`got` against `want` (same positions): largest |difference| over the largest |want|, the
+    relative RMS error ||got - want|| / ||want||, the share of positions whose argmax agrees, and
+    the first position where it does not (-1: none)."""
+    got, want = got.double(), want.double()
+    diff = got - want
+    agree = got.argmax(-1) == want.argmax(-1)
+    first = int((~agree).nonzero()[0, 0]) if not bool(agree.all()) else -1
+    return {"max rel": float(diff.abs().max() / want.abs().max()),
+            "rms rel": float(diff.norm() / want.norm()),
+            "argmax agree": float(agree.double().mean()), "first argmax miss": first}
+
+
+def bench_accuracy(cfg, weights, impls, tokens: int, num_pages: int, device: str, results: dict) -> list[dict]:
+    """Section 4 (module docstring): each runner's prefill logits against the fp32 truth."""
+    import gc
+    import torch
+    from k31dsl.model.assembler import ModelRunner
+    from k31dsl.model.reference import ReferenceModel
+    from k31dsl.model.step import Step
+    from k31dsl.model.weights import cast_weights
+    cfg32, w32 = cfg.replace(dtype="float32"), cast_weights(weights, "float32")
+    step = Step("prefill", [_prompt(tokens, 2)], [0], [0], [list(range(pages_for(tokens)))])
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+    def run(name, make):
+        tf32_on = "TF32 on" in name          # torch's default for fp32 matmuls under inductor's advice
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32_on
+        runner = make()
+        runner.reset_slot(0)
+        out = runner.forward(step).float()
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        del runner
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return out
+
+    builders = {"truth (reference fp32, eager)": lambda: ReferenceModel(cfg32, w32, device=device, num_slots=1,
+                                                                       max_len=tokens)}
+    low = {"bfloat16": "bf16"}.get(cfg.dtype)           # None: the config is fp32 already
+    if "k31dsl" in impls:
+        builders["k31dsl fp32"] = lambda: ModelRunner(cfg32, w32, "triton", num_pages=num_pages, num_slots=1)
+    if device == "cuda":
+        # what tf32 products alone do to this model: the generated fp32 linears use them too
+        builders["eager fp32, TF32 on"] = lambda: ReferenceModel(cfg32, w32, device=device, num_slots=1,
+                                                                 max_len=tokens)
+        if "torch.compile" in impls:
+            # fp32 again but other fusions and reduction orders: the model's own fp32 noise floor
+            builders["torch.compile fp32"] = lambda: ReferenceModel(cfg32, w32, device=device, num_slots=1,
+                                                                    max_len=tokens, compile=True)
+        if low:
+            builders[f"k31dsl {low}"] = lambda: ModelRunner(cfg, weights, "triton", num_pages=num_pages,
+                                                            num_slots=1)
+    for impl in ("eager", "torch.compile") if low else ():
+        if impl in impls:
+            builders[f"{impl} {low}"] = lambda impl=impl: ReferenceModel(
+                cfg, weights, device=device, num_slots=1, max_len=tokens, compile=impl == "torch.compile")
+    rows, truth = [], None
+    try:
+        for name, make in builders.items():
+            try:
+                out = run(name, make)
+            except Exception as e:  # noqa: BLE001 - the other runners still report
+                print(f"accuracy {name}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            if truth is None:
+                truth = out
+            err = logits_error(out, truth)
+            rows.append({"case": f"accuracy T={tokens}", "impl": name, **err})
+            print(f"accuracy T={tokens} {name}: max rel {err['max rel']:.2e}, rms rel {err['rms rel']:.2e}, "
+                  f"argmax {err['argmax agree']:.1%} (first miss at {err['first argmax miss']})")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    for row in rows:                     # k31dsl's RMS error over the closest torch run of its dtype
+        impl = row["impl"]
+        if impl.startswith("k31dsl "):
+            dt = impl.split()[1]
+            anchors = [r["rms rel"] for r in rows if r["impl"] in (f"eager {dt}", f"torch.compile {dt}")]
+            if anchors and min(anchors) > 0:
+                row["rms / torch's"] = row["rms rel"] / min(anchors)
+    results["accuracy"] = rows
+    return rows
+
+
 def bench_decode(runners, batches, context, steps, device, rows, results, warmup: int = 2):
     import torch
     from k31dsl.model.step import Step
@@ -334,14 +427,15 @@ def main(argv=None) -> int:
     ap.add_argument("--spec-tokens", type=int, default=64)
     ap.add_argument("--draft-layers", default="4,8", help="depths of the layer-skip drafts to try")
     ap.add_argument("--impls", default="k31dsl,eager,torch.compile")
-    ap.add_argument("--skip", default="", help="sections to skip: prefill,decode,spec")
+    ap.add_argument("--accuracy-tokens", type=int, default=1024, help="prefill length of the accuracy section")
+    ap.add_argument("--skip", default="", help="sections to skip: prefill,decode,spec,accuracy (comma- or plus-separated)")
     args = ap.parse_args(argv)
     if args.smoke:
         # The Triton interpreter runs a tiny prefill in about a minute and a decode step in ~10 s
         # (2 loaded cores): one of each shape, one timed call, gamma 1 (few shape classes).
         args.config, args.prefill, args.batches = "tiny", "12", "1,2"
         args.decode_context, args.decode_steps, args.spec_batch, args.spec_tokens, args.gamma = 8, 1, 1, 3, 1
-        args.draft_layers = "2"
+        args.draft_layers, args.accuracy_tokens = "2", 12
         args.impls = ",".join(i for i in args.impls.split(",") if i != "torch.compile")
     device = "cpu" if args.smoke else "cuda"
     cfg = K31Config.load(args.config)
@@ -363,7 +457,7 @@ def main(argv=None) -> int:
                     + [args.spec_batch * pages_for(args.decode_context + args.spec_tokens + args.gamma + 1)])
     runners = Runners(cfg, weights, args.impls.split(","), num_pages, num_slots, device)
     rows: list[dict] = []
-    skip = set(args.skip.split(","))
+    skip = set(args.skip.replace("+", ",").split(","))   # "+": gpu_run.sh turns commas into spaces
     cols = ["case", "impl", "ms", "tokens/s", "vs torch.compile", "timing", "acceptance", "speedup vs plain",
             "tokens == plain", "logits rel diff vs eager", "argmax == eager"]
 
@@ -391,6 +485,15 @@ def main(argv=None) -> int:
         ok = bench_spec(runners.k31, drafts, num_pages, num_slots, args.spec_batch, args.decode_context,
                         args.spec_tokens, args.gamma, rows, results)
         save()
+    if "accuracy" not in skip:
+        acc_cols = ["case", "impl", "max rel", "rms rel", "rms / torch's", "argmax agree", "first argmax miss"]
+        acc = bench_accuracy(cfg, weights, args.impls.split(","), args.accuracy_tokens,
+                             pages_for(args.accuracy_tokens), device, results)
+        if not args.smoke:
+            harness.write("model_accuracy", {"env": results["env"], "config": results["config"], "rows": acc},
+                          acc_cols, acc, notes="Prefill logits against an fp32 truth: the reference model, eager, "
+                          "TF32 off, on the bf16 weights upcast. See model.py's docstring, section 4.")
+        harness.print_table(acc_cols, acc)
     harness.print_table(cols, rows)
     if args.smoke:
         print("smoke run: tiny preset in the Triton interpreter; nothing written")
