@@ -43,25 +43,29 @@ RECORD = gl.constexpr(656)   # bytes per cache record (codes view row); the fp32
 
 
 @gluon.jit
-def _code_rows(codes, indices, t, g, j, K, S, BK: gl.constexpr, LC: gl.constexpr):
-    """Block j's E4M3 code rows [BK, 128] of column tile g (0 where the index is not valid)."""
+def _block_indices(indices, t, j, K, BK: gl.constexpr, LC: gl.constexpr):
+    """Block j's cache slots [BK] (-1 past the list), in the layout of the code rows' row axis."""
     kc = j * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, LC))
-    idx = gl.load(indices + t * K + kc, mask=kc < K, other=-1)
+    return gl.load(indices + t * K + kc, mask=kc < K, other=-1)
+
+
+@gluon.jit
+def _code_rows(codes, idx, g, S, LC: gl.constexpr):
+    """The E4M3 code rows [BK, 128] of column tile g at slots idx (0 where a slot is not valid)."""
     ok = (idx >= 0) & (idx < S)
     cols = g * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LC))
     return gl.load(codes + idx.to(gl.int64)[:, None] * RECORD + cols[None, :], mask=ok[:, None], other=0.0)
 
 
 @gluon.jit
-def _copy_scores(s, scales, indices, sbuf, gbuf, t, h0, g, j, K, S, H,
-                 BH: gl.constexpr, BK: gl.constexpr, LT: gl.constexpr, LG: gl.constexpr):
-    """cp.async of block j's score tile [BH, BK] and code-tile scales [BK] into one ring slot."""
+def _copy_scores(s, scales, idx, sbuf, gbuf, t, h0, g, j, K, S, H,
+                 BH: gl.constexpr, BK: gl.constexpr, LT: gl.constexpr):
+    """cp.async of block j's score tile [BH, BK] and, at its slots idx, the code-tile scales [BK]
+    into one ring slot (a scale is copied by each of the threads that hold its slot: same bytes)."""
     hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, LT))
     ks = j * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, LT))
     s_ptr = s + (t * H + hs[:, None]).to(gl.int64) * K + ks[None, :]
     async_copy.async_copy_global_to_shared(sbuf, s_ptr, mask=(hs[:, None] < H) & (ks[None, :] < K))
-    kg = j * BK + gl.arange(0, BK, layout=LG)
-    idx = gl.load(indices + t * K + kg, mask=kg < K, other=-1)
     ok = (idx >= 0) & (idx < S)
     async_copy.async_copy_global_to_shared(gbuf, scales + idx.to(gl.int64) * (RECORD // 4) + 128 + g, mask=ok)
     async_copy.commit_group()
@@ -75,21 +79,23 @@ def _loader(codes, scales, indices, s, bufs, bars, t, h0, g, K, S, H, nblk,
     NBUF: gl.constexpr = sbufs.type.shape[0]
     LC: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [LW, 1], [1, 0])       # [BK, 128] byte rows
     LT: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [LW, 1], [1, 0])       # [BH, BK] fp32, 16 B a copy
-    LG: gl.constexpr = gl.BlockedLayout([1], [32], [LW], [0])                    # [BK] scales
-    # slot 0: its score copies and code rows are issued before the loop (the ring starts empty)
-    _copy_scores(s, scales, indices, sbufs.index(0), gbufs.index(0), t, h0, g, 0, K, S, H, BH, BK, LT, LG)
-    code = _code_rows(codes, indices, t, g, 0, K, S, BK, LC)
+    # Each block's slots are loaded one block before its gathers use them (as the DSL pass does),
+    # so no gather waits on an index load: block 0's copies and rows are issued before the loop.
+    idx = _block_indices(indices, t, 0, K, BK, LC)
+    _copy_scores(s, scales, idx, sbufs.index(0), gbufs.index(0), t, h0, g, 0, K, S, H, BH, BK, LT)
+    code = _code_rows(codes, idx, g, S, LC)
+    idx = _block_indices(indices, t, 1, K, BK, LC)
     for j in range(nblk):
         slot = j % NBUF
         nxt = (j + 1) % NBUF
         if j + 1 < nblk:      # block j + 1's score tile into its slot once the consumer freed it
             mbarrier.wait(empty.index(nxt), ((j + 1) // NBUF & 1) ^ 1)
-            _copy_scores(s, scales, indices, sbufs.index(nxt), gbufs.index(nxt), t, h0, g, j + 1, K, S, H,
-                         BH, BK, LT, LG)
+            _copy_scores(s, scales, idx, sbufs.index(nxt), gbufs.index(nxt), t, h0, g, j + 1, K, S, H, BH, BK, LT)
         else:
             async_copy.commit_group()                 # an empty group keeps wait_group(1) uniform
         vbufs.index(slot).store(code.to(gl.bfloat16))
-        code = _code_rows(codes, indices, t, g, j + 1, K, S, BK, LC)   # past the list: masked, unused
+        code = _code_rows(codes, idx, g, S, LC)       # block j + 1 (past the list: masked, unused)
+        idx = _block_indices(indices, t, j + 2, K, BK, LC)
         async_copy.wait_group(1)                      # block j's copies have landed
         hopper.fence_async_shared()                   # the widened codes, for the consumer's wgmma
         gl.thread_barrier()                           # every loader thread's part of the slot is in
@@ -181,14 +187,16 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
     gl.store(lse + t * H + hl, gl.convert_layout(row_lse, gl.SliceLayout(0, LPART)), mask=(hl < H) & (g == 0))
 
 
-VARIANTS = [  # (NBUF, loader warps, loader registers, ASYNC, maxnreg)
-    (3, 4, 96, False, 128), (3, 4, 96, True, 128), (4, 4, 96, True, 128), (2, 4, 96, True, 128),
-    (3, 2, 96, True, 128), (3, 4, 96, True, 168),
+VARIANTS = [  # (NBUF, loader warps, loader registers, ASYNC, maxnreg); ASYNC needs NBUF >= 3
+    (3, 4, 96, False, 128), (3, 4, 96, True, 128), (2, 4, 96, False, 128), (3, 2, 96, False, 128),
+    (4, 4, 96, True, 128),
 ]
 
 
 def launch(views, idx, s, part_m, part_l, o, lse, live_blocks: int, nbuf: int, lw: int, lregs: int, use_async: bool,
            maxnreg: int, BH: int = 64, BK: int = 64):
+    if use_async and nbuf < 3:      # the loader would wait for the slot the consumer frees only after it
+        raise ValueError("ASYNC frees a slot one block late: it needs NBUF >= 3")
     codes, scales, _ = views
     T, H, K = s.shape
     ns = part_m.shape[0]
@@ -217,7 +225,7 @@ def build_only() -> int:
         try:
             ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cap})
         except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
-            import traceback; traceback.print_exc(); return 1
+            print(f"NBUF {nbuf} LW {lw} ASYNC {use_async} maxnreg {cap}: does not build: {str(e)[-1500:]}")
             continue
         with tempfile.TemporaryDirectory() as d:
             cub = Path(d) / "k.cubin"
