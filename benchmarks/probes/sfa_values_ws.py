@@ -248,10 +248,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     ap.add_argument("--build-only", action="store_true", help="compile for sm_90a and print resources; no GPU")
-    ap.add_argument("--variants", default="", help="comma-separated positions in VARIANTS (default: all)")
+    ap.add_argument("--variants", default="", help="positions in VARIANTS joined by , or + (default: all)")
     ap.add_argument("--tag", default="", help="suffix of the result files")
     args = ap.parse_args(argv)
-    chosen = [VARIANTS[int(i)] for i in args.variants.split(",") if i] or VARIANTS
+    chosen = [VARIANTS[int(i)] for i in args.variants.replace("+", ",").split(",") if i] or VARIANTS
     if args.build_only:
         return build_only()
     import torch
