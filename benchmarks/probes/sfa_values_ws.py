@@ -143,7 +143,7 @@ def _consumer(bufs, bars, row_lse, nblk, BH: gl.constexpr, BK: gl.constexpr, ASY
 @gluon.jit
 def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T, NS, nblk,
                   BH: gl.constexpr, BK: gl.constexpr, NSB: gl.constexpr, NBUF: gl.constexpr,
-                  LW: gl.constexpr, LREGS: gl.constexpr, ASYNC: gl.constexpr):
+                  LW: gl.constexpr, LREGS: gl.constexpr, ASYNC: gl.constexpr, SWZ: gl.constexpr):
     g = gl.program_id(0)
     hb = gl.program_id(1)
     t = gl.program_id(2)
@@ -162,9 +162,12 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
     okd = den > 0.0
     row_lse = gl.where(okd, ms + gl.log(gl.where(okd, den, 1.0)), float("inf"))
 
-    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    # The consumer reads the score tile in the wgmma accumulator's layout: 8-byte pairs, a warp's
+    # 8 rows 256 B apart, which unswizzled all fall in the same banks (8-way conflicts). 32-byte
+    # units XOR-swizzled by row spread them over all 32 banks; the loader's 16-byte copies stay whole.
+    SSH: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0]) if SWZ else gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     VSH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    sbufs = gl.allocate_shared_memory(gl.float32, [NBUF, BH, BK], FLAT)
+    sbufs = gl.allocate_shared_memory(gl.float32, [NBUF, BH, BK], SSH)
     gbufs = gl.allocate_shared_memory(gl.float32, [NBUF, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     vbufs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BK, 128], VSH)
     ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -187,14 +190,15 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
     gl.store(lse + t * H + hl, gl.convert_layout(row_lse, gl.SliceLayout(0, LPART)), mask=(hl < H) & (g == 0))
 
 
-VARIANTS = [  # (NBUF, loader warps, loader registers, ASYNC, maxnreg); ASYNC needs NBUF >= 3
-    (3, 4, 96, False, 128), (3, 4, 96, True, 128), (2, 4, 96, False, 128), (3, 2, 96, False, 128),
-    (4, 4, 96, True, 128),
+VARIANTS = [  # (NBUF, loader warps, loader registers, ASYNC, maxnreg, swizzled scores); ASYNC needs NBUF >= 3
+    (3, 4, 96, False, 128, False), (3, 4, 96, True, 128, False), (2, 4, 96, False, 128, False),
+    (3, 2, 96, False, 128, False), (4, 4, 96, True, 128, False),
+    (3, 4, 96, False, 128, True), (3, 4, 96, True, 128, True), (4, 4, 96, True, 128, True),
 ]
 
 
 def launch(views, idx, s, part_m, part_l, o, lse, live_blocks: int, nbuf: int, lw: int, lregs: int, use_async: bool,
-           maxnreg: int, BH: int = 64, BK: int = 64):
+           maxnreg: int, swizzle: bool, BH: int = 64, BK: int = 64):
     if use_async and nbuf < 3:      # the loader would wait for the slot the consumer frees only after it
         raise ValueError("ASYNC frees a slot one block late: it needs NBUF >= 3")
     codes, scales, _ = views
@@ -203,7 +207,7 @@ def launch(views, idx, s, part_m, part_l, o, lse, live_blocks: int, nbuf: int, l
     nsb = max(2, 1 << (ns - 1).bit_length())
     sfa_values_ws[(4, -(-H // BH), T)](codes, scales, idx, s, part_m, part_l, o, lse, codes.shape[0], K, H, T, ns,
                                        live_blocks, BH=BH, BK=BK, NSB=nsb, NBUF=nbuf, LW=lw, LREGS=lregs,
-                                       ASYNC=use_async, num_warps=4, maxnreg=maxnreg)
+                                       ASYNC=use_async, SWZ=swizzle, num_warps=4, maxnreg=maxnreg)
 
 
 def build_only() -> int:
@@ -219,8 +223,8 @@ def build_only() -> int:
            "part_l": "*fp32", "o": "*bf16", "lse": "*fp32", "S": "i32", "K": "i32", "H": "i32", "T": "i32",
            "NS": "i32", "nblk": "i32"}
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
-    for nbuf, lw, lregs, use_async, cap in VARIANTS:
-        consts = {"BH": 64, "BK": 64, "NSB": 2, "NBUF": nbuf, "LW": lw, "LREGS": lregs, "ASYNC": use_async}
+    for nbuf, lw, lregs, use_async, cap, swz in VARIANTS:
+        consts = {"BH": 64, "BK": 64, "NSB": 2, "NBUF": nbuf, "LW": lw, "LREGS": lregs, "ASYNC": use_async, "SWZ": swz}
         src = GluonASTSource(sfa_values_ws, {**sig, **{k: "constexpr" for k in consts}}, consts)
         try:
             ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cap})
@@ -237,7 +241,7 @@ def build_only() -> int:
         Path(f"/tmp/sfa_ws_{nbuf}_{lw}_{int(use_async)}_{cap}.sass").write_text(sass)
         Path(f"/tmp/sfa_ws_{nbuf}_{lw}_{int(use_async)}_{cap}.ptx").write_text(ck.asm["ptx"])
         ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
-        print(f"NBUF {nbuf} LW {lw} LREGS {lregs} ASYNC {use_async} maxnreg {cap}: regs {regs} "
+        print(f"NBUF {nbuf} LW {lw} LREGS {lregs} ASYNC {use_async} maxnreg {cap} swizzled {swz}: regs {regs} "
               f"smem {ck.metadata.shared} B, {len(ops)} SASS, HGMMA {sum(o.startswith('HGMMA') for o in ops)}, "
               f"LDGSTS {sum(o.startswith('LDGSTS') for o in ops)}, SYNCS {sum(o.startswith('SYNCS') for o in ops)}, "
               f"DEPBAR {sum(o.startswith('WARPGROUP.DEPBAR') for o in ops)}")
@@ -275,11 +279,11 @@ def main(argv=None) -> int:
         base = {"B": b, "L": length}
         rows.append({**base, "kernel": "sfa_values (DSL, committed)", "ms": harness.graph_median_ms(committed)})
         print(rows[-1], flush=True)
-        for nbuf, lw, lregs, use_async, cap in chosen:
+        for nbuf, lw, lregs, use_async, cap, swz in chosen:
             o, lse = torch.full_like(o_ref, float("nan")), torch.full_like(l_ref, float("nan"))
 
-            def hand(nbuf=nbuf, lw=lw, lregs=lregs, use_async=use_async, cap=cap, o=o, lse=lse):
-                launch(views, slots, s, pm, pl, o, lse, -(-K // 64), nbuf, lw, lregs, use_async, cap)
+            def hand(nbuf=nbuf, lw=lw, lregs=lregs, use_async=use_async, cap=cap, swz=swz, o=o, lse=lse):
+                launch(views, slots, s, pm, pl, o, lse, -(-K // 64), nbuf, lw, lregs, use_async, cap, swz)
             try:
                 hand()
                 torch.cuda.synchronize()
@@ -291,7 +295,7 @@ def main(argv=None) -> int:
                 print("failed", nbuf, lw, use_async, type(e).__name__, str(e)[:300], flush=True)
                 ms = err = lerr = float("nan")
                 same = False
-            name = f"ws NBUF={nbuf} loader={lw}w/{lregs}r async={use_async} maxnreg={cap}"
+            name = f"ws NBUF={nbuf} loader={lw}w/{lregs}r async={use_async} maxnreg={cap} swizzled={swz}"
             rows.append({**base, "kernel": name, "ms": ms, "o rel diff": err, "o bit-identical": same,
                          "lse diff": lerr})
             print(rows[-1], flush=True)
