@@ -17,10 +17,12 @@ two 8-warp programs per SM. Here each program (column tile g, head block, query)
          wgmma(p, codes_slot) into the [BH, 128] accumulator, frees the slot (mbarrier). With
          ASYNC the wgmma is waited one block later (the slot is freed then).
 
-Same inputs and numerics as `sfa_values`: o should come out bit-identical. CUDA-graph medians next
-to the committed DSL pass; writes results/sfa_values_ws.json and .md. Needs Triton 3.6's Gluon and
-a GPU; `--build-only` compiles the variants for sm_90a on a machine without one and prints their
-registers and shared memory.
+Same inputs and numerics as `sfa_values`: o came out bit-identical. Measured slower: 0.159 ms at
+best against 0.114 for the DSL's pass (B=64 L=32K; NOTES, session of 22:43 UTC 2 Dec). ASYNC is
+not safe: it gave a wrong o once (the next block's p may reuse the registers an in-flight wgmma
+still reads). CUDA-graph medians next to the committed DSL pass; writes results/sfa_values_ws*.json
+and .md. Needs Triton 3.6's Gluon and a GPU; `--build-only` compiles the variants for sm_90a on a
+machine without one and prints their registers and shared memory.
 
     python benchmarks/probes/sfa_values_ws.py [--shapes 64x32768,32x131072] [--build-only]
 """
