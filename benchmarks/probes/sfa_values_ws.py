@@ -129,8 +129,9 @@ def _consume(bufs, bars, j, acc, lse_p, use_acc, MMA: gl.constexpr, LP: gl.const
 
 @gluon.jit
 def _consumer(bufs, bars, row_lse, nblk, BH: gl.constexpr, BK: gl.constexpr, ASYNC: gl.constexpr):
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
-    LP: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
+    # one warpgroup per 64 heads: BH 128 has two consumer warpgroups sharing each code slot
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BH // 16, 1], instr_shape=[16, 128, 16])
+    LP: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BH // 16, 1], instr_shape=[16, BK, 16])
     lse_p = gl.convert_layout(row_lse, gl.SliceLayout(1, LP))
     # block 0 starts the accumulator (use_acc=False): a zero-initialised accumulator carried into
     # the loop makes ptxas serialise every wgmma (C7515; sfa_values_gluon.py)
@@ -151,7 +152,7 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
     t = gl.program_id(2)
     h0 = hb * BH
     # lse of the head block from the score pass's segments (segments_lse), before the fork
-    LPART: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])        # [NSB, BH]
+    LPART: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [BH // 16, 1], [1, 0])  # [NSB, BH]
     rows = gl.arange(0, NSB, layout=gl.SliceLayout(1, LPART))
     hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(0, LPART))
     p_off = (rows[:, None] * T + t) * H + hs[None, :]
@@ -183,7 +184,7 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
         (_consumer, (bufs, bars, row_lse, nblk, BH, BK, ASYNC)),
         (_loader, (codes, scales, indices, s, bufs, bars, t, h0, g, K, S, H, nblk, BH, BK, LW)),
     ], [LW], [LREGS])
-    LO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    LO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [BH // 16, 1], [1, 0])
     out = gl.convert_layout(acc.to(gl.bfloat16), LO)
     ho = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, LO))
     co = g * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, LO))
@@ -192,11 +193,13 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
     gl.store(lse + t * H + hl, gl.convert_layout(row_lse, gl.SliceLayout(0, LPART)), mask=(hl < H) & (g == 0))
 
 
-VARIANTS = [  # (NBUF, loader warps, loader registers, ASYNC, maxnreg, swizzled scores); ASYNC needs NBUF >= 3
-    (3, 4, 96, False, 128, False), (3, 4, 96, True, 128, False), (2, 4, 96, False, 128, False),
-    (3, 2, 96, False, 128, False), (4, 4, 96, True, 128, False),
-    (3, 4, 96, False, 128, True), (3, 4, 96, True, 128, True), (4, 4, 96, True, 128, True),
-]
+VARIANTS = [  # (NBUF, loader warps, loader registers, ASYNC, maxnreg, swizzled scores, heads per program)
+    (3, 4, 96, False, 128, False, 64), (3, 4, 96, True, 128, False, 64), (2, 4, 96, False, 128, False, 64),
+    (3, 2, 96, False, 128, False, 64), (4, 4, 96, True, 128, False, 64),
+    (3, 4, 96, False, 128, True, 64), (3, 4, 96, True, 128, True, 64), (4, 4, 96, True, 128, True, 64),
+    # FlashMLA's shape: all 128 heads in one program, two consumer warpgroups (one program per SM)
+    (3, 4, 96, False, 168, True, 128), (2, 4, 96, False, 168, True, 128), (4, 4, 96, False, 168, True, 128),
+]  # ASYNC needs NBUF >= 3
 
 
 def launch(views, idx, s, part_m, part_l, o, lse, live_blocks: int, nbuf: int, lw: int, lregs: int, use_async: bool,
@@ -209,7 +212,7 @@ def launch(views, idx, s, part_m, part_l, o, lse, live_blocks: int, nbuf: int, l
     nsb = max(2, 1 << (ns - 1).bit_length())
     sfa_values_ws[(4, -(-H // BH), T)](codes, scales, idx, s, part_m, part_l, o, lse, codes.shape[0], K, H, T, ns,
                                        live_blocks, BH=BH, BK=BK, NSB=nsb, NBUF=nbuf, LW=lw, LREGS=lregs,
-                                       ASYNC=use_async, SWZ=swizzle, num_warps=4, maxnreg=maxnreg)
+                                       ASYNC=use_async, SWZ=swizzle, num_warps=BH // 16, maxnreg=maxnreg)
 
 
 def build_only() -> int:
@@ -225,11 +228,11 @@ def build_only() -> int:
            "part_l": "*fp32", "o": "*bf16", "lse": "*fp32", "S": "i32", "K": "i32", "H": "i32", "T": "i32",
            "NS": "i32", "nblk": "i32"}
     bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
-    for nbuf, lw, lregs, use_async, cap, swz in VARIANTS:
-        consts = {"BH": 64, "BK": 64, "NSB": 2, "NBUF": nbuf, "LW": lw, "LREGS": lregs, "ASYNC": use_async, "SWZ": swz}
+    for nbuf, lw, lregs, use_async, cap, swz, bh in VARIANTS:
+        consts = {"BH": bh, "BK": 64, "NSB": 2, "NBUF": nbuf, "LW": lw, "LREGS": lregs, "ASYNC": use_async, "SWZ": swz}
         src = GluonASTSource(sfa_values_ws, {**sig, **{k: "constexpr" for k in consts}}, consts)
         try:
-            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cap})
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bh // 16, "maxnreg": cap})
         except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
             print(f"NBUF {nbuf} LW {lw} ASYNC {use_async} maxnreg {cap}: does not build: {str(e)[-1500:]}")
             continue
@@ -243,7 +246,7 @@ def build_only() -> int:
         Path(f"/tmp/sfa_ws_{nbuf}_{lw}_{int(use_async)}_{cap}.sass").write_text(sass)
         Path(f"/tmp/sfa_ws_{nbuf}_{lw}_{int(use_async)}_{cap}.ptx").write_text(ck.asm["ptx"])
         ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
-        print(f"NBUF {nbuf} LW {lw} LREGS {lregs} ASYNC {use_async} maxnreg {cap} swizzled {swz}: regs {regs} "
+        print(f"BH {bh} NBUF {nbuf} LW {lw} LREGS {lregs} ASYNC {use_async} maxnreg {cap} swizzled {swz}: regs {regs} "
               f"smem {ck.metadata.shared} B, {len(ops)} SASS, HGMMA {sum(o.startswith('HGMMA') for o in ops)}, "
               f"LDGSTS {sum(o.startswith('LDGSTS') for o in ops)}, SYNCS {sum(o.startswith('SYNCS') for o in ops)}, "
               f"DEPBAR {sum(o.startswith('WARPGROUP.DEPBAR') for o in ops)}")
@@ -281,11 +284,11 @@ def main(argv=None) -> int:
         base = {"B": b, "L": length}
         rows.append({**base, "kernel": "sfa_values (DSL, committed)", "ms": harness.graph_median_ms(committed)})
         print(rows[-1], flush=True)
-        for nbuf, lw, lregs, use_async, cap, swz in chosen:
+        for nbuf, lw, lregs, use_async, cap, swz, bh in chosen:
             o, lse = torch.full_like(o_ref, float("nan")), torch.full_like(l_ref, float("nan"))
 
-            def hand(nbuf=nbuf, lw=lw, lregs=lregs, use_async=use_async, cap=cap, swz=swz, o=o, lse=lse):
-                launch(views, slots, s, pm, pl, o, lse, -(-K // 64), nbuf, lw, lregs, use_async, cap, swz)
+            def hand(nbuf=nbuf, lw=lw, lregs=lregs, use_async=use_async, cap=cap, swz=swz, bh=bh, o=o, lse=lse):
+                launch(views, slots, s, pm, pl, o, lse, -(-K // 64), nbuf, lw, lregs, use_async, cap, swz, BH=bh)
             try:
                 hand()
                 torch.cuda.synchronize()
@@ -297,7 +300,7 @@ def main(argv=None) -> int:
                 print("failed", nbuf, lw, use_async, type(e).__name__, str(e)[:300], flush=True)
                 ms = err = lerr = float("nan")
                 same = False
-            name = f"ws NBUF={nbuf} loader={lw}w/{lregs}r async={use_async} maxnreg={cap} swizzled={swz}"
+            name = f"ws BH={bh} NBUF={nbuf} loader={lw}w/{lregs}r async={use_async} maxnreg={cap} swizzled={swz}"
             rows.append({**base, "kernel": name, "ms": ms, "o rel diff": err, "o bit-identical": same,
                          "lse diff": lerr})
             print(rows[-1], flush=True)
