@@ -12,13 +12,14 @@ two 8-warp programs per SM. Here each program (column tile g, head block, query)
          block's code rows are issued and the slot is marked ready (mbarrier). So two blocks'
          memory reads are in flight at every moment, and the gather latency leaves the
          consumer's path.
-  consumer (default partition, one warpgroup): waits for a ready slot, p = exp(s - lse) * scale
+  consumer (default partition, one warpgroup per 64 heads: BH 128 is FlashMLA's shape, two
+         warpgroups sharing each slot's codes): waits for a ready slot, p = exp(s - lse) * scale
          in the wgmma accumulator's layout, bf16, converted to the register A operand,
          wgmma(p, codes_slot) into the [BH, 128] accumulator, frees the slot (mbarrier). With
          ASYNC the wgmma is waited one block later (the slot is freed then).
 
 Same inputs and numerics as `sfa_values`: o came out bit-identical. Measured slower: 0.159 ms at
-best against 0.114 for the DSL's pass (B=64 L=32K; NOTES, session of 22:43 UTC 2 Dec). ASYNC is
+best (BH 64; BH 128 0.36) against 0.114 for the DSL's pass (B=64 L=32K; NOTES, session of 22:43 UTC 2 Dec). ASYNC is
 not safe: it gave a wrong o once (the next block's p may reuse the registers an in-flight wgmma
 still reads). CUDA-graph medians next to the committed DSL pass; writes results/sfa_values_ws*.json
 and .md. Needs Triton 3.6's Gluon and a GPU; `--build-only` compiles the variants for sm_90a on a
