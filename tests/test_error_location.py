@@ -1,0 +1,82 @@
+"""A K31Error without a place in kernel source names the user's call into k31dsl (file:line:col,
+the line and a caret); one with a kernel-source place keeps it; the `k31dsl` command, whose
+frames are all the library's, prints no location; pickling keeps the error as raised."""
+from __future__ import annotations
+
+import inspect
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import k31dsl as k
+from k31dsl.dsl.errors import K31Error, Loc, caller_loc
+
+
+def test_bad_op_argument_names_the_callers_line():
+    from k31dsl.ops.dsa import topk
+    scores = torch.from_numpy(np.random.default_rng(0).standard_normal((3, 37)).astype(np.float32))
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(K31Error) as info:
+        topk(scores, 0, target="numpy")
+    err = info.value
+    assert err.loc is None
+    assert err.called_at == Loc(__file__, line, 8)
+    text = str(err)
+    assert text.startswith(f"{__file__}:{line}:8: topk: k=0")
+    assert "        topk(scores, 0, target=\"numpy\")\n" + " " * 12 + "^" in text
+
+
+def test_unknown_target_from_a_kernel_call_names_the_callers_line():
+    @k.kernel
+    def copy(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 64):
+        for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+            y[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(K31Error) as info:
+        copy["cuda"]
+    assert info.value.called_at is not None and info.value.called_at.line == line
+    assert str(info.value).startswith(f"{__file__}:{line}:")
+
+
+def test_an_error_in_kernel_source_keeps_its_place():
+    with pytest.raises(K31Error) as info:
+        @k.kernel
+        def bad(x: k.Tensor[k.f32, "N"]):
+            for i in k.grid(x.shape[0]):
+                x[i] = undefined_name  # noqa: F821 - the mistake under test
+        bad["numpy"](torch.zeros(4))        # kernels are built at their first call
+    err = info.value
+    assert err.loc is not None and err.loc.line > 0 and err.called_at is None
+    assert str(err).startswith(f"{err.loc.file}:{err.loc.line}:")
+
+
+def test_pickling_keeps_the_error_as_raised():
+    from k31dsl.ops.dsa import topk
+    with pytest.raises(K31Error) as info:
+        topk(torch.zeros(2, 5), 9999, target="numpy")
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is type(info.value)
+    assert str(back) == str(info.value) and back.called_at == info.value.called_at and back.hint == info.value.hint
+
+
+def test_library_and_installation_frames_are_skipped():
+    here = caller_loc()                 # called from this test: the test file itself
+    assert here is not None and here.file == __file__ and here.line == inspect.currentframe().f_lineno - 1
+    # from code compiled out of a string the search goes on to its caller, this test
+    namespace: dict = {"caller_loc": caller_loc}
+    exec("def probe():\n    return caller_loc()\n", namespace)
+    line = inspect.currentframe().f_lineno + 1
+    found = namespace["probe"]()
+    assert found.file == __file__ and found.line == line
+
+
+def test_the_command_prints_no_location():
+    out = subprocess.run([sys.executable, "-m", "k31dsl", "check", "no_such_op", "--target", "numpy"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert out.stderr.startswith("error: unknown op no_such_op"), out.stderr[:300]
