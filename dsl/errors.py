@@ -50,6 +50,8 @@ class K31Error(Exception):
         if self.source_line is not None and where is not None:
             parts.append("    " + self.source_line.rstrip())
             parts.append("    " + " " * where.col + "^")
+        if where is self.loc and self.called_at is not None:      # a kernel's promise, broken by a call
+            parts.append(f"  in the call at {self.called_at}")
         if self.hint:
             parts.append(f"  hint: {self.hint}")
         return "\n".join(parts)
@@ -104,6 +106,8 @@ class CapacityError(K31Error):
     192 KB Unified Buffer of an Ascend vector core): correct code, too large a specialisation."""
 
 
-def error(message: str, loc: Loc | None = None, hint: str | None = None, kind: type = K31Error) -> K31Error:
-    """Build a K31Error (or a subclass such as CapacityError) with the source excerpt filled in."""
-    return kind(message, loc, hint, source_line_at(loc))
+def error(message: str, loc: Loc | None = None, hint: str | None = None, kind: type = K31Error,
+          called_at: Loc | None = None) -> K31Error:
+    """Build a K31Error (or a subclass such as CapacityError) with the source excerpt filled in.
+    `called_at`: the user's call that broke a promise made at `loc` (a kernel parameter)."""
+    return kind(message, loc, hint, source_line_at(loc), called_at)

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import error
+from k31dsl.dsl.errors import K31Error, caller_loc, error
 from k31dsl.dsl.ir import Kernel, TensorType
 from k31dsl.dsl.signature import EMPTY
 
@@ -57,7 +57,15 @@ def _eval_dim(expr: str, env: dict[str, int]):
 
 def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
     """Validate a call against the kernel's parameters; returns the arguments in order. Errors
-    point at the parameter's declaration (the kernel's `def` line for the argument count)."""
+    point at the parameter's declaration (the kernel's `def` line for the argument count) and
+    name the user's call that broke it."""
+    try:
+        return _check_args(kernel, args, allow_numpy)
+    except K31Error as e:
+        raise error(e.message, e.loc, e.hint, type(e), called_at=caller_loc()) from None
+
+
+def _check_args(kernel: Kernel, args: tuple, allow_numpy: bool) -> list:
     params = kernel.params
     sig = ", ".join(p.name for p in params)
     if len(args) != len(params):

@@ -80,3 +80,21 @@ def test_the_command_prints_no_location():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert out.stderr.startswith("error: unknown op no_such_op"), out.stderr[:300]
+
+
+@pytest.mark.parametrize("target", ["numpy", "triton"])
+def test_a_broken_parameter_promise_names_the_parameter_and_the_call(target):
+    @k.kernel
+    def add(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 64):
+        for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+            y[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=0.0)] + 1.0
+
+    y = torch.full((9,), 7.0)
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(K31Error) as info:
+        add[target](torch.zeros(8), y)
+    err = info.value
+    assert err.loc.file == __file__ and err.loc.line == line - 7           # the parameter `y`
+    assert err.called_at == Loc(__file__, line, 8)
+    assert f"\n  in the call at {__file__}:{line}:8\n" in str(err)
+    assert torch.equal(y, torch.full((9,), 7.0))                           # nothing ran
