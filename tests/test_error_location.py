@@ -98,3 +98,23 @@ def test_a_broken_parameter_promise_names_the_parameter_and_the_call(target):
     assert err.called_at == Loc(__file__, line, 8)
     assert f"\n  in the call at {__file__}:{line}:8\n" in str(err)
     assert torch.equal(y, torch.full((9,), 7.0))                           # nothing ran
+
+
+def test_a_tensor_on_the_wrong_device_or_read_only_names_the_parameter_and_the_call():
+    @k.kernel
+    def fill(y: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 64):
+        for i in k.grid(k.cdiv(y.shape[0], BLOCK)):
+            y[k.span(i * BLOCK, BLOCK)] = k.full((BLOCK,), 1.0, k.f32)
+
+    frozen = np.zeros(5, np.float32)
+    frozen.flags.writeable = False
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(K31Error, match="read-only array") as info:
+        fill["numpy"](frozen)
+    assert info.value.loc.line == line - 8 and info.value.called_at == Loc(__file__, line, 8)
+    assert not frozen.any()
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(K31Error, match="is on meta") as info:
+        fill["triton"](torch.empty(5, device="meta"))
+    assert info.value.loc.line == line - 13 and info.value.called_at == Loc(__file__, line, 8)
+    assert str(info.value).count(__file__) == 2          # the parameter, then the call; no doubled prefix

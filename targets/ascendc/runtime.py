@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error, error
+from k31dsl.dsl.errors import K31Error, caller_loc, error
 from k31dsl.dsl.ir import Kernel, all_ops
 from k31dsl.targets.ascendc.emit import emit_all
 from k31dsl.targets.common import CompiledKernel
@@ -91,13 +91,14 @@ def build(kernel: Kernel, **options):
             where = p.loc if p.loc.line else kernel.loc
             if device != "cpu":
                 raise error(f"argument `{p.name}` of `{kernel.name}` is on {device}; the ascendc target runs "
-                            "on the CPU emulator", where, "pass x.cpu()")
+                            "on the CPU emulator", where, "pass x.cpu()", called_at=caller_loc())
             if isinstance(a, np.ndarray) and p.value.uid in stored and not a.flags.writeable:
                 raise error(f"argument `{p.name}` of `{kernel.name}` is a read-only array but the kernel "
-                            "stores into it", where, "pass a writable array (np.array(x) copies)")
+                            "stores into it", where, "pass a writable array (np.array(x) copies)",
+                            called_at=caller_loc())
             if any(s < 0 for s in strides):
                 raise error(f"argument `{p.name}` of `{kernel.name}` has a negative stride", where,
-                            "pass x.contiguous() (or np.ascontiguousarray(x))")
+                            "pass x.contiguous() (or np.ascontiguousarray(x))", called_at=caller_loc())
             ptrs[j] = ptr
             dims += list(shape) + list(strides)
             keep.append(a)

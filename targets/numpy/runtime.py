@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import error
+from k31dsl.dsl.errors import caller_loc, error
 from k31dsl.dsl.ir import Kernel, all_ops
 from k31dsl.targets.common import CompiledKernel
 from k31dsl.targets.loader import load_module
@@ -49,10 +49,12 @@ def _check_memory(kernel: Kernel, args) -> None:
         device = getattr(getattr(a, "device", None), "type", "cpu")
         if device != "cpu":
             raise error(f"argument `{p.name}` of `{kernel.name}` is on {device}; the numpy target runs on CPU",
-                        where, "pass x.cpu(), or compile for target='triton'")
+                        where, "pass x.cpu(), or compile for target='triton'",
+                        called_at=caller_loc())
         if p.value.uid in stored and isinstance(a, np.ndarray) and not a.flags.writeable:
             raise error(f"argument `{p.name}` of `{kernel.name}` is a read-only array but the kernel "
-                        "stores into it", where, "pass a writable array (np.array(x) copies)")
+                        "stores into it", where, "pass a writable array (np.array(x) copies)",
+                            called_at=caller_loc())
 
 
 def build(kernel: Kernel, **options):

@@ -7,7 +7,7 @@ the call fixes are candidates; with fewer than two there is nothing to tune and 
 config's launch options apply, as everywhere off the GPU."""
 from __future__ import annotations
 
-from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.errors import K31Error, caller_loc, error
 from k31dsl.dsl.ir import Kernel
 from k31dsl.targets.common import CompiledKernel, call_signature, check_args
 from k31dsl.targets.loader import load_module
@@ -23,13 +23,13 @@ def _check_devices(kernel: Kernel, kdef, args, mode: str):
     want = "cpu" if mode == "interpret" else "cuda"
     for p, a in zip(kernel.params, args):
         if p.is_tensor and isinstance(a, torch.Tensor) and a.device.type != want:
-            where = f"{kdef.file}:{kdef.first_line}"
+            where = p.loc if p.loc.line else kernel.loc
             if mode == "interpret":
                 hint = "the Triton interpreter (TRITON_INTERPRET=1 or no GPU) runs on CPU tensors: pass x.cpu()"
             else:
                 hint = "move the tensor to the GPU with x.cuda(), or run with TRITON_INTERPRET=1"
-            raise K31Error(f"{where}: argument `{p.name}` of `{kernel.name}` is on {a.device}, the "
-                           f"Triton target in {mode} mode needs {want} tensors", hint=hint)
+            raise error(f"argument `{p.name}` of `{kernel.name}` is on {a.device}, the Triton target in {mode} "
+                        f"mode needs {want} tensors", where, hint, called_at=caller_loc())
 
 
 def build(kernel: Kernel, kdef=None, **options):
