@@ -62,7 +62,7 @@ def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
     try:
         return _check_args(kernel, args, allow_numpy)
     except K31Error as e:
-        raise error(e.message, e.loc, e.hint, type(e), called_at=caller_loc()) from None
+        raise error(e.message, e.loc, e.hint, type(e), called_at=e.called_at or caller_loc()) from None
 
 
 def _check_args(kernel: Kernel, args: tuple, allow_numpy: bool) -> list:
@@ -149,7 +149,15 @@ def call_signature(args, kwargs):
 def bind_dtypes(kdef, args, by_keyword: dict, passed: dict, allow_numpy: bool) -> dict:
     """The dtype constexprs of a call: each one not in `passed` is bound from the dtype of the
     tensors whose annotation names it (they must agree); passed ones are checked against them.
-    Returns `passed` plus the bound ones. Non-tensor arguments are left to check_args."""
+    Returns `passed` plus the bound ones. Non-tensor arguments are left to check_args. Errors
+    point at the parameter and name the user's call, as check_args' do."""
+    try:
+        return _bind_dtypes(kdef, args, by_keyword, passed, allow_numpy)
+    except K31Error as e:
+        raise error(e.message, e.loc, e.hint, type(e), called_at=e.called_at or caller_loc()) from None
+
+
+def _bind_dtypes(kdef, args, by_keyword: dict, passed: dict, allow_numpy: bool) -> dict:
     sig = kdef.signature()
     out = dict(passed)
     for name, users in sig.dtype_slots.items():
