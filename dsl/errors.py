@@ -98,6 +98,20 @@ def caller_loc() -> Loc | None:
     return None
 
 
+def naming_the_call(check):
+    """For a function that checks a call's arguments against a kernel's parameters: its errors
+    point at a parameter (the promise); this adds the user's call that broke it (`called_at`)."""
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except K31Error as e:
+            if e.called_at is not None:            # no kernel-source place: already shown at the call
+                raise
+            raise error(e.message, e.loc, e.hint, type(e), called_at=caller_loc()) from None
+    return checked
+
+
 def source_line_at(loc: Loc | None) -> str | None:
     if loc is None or loc.line <= 0:
         return None

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from k31dsl.dsl.errors import K31Error
+from k31dsl.dsl.errors import K31Error, Loc, error
 
 # Fixed by the cache formats of the DSA ops (research/dsa.md §3.3, §1.4).
 KV_LORA = 512          # MLA latent width (FP8 tiles of 128 in the paged cache)
@@ -206,7 +206,7 @@ class K31Config:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise K31Error(f"{path}:{e.lineno}:{e.colno}: invalid JSON in the config: {e.msg}") from None
+            raise error(f"invalid JSON in the config: {e.msg}", Loc(str(path), e.lineno, e.colno - 1)) from None
         return cls.from_dict(data, origin=str(path))
 
     def save(self, path) -> None:

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error, caller_loc, error
+from k31dsl.dsl.errors import error, naming_the_call
 from k31dsl.dsl.ir import Kernel, TensorType
 from k31dsl.dsl.signature import EMPTY
 
@@ -55,17 +55,11 @@ def _eval_dim(expr: str, env: dict[str, int]):
     return eval(code, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, dict(env))
 
 
+@naming_the_call
 def check_args(kernel: Kernel, kdef, args: tuple, allow_numpy: bool) -> list:
     """Validate a call against the kernel's parameters; returns the arguments in order. Errors
     point at the parameter's declaration (the kernel's `def` line for the argument count) and
     name the user's call that broke it."""
-    try:
-        return _check_args(kernel, args, allow_numpy)
-    except K31Error as e:
-        raise error(e.message, e.loc, e.hint, type(e), called_at=e.called_at or caller_loc()) from None
-
-
-def _check_args(kernel: Kernel, args: tuple, allow_numpy: bool) -> list:
     params = kernel.params
     sig = ", ".join(p.name for p in params)
     if len(args) != len(params):
@@ -146,18 +140,12 @@ def call_signature(args, kwargs):
     return tuple(sig), kw
 
 
+@naming_the_call
 def bind_dtypes(kdef, args, by_keyword: dict, passed: dict, allow_numpy: bool) -> dict:
     """The dtype constexprs of a call: each one not in `passed` is bound from the dtype of the
     tensors whose annotation names it (they must agree); passed ones are checked against them.
     Returns `passed` plus the bound ones. Non-tensor arguments are left to check_args. Errors
     point at the parameter and name the user's call, as check_args' do."""
-    try:
-        return _bind_dtypes(kdef, args, by_keyword, passed, allow_numpy)
-    except K31Error as e:
-        raise error(e.message, e.loc, e.hint, type(e), called_at=e.called_at or caller_loc()) from None
-
-
-def _bind_dtypes(kdef, args, by_keyword: dict, passed: dict, allow_numpy: bool) -> dict:
     sig = kdef.signature()
     out = dict(passed)
     for name, users in sig.dtype_slots.items():

@@ -118,3 +118,13 @@ def test_a_tensor_on_the_wrong_device_or_read_only_names_the_parameter_and_the_c
         fill["triton"](torch.empty(5, device="meta"))
     assert info.value.loc.line == line - 13 and info.value.called_at == Loc(__file__, line, 8)
     assert str(info.value).count(__file__) == 2          # the parameter, then the call; no doubled prefix
+
+
+def test_an_error_placed_in_a_file_is_shown_there_once(tmp_path):
+    from k31dsl.model.config import K31Config
+    bad = tmp_path / "cfg.json"
+    bad.write_text('{\n  "d_model": 64,\n  "n_layers" 4\n}\n')
+    with pytest.raises(K31Error, match="invalid JSON in the config") as info:
+        K31Config.load(str(bad))
+    text = str(info.value)
+    assert text.startswith(f"{bad}:3:") and text.count(str(bad)) == 1 and __file__ not in text

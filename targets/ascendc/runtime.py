@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error, caller_loc, error
+from k31dsl.dsl.errors import K31Error, error, naming_the_call
 from k31dsl.dsl.ir import Kernel, all_ops
 from k31dsl.targets.ascendc.emit import emit_all
 from k31dsl.targets.common import CompiledKernel
@@ -81,6 +81,7 @@ def build(kernel: Kernel, **options):
     scalars = [i for i, p in enumerate(kernel.params) if not p.is_tensor]
     stored = {op.operands[0].uid for op in all_ops(kernel) if op.name == "store"}
 
+    @naming_the_call          # its argument errors point at a parameter; this names the call too
     def launch(*args):
         ptrs = (ctypes.c_void_p * max(1, len(tensors)))()
         dims: list[int] = []
@@ -91,14 +92,13 @@ def build(kernel: Kernel, **options):
             where = p.loc if p.loc.line else kernel.loc
             if device != "cpu":
                 raise error(f"argument `{p.name}` of `{kernel.name}` is on {device}; the ascendc target runs "
-                            "on the CPU emulator", where, "pass x.cpu()", called_at=caller_loc())
+                            "on the CPU emulator", where, "pass x.cpu()")
             if isinstance(a, np.ndarray) and p.value.uid in stored and not a.flags.writeable:
                 raise error(f"argument `{p.name}` of `{kernel.name}` is a read-only array but the kernel "
-                            "stores into it", where, "pass a writable array (np.array(x) copies)",
-                            called_at=caller_loc())
+                            "stores into it", where, "pass a writable array (np.array(x) copies)")
             if any(s < 0 for s in strides):
                 raise error(f"argument `{p.name}` of `{kernel.name}` has a negative stride", where,
-                            "pass x.contiguous() (or np.ascontiguousarray(x))", called_at=caller_loc())
+                            "pass x.contiguous() (or np.ascontiguousarray(x))")
             ptrs[j] = ptr
             dims += list(shape) + list(strides)
             keep.append(a)
@@ -115,9 +115,8 @@ def build(kernel: Kernel, **options):
         rc = fn(ptrs, dim_arr, fs, iscal, cores)
         if rc != 0:
             from k31dsl.targets.ascendc.build import last_error
-            raise K31Error(f"{kernel.loc.file}:{kernel.loc.line}: kernel `{kernel.name}` failed on the AscendC "
-                           f"emulator: {last_error(lib)}",
-                           hint="this is a bug in the ascendc target if the kernel runs on numpy")
+            raise error(f"kernel `{kernel.name}` failed on the AscendC emulator: {last_error(lib)}", kernel.loc,
+                        "this is a bug in the ascendc target if the kernel runs on numpy")
     launch.source = files[f"{name}_kernel.cpp"]
     launch.files = files
     return launch

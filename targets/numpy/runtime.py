@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import caller_loc, error
+from k31dsl.dsl.errors import error, naming_the_call
 from k31dsl.dsl.ir import Kernel, all_ops
 from k31dsl.targets.common import CompiledKernel
 from k31dsl.targets.loader import load_module
@@ -39,6 +39,7 @@ def _to_numpy(a, want=None):
     return arr
 
 
+@naming_the_call
 def _check_memory(kernel: Kernel, args) -> None:
     """Before anything runs: tensors on CPU, and every tensor the kernel stores to writable."""
     stored = {op.operands[0].uid for op in all_ops(kernel) if op.name == "store"}
@@ -49,12 +50,10 @@ def _check_memory(kernel: Kernel, args) -> None:
         device = getattr(getattr(a, "device", None), "type", "cpu")
         if device != "cpu":
             raise error(f"argument `{p.name}` of `{kernel.name}` is on {device}; the numpy target runs on CPU",
-                        where, "pass x.cpu(), or compile for target='triton'",
-                        called_at=caller_loc())
+                        where, "pass x.cpu(), or compile for target='triton'")
         if p.value.uid in stored and isinstance(a, np.ndarray) and not a.flags.writeable:
             raise error(f"argument `{p.name}` of `{kernel.name}` is a read-only array but the kernel "
-                        "stores into it", where, "pass a writable array (np.array(x) copies)",
-                            called_at=caller_loc())
+                        "stores into it", where, "pass a writable array (np.array(x) copies)")
 
 
 def build(kernel: Kernel, **options):

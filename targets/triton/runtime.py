@@ -7,7 +7,7 @@ the call fixes are candidates; with fewer than two there is nothing to tune and 
 config's launch options apply, as everywhere off the GPU."""
 from __future__ import annotations
 
-from k31dsl.dsl.errors import K31Error, caller_loc, error
+from k31dsl.dsl.errors import K31Error, error, naming_the_call
 from k31dsl.dsl.ir import Kernel
 from k31dsl.targets.common import CompiledKernel, call_signature, check_args
 from k31dsl.targets.loader import load_module
@@ -18,6 +18,7 @@ def emit_files(kernel: Kernel, **options) -> dict[str, str]:
     return {f"{kernel.name}.py": emit(kernel, **options)}
 
 
+@naming_the_call
 def _check_devices(kernel: Kernel, kdef, args, mode: str):
     import torch
     want = "cpu" if mode == "interpret" else "cuda"
@@ -29,7 +30,7 @@ def _check_devices(kernel: Kernel, kdef, args, mode: str):
             else:
                 hint = "move the tensor to the GPU with x.cuda(), or run with TRITON_INTERPRET=1"
             raise error(f"argument `{p.name}` of `{kernel.name}` is on {a.device}, the Triton target in {mode} "
-                        f"mode needs {want} tensors", where, hint, called_at=caller_loc())
+                        f"mode needs {want} tensors", where, hint)
 
 
 def build(kernel: Kernel, kdef=None, **options):
@@ -146,8 +147,8 @@ class TritonKernel(CompiledKernel):
                 best, best_ms = dict(cfg), ms
         self.tune_log[key] = log
         if best is None:
-            raise K31Error(f"{self.kdef.file}:{self.kdef.first_line}: no config of `{self.kdef.name}` "
-                           "could run on this GPU", hint="add a config with smaller tiles or fewer stages")
+            raise error(f"no config of `{self.kdef.name}` could run on this GPU", self.kdef.loc,
+                        "add a config with smaller tiles or fewer stages")
         return best
 
 
