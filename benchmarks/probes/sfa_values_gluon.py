@@ -72,6 +72,23 @@ def _block_mma(sc, code, sg, ok, lse_s, pslot, vslot, acc, use_acc):
 
 
 @gluon.jit
+def segments_lse(part_m, part_l, t, h0, T, H, NS, NSB: gl.constexpr, BH: gl.constexpr, LP: gl.constexpr):
+    """lse [BH] (layout SliceLayout(0, LP)) of query t's heads h0.. from the score pass's segment
+    statistics, as `sfa_two_pass.segments_lse`: +inf for a head without any valid index."""
+    rows = gl.arange(0, NSB, layout=gl.SliceLayout(1, LP))
+    hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(0, LP))
+    p_off = (rows[:, None] * T + t) * H + hs[None, :]
+    p_ok = (rows[:, None] < NS) & (hs[None, :] < H)
+    pm = gl.load(part_m + p_off, mask=p_ok, other=float("-inf"))
+    pl = gl.load(part_l + p_off, mask=p_ok, other=0.0)
+    mx = gl.max(pm, axis=0)
+    ms = gl.where(mx == float("-inf"), 0.0, mx)
+    den = gl.sum(pl * gl.exp(pm - ms[None, :]), axis=0)
+    okd = den > 0.0
+    return gl.where(okd, ms + gl.log(gl.where(okd, den, 1.0)), float("inf"))
+
+
+@gluon.jit
 def sfa_values_gluon(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T, NS, nblk,
                      BH: gl.constexpr, BK: gl.constexpr, NSB: gl.constexpr, PSW: gl.constexpr,
                      PREFETCH: gl.constexpr, NW: gl.constexpr):
@@ -87,18 +104,7 @@ def sfa_values_gluon(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H,
                                                   instr_shape=[16, 128 // (NW // 4), 16])
     VSH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    # lse of the head block from the score pass's segments (segments_lse)
-    rows = gl.arange(0, NSB, layout=gl.SliceLayout(1, LP))
-    hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(0, LP))
-    p_off = (rows[:, None] * T + t) * H + hs[None, :]
-    p_ok = (rows[:, None] < NS) & (hs[None, :] < H)
-    pm = gl.load(part_m + p_off, mask=p_ok, other=float("-inf"))
-    pl = gl.load(part_l + p_off, mask=p_ok, other=0.0)
-    mx = gl.max(pm, axis=0)
-    ms = gl.where(mx == float("-inf"), 0.0, mx)
-    den = gl.sum(pl * gl.exp(pm - ms[None, :]), axis=0)
-    okd = den > 0.0
-    row_lse = gl.where(okd, ms + gl.log(gl.where(okd, den, 1.0)), float("inf"))
+    row_lse = segments_lse(part_m, part_l, t, h0, T, H, NS, NSB, BH, LP)
     lse_s = gl.convert_layout(row_lse, gl.SliceLayout(1, LS))
 
     PSH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=PSW, element_bitwidth=16, rank=2)
@@ -141,28 +147,39 @@ def launch(views, idx, s, part_m, part_l, o, lse, live_blocks: int, BH: int = 64
                            NW=warps, num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {}))
 
 
+def scored_step(b: int, length: int):
+    """The value pass's inputs at the DSA step (dsa.py's), shared by the value-pass probes: the
+    committed score pass run once into its buffers, and the committed value pass as a callable
+    writing o_ref / l_ref. Returns (views, slots, scores, part_m, part_l, o_ref, l_ref, committed)."""
+    import torch
+
+    from dsa import step_attention_inputs
+    from k31dsl.ops.dsa import sfa_two_pass as TP
+    q, _mcache, views, slots = step_attention_inputs(b, length)
+    T, H, K = q.shape[0], q.shape[1], slots.shape[1]
+    ns = TP.score_segments(T, H, K, 64, 32)
+    s, pm, pl = TP.new_buffers(T, H, K, ns, "cuda")
+    TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, SM_SCALE, **TP.SCORE_CONFIGS[0])
+    o_ref, l_ref = torch.empty(T, H, 512, dtype=torch.bfloat16, device="cuda"), torch.empty(T, H, device="cuda")
+
+    def committed():
+        TP.sfa_values["triton"](views[0], views[1], slots, s, pm, pl, o_ref, l_ref, NSB=TP.segments_pow2(ns),
+                                **TP.VALUE_CONFIGS[0])
+    committed()
+    return views, slots, s, pm, pl, o_ref, l_ref, committed
+
+
 def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import step_attention_inputs
-    from k31dsl.ops.dsa import sfa_two_pass as TP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="64x32768,32x131072")
     args = ap.parse_args(argv)
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
-        q, mcache, views, slots = step_attention_inputs(b, length)
-        T, H, K = q.shape[0], q.shape[1], slots.shape[1]
-        ns = TP.score_segments(T, H, K, 64, 32)
-        s, pm, pl = TP.new_buffers(T, H, K, ns, "cuda")
-        TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, SM_SCALE, **TP.SCORE_CONFIGS[0])
-        o_ref, l_ref = torch.empty(T, H, 512, dtype=torch.bfloat16, device="cuda"), torch.empty(T, H, device="cuda")
-
-        def committed():
-            TP.sfa_values["triton"](views[0], views[1], slots, s, pm, pl, o_ref, l_ref, NSB=TP.segments_pow2(ns),
-                                    **TP.VALUE_CONFIGS[0])
-        committed()
+        views, slots, s, pm, pl, o_ref, l_ref, committed = scored_step(b, length)
+        K = slots.shape[1]
         base = {"B": b, "L": length}
         rows.append({**base, "kernel": "sfa_values (DSL, committed)", "ms": harness.graph_median_ms(committed)})
         print(rows[-1], flush=True)

@@ -41,6 +41,8 @@ from triton.experimental.gluon.language.nvidia import hopper  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
 
+from sfa_values_gluon import segments_lse  # noqa: E402
+
 
 RECORD = gl.constexpr(656)   # bytes per cache record (codes view row); the fp32 scales view has 164 per row
 
@@ -152,19 +154,9 @@ def sfa_values_ws(codes, scales, indices, s, part_m, part_l, o, lse, S, K, H, T,
     hb = gl.program_id(1)
     t = gl.program_id(2)
     h0 = hb * BH
-    # lse of the head block from the score pass's segments (segments_lse), before the fork
+    # lse of the head block from the score pass's segments, before the fork
     LPART: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [BH // 16, 1], [1, 0])  # [NSB, BH]
-    rows = gl.arange(0, NSB, layout=gl.SliceLayout(1, LPART))
-    hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(0, LPART))
-    p_off = (rows[:, None] * T + t) * H + hs[None, :]
-    p_ok = (rows[:, None] < NS) & (hs[None, :] < H)
-    pm = gl.load(part_m + p_off, mask=p_ok, other=float("-inf"))
-    pl = gl.load(part_l + p_off, mask=p_ok, other=0.0)
-    mx = gl.max(pm, axis=0)
-    ms = gl.where(mx == float("-inf"), 0.0, mx)
-    den = gl.sum(pl * gl.exp(pm - ms[None, :]), axis=0)
-    okd = den > 0.0
-    row_lse = gl.where(okd, ms + gl.log(gl.where(okd, den, 1.0)), float("inf"))
+    row_lse = segments_lse(part_m, part_l, t, h0, T, H, NS, NSB, BH, LPART)
 
     # The consumer reads the score tile in the wgmma accumulator's layout: 8-byte pairs, a warp's
     # 8 rows 256 B apart, which unswizzled all fall in the same banks (8-way conflicts). 32-byte
@@ -267,21 +259,11 @@ def main(argv=None) -> int:
     import torch
 
     import harness
-    from dsa import step_attention_inputs
-    from k31dsl.ops.dsa import sfa_two_pass as TP
+    from sfa_values_gluon import scored_step
     rows = []
     for b, length in harness.shape_pairs(args.shapes):
-        q, mcache, views, slots = step_attention_inputs(b, length)
-        T, H, K = q.shape[0], q.shape[1], slots.shape[1]
-        ns = TP.score_segments(T, H, K, 64, 32)
-        s, pm, pl = TP.new_buffers(T, H, K, ns, "cuda")
-        TP.sfa_scores["triton"](q, *views, slots, s, pm, pl, 0.135234, **TP.SCORE_CONFIGS[0])
-        o_ref, l_ref = torch.empty(T, H, 512, dtype=torch.bfloat16, device="cuda"), torch.empty(T, H, device="cuda")
-
-        def committed():
-            TP.sfa_values["triton"](views[0], views[1], slots, s, pm, pl, o_ref, l_ref, NSB=TP.segments_pow2(ns),
-                                    **TP.VALUE_CONFIGS[0])
-        committed()
+        views, slots, s, pm, pl, o_ref, l_ref, committed = scored_step(b, length)
+        K = slots.shape[1]
         base = {"B": b, "L": length}
         rows.append({**base, "kernel": "sfa_values (DSL, committed)", "ms": harness.graph_median_ms(committed)})
         print(rows[-1], flush=True)
