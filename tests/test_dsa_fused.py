@@ -154,6 +154,33 @@ def test_fused_without_indices_and_dispatch():
         assert torch.equal(o3, o2) and torch.equal(lse3, lse2)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_short_ranges_skip_the_indexer(target, monkeypatch):
+    """No query with more than topk keys in range: li_sfa_unfused takes every key without scoring
+    (one launch for positions and slots), with the oracle's keys and attention and the scored
+    path's lists, o and lse exactly; one longer range brings the indexer back."""
+    from k31dsl.ops.dsa import indexer
+    g = _gen()
+    args = decode_step(g, [12, 30, 3], 2, ks_from=lambda ke: torch.clamp(ke - 16, min=0))
+    args[7][0], args[7][1] = -5, args[8][1]              # a range starting before 0; a lonely query
+    scored = [F.li_sfa_unfused(*args, 16, 0.1, return_indices=True, always_score=True, max_len=m, target=target)
+              for m in (None, 13)]
+    calls = []
+    real = indexer.lightning_indexer
+    monkeypatch.setattr(indexer, "lightning_indexer", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    o, lse, sel = check_step(args, 16, 0.1, target, F.li_sfa_unfused)      # found by the sync max(ke) needs
+    cut = F.li_sfa_unfused(*args, 16, 0.1, return_indices=True, max_len=13, target=target)   # by max_len, no sync
+    assert not calls
+    for got, want in zip(((o, lse, sel), cut), scored):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert (sel[1] == -1).all() and torch.isinf(lse[1]).all() and (cut[2] < 13).all()
+    args[7][2] = 0                                        # 17 keys in range for token 2
+    check_step(args, 16, 0.1, target, F.li_sfa_unfused)
+    assert calls == [1]
+    with pytest.raises(K31Error, match="max_len"):
+        F.li_sfa_unfused(*args, 16, 0.1, max_len=args[6].shape[1] * A.PAGE + 1, target=target)
+
+
 @pytest.mark.parametrize("call, needle", [
     (lambda a: F.fused_li_sfa(*a, 0, 0.1), "topk"),
     (lambda a: F.fused_li_sfa(*a, 16, -1.0), "sm_scale"),

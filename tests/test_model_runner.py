@@ -314,3 +314,25 @@ def test_wide_kda_prep_in_the_step_graph(monkeypatch, rng):
     assert rel_err(out["wide"], out["sub"]) <= TOL, f"seed {seed}"
     assert rel_err(out["pair"], out["sub"]) <= TOL, f"seed {seed}"
     assert rel_err(out["auto"], out[auto]) == 0.0
+
+
+@pytest.mark.parametrize("target", ["numpy", "triton"])
+def test_short_context_attends_every_key_without_the_indexer(rng, target):
+    """A step whose key width (pages x 64) is at most index_topk has nothing to choose: the DSA
+    layers skip the indexer's query chain, head weights, scores and top-k and attend every key in
+    range (slots_of_range_rows), still writing the key cache. Logits of a prefill and two decodes
+    against the reference (which scores and selects) within TOL; at index_topk 32 < 64 the same
+    step keeps the scorer."""
+    cfg = TINY.replace(index_topk=64)
+    seed, weights, prompt, plan, want = clear_draw(rng, cfg, PROMPT_LEN, 2)
+    runner = ModelRunner(cfg, weights, target, **SIZES, device=device_for(target))
+    for st, ref in zip(plan, want):
+        got = runner.forward(st).cpu()
+        assert rel_err(got, ref) <= TOL, f"seed {seed}, {st.kind}"
+    scorer = ("indexer_q_chain", "topk_segments", "indexer_head_weights", "slots_of_positions_rows")
+    for c, short in ((cfg, True), (TINY, False)):
+        r = runner if short else ModelRunner(c, weights, target, **SIZES, device=device_for(target))
+        for st in plan[:2]:
+            text = str(r._after_passes(r._shape_of(st, [0])))
+            assert ("slots_of_range_rows" in text) == short, (st.kind, short)
+            assert all((name in text) != short for name in scorer), (st.kind, short)

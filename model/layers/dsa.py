@@ -5,7 +5,10 @@ Every step kind is the same graph (T = sequences x n tokens, tokens of one seque
   q side    q_a -> rmsnorm -> q_b -> mla_q_rows (w_uk absorbed, rope) -> Q bf16 [T, H, 576]
   kv side   kv_a -> mla_kv_rows (rmsnorm, rope) -> mla_cache_write_rows at slot_mapping
   indexer   prolog chains (q codes; keys into the paged MXFP8 cache at slot_mapping; head weights)
-            -> scores [T, pages x 64] -> topk_segments -> slots_of_positions_rows
+            -> scores [T, pages x 64] -> topk_segments -> slots_of_positions_rows; a step whose
+            key width is at most index_topk (pages x 64 <= topk: short contexts) has nothing to
+            choose, so it skips the query chain, the head weights, the scores and the top-k
+            and takes every key in range (slots_of_range_rows); the key chain still fills the cache
   attend    sparse MLA attention over the chosen slots -> mla_out_rows (w_uv) -> o_proj; the form
             is ops/dsa's sfa_form choice: one pass (flash-decoding split + combine for few queries),
             two passes on a GPU for >= 64 heads at decode sizes, keys-major on a GPU for <= 16 heads
@@ -26,7 +29,8 @@ import k31dsl as k
 from k31dsl.model.config import INDEX_DIM, KV_LORA, PAGE, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import combine_tiles, max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
-    slots_of_positions_rows, sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
+    short_ranges, slots_of_positions_rows, slots_of_range_rows, sparse_mla_attention_combine, \
+    sparse_mla_attention_fwd, sparse_mla_attention_split
 from k31dsl.ops.dsa.sfa_keys_major import sfa_keys_major
 from k31dsl.ops.dsa.sfa_two_pass import buffers as sfa_buffers, score_segments, segments_pow2, sfa_scores, sfa_values
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged
@@ -38,11 +42,11 @@ from k31dsl.model.layers.common import linear_rows_splitk, linear_splitk_reduce,
 (rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
  mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
  sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged,
- sfa_keys_major) = memo(
+ sfa_keys_major, slots_of_range_rows) = memo(
     rmsnorm_rows, mla_cache_write_rows, slots_of_positions_rows, sparse_mla_attention_fwd, mla_kv_rows, mla_out_rows,
     mla_q_rows, indexer_head_weights, indexer_k_chain, indexer_q_chain, topk_segments, sparse_mla_attention_split,
     sparse_mla_attention_combine, indexer_k_chain_parts, sfa_scores, sfa_values, lightning_indexer_paged,
-    sfa_keys_major)
+    sfa_keys_major, slots_of_range_rows)
 
 
 @k.func
@@ -215,16 +219,24 @@ def add_dsa(g, l, x):
     # 207 KB of the 192 KB Unified Buffer, 32 fit
     ibm = min(32 if g.target == "ascendc" else 64, max(16, next_pow2(T)))
     decode_gpu = g.gpu and T <= 64
-    qc = g.tensor(f"l{l}_idx_q_codes", (T, HI, INDEX_DIM), k.f8e4m3)
-    qs = g.tensor(f"l{l}_idx_q_scales", (T, HI, INDEX_DIM // 32), k.e8m0)
-    qc, qs = p.call(indexer_q_chain, qa, g.weight(a + "idx_wq_b"), g.cos, g.sin, had, qc, qs,
-                    BM=(16 if decode_gpu else 64) if g.gpu else ibm)      # GPU: (T / BM) x heads programs
+    blocks = g.shape.blocks if cp else prefill_query_blocks(g.shape)
+    # the indexer's queries and head weights serve the scores only: a step whose every query has
+    # at most index_topk keys in range attends to all of them (select_attend) and needs neither
+    scored = short_ranges() == "score" or any(width > cfg.index_topk
+                                              for width in ([w for _, _, w in blocks] or [g.shape.max_pages * PAGE]))
+    qc = qs = iw = None
+    if scored:
+        qc = g.tensor(f"l{l}_idx_q_codes", (T, HI, INDEX_DIM), k.f8e4m3)
+        qs = g.tensor(f"l{l}_idx_q_scales", (T, HI, INDEX_DIM // 32), k.e8m0)
+        qc, qs = p.call(indexer_q_chain, qa, g.weight(a + "idx_wq_b"), g.cos, g.sin, had, qc, qs,
+                        BM=(16 if decode_gpu else 64) if g.gpu else ibm)      # GPU: (T / BM) x heads programs
     icache = g.state(f"dsa{l}_index_cache", g.runner_states[f"dsa{l}_index_cache"])
     gathered = icache
     if cp:
         icache = g.state(f"dsa{l}_stage_index", g.runner_states[f"dsa{l}_stage_index"])
     kn_w, kn_b = g.weight(f"l{l}_idx_k_norm_w"), g.weight(f"l{l}_idx_k_norm_b")
-    iw = g.tensor(f"l{l}_idx_weights", (T, HI), k.f32)
+    if scored:
+        iw = g.tensor(f"l{l}_idx_weights", (T, HI), k.f32)
     if decode_gpu:
         # one program per 16..64 tokens would stream the [128, dim] key and [HI, dim] weight
         # projections alone: split-K projections into fp32 partials, then the chain's rest
@@ -234,21 +246,22 @@ def add_dsa(g, l, x):
         kpart = p.call(linear_rows_splitk, x, g.weight(a + "idx_wk"), kpart, **kt)
         icache = p.call(indexer_k_chain_parts, kpart, kn_w, kn_b, g.cos, g.sin, had, g.slot_mapping, icache, 1e-6,
                         BM=16)
-        wt = linear_tiles(T, HI, dm, True)
-        wpart = g.tensor(f"l{l}_idx_w_splitk", (wt.pop("SPLIT"), T, HI), k.f32)
-        wpart = p.call(linear_rows_splitk, x, g.weight(a + "idx_weights_proj"), wpart, **wt)
-        iw = p.call(linear_splitk_reduce, wpart, iw, HI ** -0.5, BM=16 if T <= 16 else 64, BN=128)
+        if scored:
+            wt = linear_tiles(T, HI, dm, True)
+            wpart = g.tensor(f"l{l}_idx_w_splitk", (wt.pop("SPLIT"), T, HI), k.f32)
+            wpart = p.call(linear_rows_splitk, x, g.weight(a + "idx_weights_proj"), wpart, **wt)
+            iw = p.call(linear_splitk_reduce, wpart, iw, HI ** -0.5, BM=16 if T <= 16 else 64, BN=128)
     else:
         icache = p.call(indexer_k_chain, x, g.weight(a + "idx_wk"), kn_w, kn_b, g.cos, g.sin, had, g.slot_mapping,
                         icache, 1e-6, BM=32 if g.gpu else ibm)
-        iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
+        if scored:
+            iw = p.call(indexer_head_weights, x, g.weight(a + "idx_weights_proj"), iw, HI ** -0.5, H=HI, BM=ibm)
     if cp:
         icache = p.dist_all_gather(icache, gathered, name=f"l{l} indexer keys")
     keys = (icache,)
-    if g.gpu:       # the scorer reads the cache's code and scale views, after the key writes above
+    if g.gpu and scored:       # the scorer reads the cache's code and scale views, after the key writes above
         keys = p.host("order", [icache], [g.state(f"dsa{l}_index_{v}", g.runner_states[f"dsa{l}_index_{v}"])
                                           for v in ("codes", "scales")])
-    blocks = g.shape.blocks if cp else prefill_query_blocks(g.shape)
     mla = (codes, scales, rope)
     if not blocks:
         o = select_attend(g, l, qc, qs, iw, keys, big_q, mla, g.ks, g.ke, g.shape.max_pages * 64, "")
@@ -259,8 +272,9 @@ def add_dsa(g, l, x):
             # the blocks run one after another and share one score buffer (on parallel streams
             # each would hold its own [rows, width] fp32 scores at once)
             after = [o] if b else []
-            part = [p.host("row_slice", [x] + after, [g.tensor(f"l{l}_q{b}_{name}", (rows,) + tuple(x.shape[1:]),
-                                                          x.dtype)], start=row0)
+            part = [x if x is None else
+                    p.host("row_slice", [x] + after, [g.tensor(f"l{l}_q{b}_{name}", (rows,) + tuple(x.shape[1:]),
+                                                               x.dtype)], start=row0)
                     for name, x in (("qc", qc), ("qs", qs), ("iw", iw), ("ks", g.ks), ("ke", g.ke), ("q", big_q))]
             bqc, bqs, biw, bks, bke, bq = part
             ob = select_attend(g, l, bqc, bqs, biw, keys, bq, mla, bks, bke, width, f"_q{b}")
@@ -275,11 +289,18 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
     """Indexer scores of the query rows over keys [0, width) of the sequence, exact top-k,
     physical slots, sparse MLA attention -> o bf16 [rows, H, 512] (`tag` names the temps of a
     query block). keys: the indexer cache as (flat bytes,) or, on a GPU, its (codes, scales)
-    page views."""
+    page views. A width of at most index_topk keys leaves nothing to choose: every key in range
+    is attended, without scores (qc, qs, iw may be None then)."""
     cfg, p = g.cfg, g.p
-    codes, scales, rope = mla
-    T, H, HI = qc.shape[0], cfg.mla_heads, cfg.index_heads
+    T, HI = big_q.shape[0], cfg.index_heads
     n = T if g.shape.kind == "cp_prefill" else g.shape.q_len     # query rows per block-table row
+    topk = cfg.index_topk
+    if width <= topk and short_ranges() == "all":   # no range holds more than topk keys: all are chosen
+        pos = g.tensor(f"l{l}{tag}_range_pos", (T, topk), k.i32)
+        slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
+        pos, slots = p.call(slots_of_range_rows, ks, ke, g.block_table, pos, slots, n, width,
+                            BK=max(16, min(128, next_pow2(topk))))
+        return attend(g, l, big_q, mla, slots, tag)
     scores = g.tensor(f"l{l}{tag}_idx_scores", (T, width), k.f32)
     if g.gpu:       # the op's kernel: f16 operands, keys on the dot's rows (ops/dsa/indexer.py)
         rows = T // g.block_table.shape[0]                        # a query block's rows, else n
@@ -288,7 +309,6 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
                         **icfg)
     else:
         scores = p.call(indexer_scores_flat, qc, qs, iw, *keys, g.block_table, ks, ke, scores, n, H=HI, NQ=1)
-    topk = cfg.index_topk
     kp = max(16, next_pow2(topk))
     pos = g.tensor(f"l{l}{tag}_topk_pos", (T, topk), k.i32)
     no_idx = g.input(f"unread_topk_idx_{T}x{width}", (T, width), k.i32)   # parameters FINAL never reads
@@ -298,6 +318,15 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
                  **tile_options(seg, bl=4096))   # each row scans its own key range [0, ke), not the whole width
     slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
     slots = p.call(slots_of_positions_rows, pos, g.block_table, slots, n, BK=max(16, min(128, next_pow2(topk))))
+    return attend(g, l, big_q, mla, slots, tag)
+
+
+def attend(g, l, big_q, mla, slots, tag: str):
+    """Sparse MLA attention of the query rows over their chosen slots -> o bf16 [rows, H, 512], in
+    the form ops/dsa's sfa_form picks for the step."""
+    cfg, p = g.cfg, g.p
+    codes, scales, rope = mla
+    T, H, topk = big_q.shape[0], cfg.mla_heads, cfg.index_topk
     o = g.tensor(f"l{l}{tag}_mla_o", (T, H, KV_LORA), k.bf16)
     lse = g.tensor(f"l{l}{tag}_mla_lse", (T, H), k.f32)
     bh = min(max(16, next_pow2(H)), max_head_block(g.target))

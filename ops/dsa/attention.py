@@ -365,6 +365,22 @@ def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tenso
         slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
 
 
+@k.kernel
+def slots_of_range_rows(ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], block_table: k.Tensor[k.i32, "B", "MP"],
+                        pos: k.Tensor[k.i32, "T", "K"], slots: k.Tensor[k.i32, "T", "K"], next_n: k.i32, width: k.i32,
+                        BK: k.constexpr = 128):
+    # The top-k of a query with at most K valid keys is all of them: positions max(ks, 0) ..
+    # min(ke, width) - 1 in order, then -1 (topk(sorted=False)'s row), and their slots as
+    # slots_of_positions_rows maps them. The caller knows every range fits K (longer ones are cut).
+    for t, j in k.grid(pos.shape[0], k.cdiv(pos.shape[1], BK)):
+        hi = k.minimum(ke[t], width)
+        p = k.maximum(ks[t], 0) + j * BK + k.arange(0, BK)
+        ok = p < hi
+        page = block_table[t // next_n, k.where(ok, p // 64, 0)]
+        pos[t, k.span(j * BK, BK)] = k.where(ok, p, -1)
+        slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
+
+
 def sfa_form(t: int, h: int, topk: int, on_gpu: bool) -> str:
     """The form sparse_mla_attention, li_sfa_unfused and the model's steps take by default on a GPU:
     two passes for 64 heads or more when the fp32 score buffer fits sfa_two_pass.SCORE_BUDGET
@@ -557,6 +573,29 @@ def slots_of_positions(positions, block_table, next_n: int = 1, *, target: str |
         slots_of_positions_rows[target](pos, bt, out, next_n)
     return out
 
+
+def short_ranges() -> str:
+    """What a step does when no query has more than topk keys in range (K31_SHORT_RANGES): "all",
+    the default, attends every key without scoring; "score" runs the indexer and the top-k anyway
+    (the same lists; for A/B runs, benchmarks/switch_ab.py). Another value is refused."""
+    import os
+    raw = os.environ.get("K31_SHORT_RANGES", "").strip().lower() or "all"
+    if raw not in ("all", "score"):
+        raise K31Error(f"K31_SHORT_RANGES={raw!r}: expected 'all' (attend every key) or 'score'")
+    return raw
+
+
+def slots_of_range(ks32, ke32, block_table, next_n: int, topk: int, width: int, *, target: str | None = None):
+    """(positions, slots) int32 [T, topk] of every key of each query's range [ks, ke) cut to
+    [0, width): what topk(sorted=False) and slots_of_positions give when no range holds more
+    than topk keys, which the caller has established (longer ranges are cut at topk)."""
+    import torch
+    target = resolve_target(target)
+    pos = torch.empty((ks32.shape[0], topk), dtype=torch.int32, device=ks32.device)
+    slots = torch.empty_like(pos)
+    if pos.numel():
+        slots_of_range_rows[target](ks32, ke32, block_table.contiguous(), pos, slots, next_n, width)
+    return pos, slots
 
 # ---------------------------------------------------------------- checks against the oracle
 

@@ -394,13 +394,19 @@ def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_c
 def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
                    topk: int, sm_scale, *, return_indices: bool = False, max_len: int | None = None,
                    mma: str = "auto", sfa_split: int | None = None, sfa_form: str | None = None,
-                   target: str | None = None):
+                   always_score: bool | None = None, target: str | None = None):
     """The same step as fused_li_sfa in four launches: lightning_indexer (fp32 logits [T, max_len]
     to global memory) -> topk -> slots_of_positions -> sparse_mla_attention. max_len (default:
     max(ke), a host sync) bounds the logits' width; mma as lightning_indexer's. Positions come
     out in position order (topk sorted=False: attention needs the set only). sfa_split: the
     attention's index-list segments (default: attention.sfa_split's choice on a GPU, else 1);
-    sfa_form: sparse_mla_attention's form (default: attention.sfa_form's choice)."""
+    sfa_form: sparse_mla_attention's form (default: attention.sfa_form's choice).
+
+    When no query has more than topk keys in range, the top-k of each is all of its keys, so the
+    indexer and the top-k are skipped and one launch writes the ranges' positions and slots (the
+    same lists, hence the same o and lse). The call knows it without a sync when max_len <= topk,
+    and from the sync it makes anyway when max_len is None. always_score=True scores regardless
+    (default: K31_SHORT_RANGES=score, attention.short_ranges)."""
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
@@ -409,12 +415,20 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
                                       block_table, ks, ke, topk, sm_scale)
     if sfa_split is not None and (isinstance(sfa_split, bool) or not isinstance(sfa_split, int) or sfa_split < 1):
         raise K31Error(f"{op}: sfa_split must be an int >= 1 (or None: chosen per GPU), got {sfa_split!r}")
-    if max_len is None:
+    synced = max_len is None
+    if synced:
         max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
-    scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32, max_len,
-                               mma=mma, target=target)
-    pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
-    slots = A.slots_of_positions(pos, block_table, t // b, target=target)
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 <= max_len <= block_table.shape[1] * A.PAGE:
+        raise K31Error(f"{op}: max_len={max_len!r} must be an int in [0, max_pages * {A.PAGE}]")
+    if always_score is None:
+        always_score = A.short_ranges() == "score"
+    if not always_score and (max_len <= topk or synced and longest_range(ks32, ke32, max_len) <= topk):
+        pos, slots = A.slots_of_range(ks32, ke32, block_table, t // b, topk, max_len, target=target)
+    else:
+        scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32,
+                                   max_len, mma=mma, target=target)
+        pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
+        slots = A.slots_of_positions(pos, block_table, t // b, target=target)
     gpu = target == "triton" and mla_q.is_cuda
     if sfa_form is None:
         sfa_form = A.sfa_form(t, mla_q.shape[1], topk, gpu)
@@ -422,6 +436,13 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
         sfa_split = A.sfa_split(t, mla_q.shape[1], topk, A.max_head_block(target)) if gpu else 1
     o, lse = A.sparse_mla_attention(mla_q, mla_cache, slots, sm_scale, split=sfa_split, form=sfa_form, target=target)
     return (o, lse, pos) if return_indices else (o, lse)
+
+
+def longest_range(ks32, ke32, max_len: int) -> int:
+    """The most keys any query has in range: max over t of min(ke, max_len) - max(ks, 0) (a sync)."""
+    if not ks32.numel():
+        return 0
+    return int((ke32.clamp(max=max_len) - ks32.clamp(min=0)).max())
 
 
 def li_sfa(*args, impl: str = "auto", target: str | None = None, **kwargs):

@@ -1,17 +1,22 @@
-"""Programmatic dependent launch (PDL) on and off, same GPU, same run: what the Triton target's
-`gdc_launch_dependents` + `gdc_wait` prologue and `launch_pdl=True` launches change at the model's
-decode steps (hundreds of few-µs kernels per token, replayed as CUDA graphs) and at the DSA decode
-step (five kernels), and a check that the outputs do not change.
-
-Each setting runs in its own process (K31_PDL=off|start|end|auto is read when a kernel is emitted;
-targets/triton/emit.py, pdl_mode), by default in the order end, off, end, so drift over the run
-shows up as a difference between the two runs of one setting.
+"""An A/B of an environment switch of k31dsl, same GPU, same run: each setting in its own process
+(the switches are read when a kernel is emitted or a step graph is built), at the model's decode
+steps (hundreds of few-µs kernels per token, replayed as CUDA graphs) and at the DSA decode step,
+with a check that the outputs do not change. Switches:
+  K31_PDL            programmatic dependent launch: off | start | end | auto (default; on = start;
+                     targets/triton/emit.py, pdl_mode)
+  K31_SHORT_RANGES   a step whose every query has at most topk keys in range: all (default: every
+                     key attended, no indexer) | score (indexer and top-k anyway;
+                     ops/dsa/attention.py, short_ranges)
+By default the order is end, off, end (K31_PDL), so drift over the run shows up as a difference
+between the two runs of one setting; --base names the setting the others are compared to.
 The torch anchors of each case (eager and torch.compile; the DSA step's from benchmarks/dsa.py,
-the model's from the reference model) are measured once, in the first process: PDL does not touch
-torch's kernels.
+the model's from the reference model) are measured once, in the first process: the switches do
+not touch torch's kernels.
 
-    python benchmarks/pdl.py                       # GPU; writes benchmarks/results/pdl.{json,md}
-    python benchmarks/pdl.py --parts dsa --order on,off --tag dsa
+    python benchmarks/switch_ab.py                 # K31_PDL; writes benchmarks/results/pdl.{json,md}
+    python benchmarks/switch_ab.py --parts dsa --order on,off --tag dsa      # results/pdl_dsa.*
+    python benchmarks/switch_ab.py --switch K31_SHORT_RANGES --order all,score,all --base score \
+        --shapes 64x2048,128x1024                  # results/short_ranges.*
 
 Each worker prints its progress and writes one JSON file (times, output digests) for the driver.
 """
@@ -102,40 +107,50 @@ def worker(args) -> int:
     return 0
 
 
-def summarise(runs: list[tuple[str, list[dict]]]) -> list[dict]:
-    """One row per (case, impl, setting, run); k31dsl rows get the change against the median "off"
-    time of their case and whether their outputs equal the first "off" run's."""
-    off_ms: dict = {}
-    off_digest: dict = {}
+def summarise(runs: list[tuple[str, list[dict]]], switch: str, base: str) -> list[dict]:
+    """One row per (case, impl, setting, run); k31dsl rows get the change against the median `base`
+    time of their case and whether their outputs equal the first `base` run's."""
+    base_ms: dict = {}
+    base_digest: dict = {}
     for setting, rows in runs:
         for r in rows:
-            if setting == "off" and r["impl"] == "k31dsl":
-                off_ms.setdefault(r["case"], []).append(r["ms"])
-                off_digest.setdefault(r["case"], r["digest"])
+            if setting == base and r["impl"] == "k31dsl":
+                base_ms.setdefault(r["case"], []).append(r["ms"])
+                base_digest.setdefault(r["case"], r["digest"])
     out = []
     for i, (setting, rows) in enumerate(runs):
         for r in rows:
-            row = {"case": r["case"], "impl": r["impl"], "PDL": setting if r["impl"] == "k31dsl" else "-",
+            row = {"case": r["case"], "impl": r["impl"], switch: setting if r["impl"] == "k31dsl" else "-",
                    "run": i + 1, "ms": r["ms"], "timing": r["timing"]}
-            if r["impl"] == "k31dsl" and r["case"] in off_ms:
-                base = sorted(off_ms[r["case"]])[len(off_ms[r["case"]]) // 2]
-                row["vs off %"] = 100 * (r["ms"] / base - 1)
-                row["same outputs as off"] = r["digest"] == off_digest[r["case"]] and bool(r["digest"])
+            if r["impl"] == "k31dsl" and r["case"] in base_ms:
+                mid = sorted(base_ms[r["case"]])[len(base_ms[r["case"]]) // 2]
+                row[f"vs {base} %"] = 100 * (r["ms"] / mid - 1)
+                row[f"same outputs as {base}"] = r["digest"] == base_digest[r["case"]] and bool(r["digest"])
             out.append(row)
     return sorted(out, key=lambda r: (r["case"], r["impl"] != "k31dsl", r["run"]))
+
+
+SWITCHES = {  # name: (settings, the default --base, the results' default name)
+    "K31_PDL": (("on", "off", "start", "end", "auto"), "off", "pdl"),
+    "K31_SHORT_RANGES": (("all", "score"), "score", "short_ranges"),
+}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="model,dsa", help="which cases: model (decode steps), dsa (the decode step)")
+    ap.add_argument("--switch", default="K31_PDL", choices=sorted(SWITCHES), help="the environment switch")
     ap.add_argument("--order", default="end,off,end",
-                    help="K31_PDL settings (off, start, end, auto; on = start), one process each, in this order")
+                    help="the switch's settings, one process each, in this order (K31_PDL: off, start, end, auto; "
+                         "on = start)")
+    ap.add_argument("--base", help="the setting the others are compared to (default: off for K31_PDL, score for "
+                                   "K31_SHORT_RANGES)")
     ap.add_argument("--batches", default="1,64", help="model decode batch sizes")
     ap.add_argument("--context", type=int, default=1024, help="model decode context")
     ap.add_argument("--steps", type=int, default=32, help="model decode steps timed")
     ap.add_argument("--shapes", default="64x32768,32x131072", help="DSA step shapes BxL")
     ap.add_argument("--no-anchors", action="store_true", help="skip the torch anchors (an A/B of settings only)")
-    ap.add_argument("--tag", default="", help="write results/pdl_TAG.{json,md}")
+    ap.add_argument("--tag", default="", help="write results/NAME_TAG.{json,md} (NAME: pdl, short_ranges)")
     ap.add_argument("--worker", choices=["model", "dsa"], help=argparse.SUPPRESS)
     ap.add_argument("--anchors", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -143,9 +158,12 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
     order = [s.strip() for s in args.order.replace("+", ",").split(",")]   # "+": gpu_run.sh lists
-    if any(s not in ("on", "off", "start", "end", "auto") for s in order):
-        ap.error(f"--order takes off, start, end, auto (on = start), got {args.order!r}")
-    results = {"env": harness.environment(), "order": order, "runs": []}
+    settings, base, name = SWITCHES[args.switch]
+    base = args.base or base
+    if any(s not in settings for s in order) or base not in order:
+        ap.error(f"--order takes {', '.join(settings)} for {args.switch} and must include --base {base}; "
+                 f"got {args.order!r}")
+    results = {"env": harness.environment(), "switch": args.switch, "order": order, "runs": []}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in [p for p in args.parts.split(",") if p]:
@@ -155,22 +173,23 @@ def main(argv=None) -> int:
                        "--context", str(args.context), "--steps", str(args.steps), "--shapes", args.shapes]
                 if i == 0 and not args.no_anchors:
                     cmd.append("--anchors")
-                env = {**os.environ, "K31_PDL": "start" if setting == "on" else setting}
-                print(f"=== {part}, PDL {setting} (run {i + 1})", flush=True)
+                value = "start" if args.switch == "K31_PDL" and setting == "on" else setting
+                env = {**os.environ, args.switch: value}
+                print(f"=== {part}, {args.switch}={value} (run {i + 1})", flush=True)
                 rc = subprocess.run(cmd, env=env).returncode
                 if rc != 0 or not out.exists():
-                    print(f"{part} PDL {setting}: worker failed (rc {rc})")
+                    print(f"{part} {args.switch}={value}: worker failed (rc {rc})")
                     continue
                 rows = json.loads(out.read_text())
                 runs.append((setting, rows))
-                results["runs"].append({"part": part, "PDL": setting, "rows": rows})
-    table = summarise(runs)
-    cols = ["case", "impl", "PDL", "run", "ms", "vs off %", "same outputs as off", "timing"]
-    harness.write(f"pdl_{args.tag}" if args.tag else "pdl", {**results, "rows": table}, cols, table,
-                  notes="k31dsl rows: each run in its own process; vs off % against the median of the off "
+                results["runs"].append({"part": part, args.switch: setting, "rows": rows})
+    table = summarise(runs, args.switch, base)
+    cols = ["case", "impl", args.switch, "run", "ms", f"vs {base} %", f"same outputs as {base}", "timing"]
+    harness.write(f"{name}_{args.tag}" if args.tag else name, {**results, "rows": table}, cols, table,
+                  notes=f"k31dsl rows: each run in its own process; vs {base} % against the median of the {base} "
                         "runs of the case; outputs compared as a hash of the tokens (model) or of o and lse (DSA)")
     harness.print_table(cols, table)
-    return 0 if all(r.get("same outputs as off", True) for r in table) else 1
+    return 0 if all(r.get(f"same outputs as {base}", True) for r in table) else 1
 
 
 if __name__ == "__main__":
