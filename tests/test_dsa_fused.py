@@ -174,6 +174,15 @@ def test_short_ranges_skip_the_indexer(target, monkeypatch):
     for got, want in zip(((o, lse, sel), cut), scored):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert (sel[1] == -1).all() and torch.isinf(lse[1]).all() and (cut[2] < 13).all()
+    monkeypatch.setenv("K31_SHORT_RANGES", "score")       # the A/B switch: scores anyway
+    assert all(torch.equal(a, b) for a, b in zip(F.li_sfa_unfused(*args, 16, 0.1, return_indices=True,
+                                                                  target=target), scored[0]))
+    assert calls == [1]
+    monkeypatch.setenv("K31_SHORT_RANGES", "skip")
+    with pytest.raises(K31Error, match="K31_SHORT_RANGES"):
+        F.li_sfa_unfused(*args, 16, 0.1, target=target)
+    monkeypatch.delenv("K31_SHORT_RANGES")
+    calls.clear()
     args[7][2] = 0                                        # 17 keys in range for token 2
     check_step(args, 16, 0.1, target, F.li_sfa_unfused)
     assert calls == [1]
