@@ -281,6 +281,31 @@ def test_slots_of_positions(target):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize("target", TARGETS + ["ascendc"])
+def test_slots_of_range_is_the_topk_of_short_ranges(target):
+    """slots_of_range (the step's path when no query has more than k keys in range): the fp64
+    oracle's top-k of any scores finite on [ks, ke) cut to [0, width), as a set in position order,
+    and its slots. Ranges starting before 0, empty (ks >= ke) and cut by width; non-contiguous
+    unordered block tables, next_n = 2."""
+    iref = load_oracle("dsa_indexer")
+    g = _gen()
+    B, n, mp, K, width = 3, 2, 4, 40, 150
+    bt = torch.randperm(20, generator=g)[:B * mp].int().view(B, mp)
+    ke = torch.randint(0, width + 30, (B * n,), generator=g, dtype=torch.int32)
+    ks = torch.clamp(ke - torch.randint(0, K + 1, (B * n,), generator=g, dtype=torch.int32), max=width)
+    ks[0], ks[1], ke[2] = -7, ke[1], 0
+    ke = torch.clamp(ke, max=ks.clamp(min=0) + K)                 # at most K keys in every range
+    pos, slots = A.slots_of_range(ks, ke, bt, n, K, width, target=target)
+    scores = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=g))).normal(size=(B * n, width))
+    cols = np.arange(width)
+    scores[(cols < ks.numpy()[:, None]) | (cols >= ke.numpy()[:, None])] = -np.inf
+    want = np.sort(np.where((sel := iref.topk(scores, K)) < 0, np.iinfo(np.int64).max, sel), axis=1)
+    want[want == np.iinfo(np.int64).max] = -1
+    np.testing.assert_array_equal(pos.numpy(), want)
+    np.testing.assert_array_equal(slots.numpy(), ref.slots_of_positions(want, bt.numpy(), np.arange(B * n) // n))
+    assert (pos[1] == -1).all() and (pos[2] == -1).all()
+
+
 # ---------------------------------------------------------------- errors and compile
 
 @pytest.mark.parametrize("call, needle", [
@@ -331,7 +356,7 @@ def test_sm_scale_has_no_default():
 def test_compiles_for_hopper(tmp_path):
     """Default constexprs are the real decode sizes: 64-head blocks of 576/512, 32 indices a step."""
     assert_compiles_for_hopper(A.__file__, ["mla_cache_write_rows", "sparse_mla_attention_fwd",
-                                            "slots_of_positions_rows"], tmp_path)
+                                            "slots_of_positions_rows", "slots_of_range_rows"], tmp_path)
     from k31dsl.ops.dsa import sfa_two_pass
     assert_compiles_for_hopper(sfa_two_pass.__file__, ["sfa_scores", "sfa_values"], tmp_path)
     from k31dsl.ops.dsa import sfa_keys_major
