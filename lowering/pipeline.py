@@ -1,9 +1,10 @@
-"""The pass pipeline per target, in one readable list. Each pass is `(name, fn)` with fn taking a
-kernel IR and returning one; the name is what `k31dsl compile --dump-after NAME` accepts.
+"""The kernel pass pipeline per target, in one readable list. Each pass is `(name, fn)` with fn
+taking a kernel IR and returning one; the name is what `k31dsl compile --dump-after NAME` accepts.
 
-Today only kernel-level passes exist: the frontend (which already ran when the IR was built, or
-the `.k31` parser) and the verifier. Graph passes (superkernel, nz_layout, streams, memory plan)
-slot into these lists as they land.
+A kernel's passes are checks and views: the frontend (which already ran when the IR was built, or
+the `.k31` parser), the verifier, and for the compiled targets their tile rules. What rewrites a
+step (superkernel, nz_layout, streams, memory plan) works on graph programs and has its own list
+in lowering/graph/pipeline.py.
 """
 from __future__ import annotations
 
