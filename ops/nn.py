@@ -217,16 +217,16 @@ def short_conv_rows(x: k.Tensor["XT", "N", "T", "C"], w: k.Tensor["WT", "C", "4"
                     BT: k.constexpr = 16, BC: k.constexpr = 64):
     # Sequence n's rows are x[n] (T new inputs) after the 3 inputs held in state[slots[n]]; a
     # slot < 0 starts from zeros and keeps nothing. Programs split tokens (tiles of BT) and
-    # channels. Only the first token tile reads the state, and with UPDATE that same program
-    # rewrites it (no other program reads it) - unless BT < 4: then a later tile would need the
-    # state too, so one program walks all tiles of its channel block in order (SEQ).
+    # channels. A tile starting before row 3 reads the state (the first tile only, unless BT < 3);
+    # with UPDATE the first tile's program rewrites it, so when BT < 4 a later tile could read it
+    # after the rewrite: then one program walks all tiles of its channel block in order (SEQ).
     SEQ = UPDATE and BT < 4
     n_tiles = 1 if SEQ else k.cdiv(x.shape[1], BT)
     for n, tb, cb in k.grid(x.shape[0], n_tiles, k.cdiv(x.shape[2], BC)):
         c0 = cb * BC
         slot = slots[n]
         first = tb == 0
-        s0, s1, s2 = conv_state_rows(state, slot, c0, BC, first)
+        s0, s1, s2 = conv_state_rows(state, slot, c0, BC, tb * BT < 3)
         if SEQ:
             for tt in range(k.cdiv(x.shape[1], BT)):
                 conv_tile(x, w, y, n, tt * BT, c0, s0, s1, s2, BT, BC, YT)

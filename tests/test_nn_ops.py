@@ -121,18 +121,23 @@ def test_short_conv_chunks_equal_whole(target, rng):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_short_conv_every_tile_height(target, rng):
-    """BT < 4 walks the tiles in one program (later tiles need the state being rewritten),
-    BT >= 4 splits them over programs; both match the oracle, state included."""
+    """Every tile height, with and without the state update, and every config the GPU tuner may
+    pick: with UPDATE, BT < 4 walks the tiles in one program (later tiles need the state being
+    rewritten), BT >= 4 splits them over programs; without it every tile starting before row 3
+    reads the state (BT 1 and 2 once got zeros there on an H200 where the tuner took BT 1:
+    results/gpu_check_h200_dec3.md). All match the oracle, state included."""
     g = _gen(rng)
     x, w = torch.randn(2, 7, 20, generator=g), torch.randn(20, 4, generator=g)
     pool = torch.randn(3, 3, 20, generator=g)
     slots = torch.tensor([2, -1], dtype=torch.int32)
-    want_y, want_s = ref.short_conv(to_f64(x), to_f64(w), to_f64(pool), slots.numpy())
     x, w, pool, slots = _on(device_for(target), x, w, pool, slots)
-    for bt in (2, 4):
-        st, y = pool.clone(), torch.full_like(x, float("nan"))
-        nn.short_conv_rows[target](x, w, st, slots, y, BT=bt, BC=16)
-        assert _rel(y, want_y) < 1e-5 and _rel(st, want_s) < 1e-6, bt
+    configs = [{"BT": bt, "BC": 16} for bt in (1, 2, 4)] + nn.CONV_CONFIGS
+    for update in (True, False):
+        want_y, want_s = ref.short_conv(to_f64(x), to_f64(w), to_f64(pool), slots.cpu().numpy(), update)
+        for cfg in configs:
+            st, y = pool.clone(), torch.full_like(x, float("nan"))
+            nn.short_conv_rows[target](x, w, st, slots, y, UPDATE=update, **cfg)
+            assert _rel(y, want_y) < 1e-5 and _rel(st, want_s) < 1e-6, (update, cfg)
 
 
 @pytest.mark.parametrize("target", TARGETS)
