@@ -39,7 +39,12 @@ examples:
   k31dsl check --target numpy                     all ops
   k31dsl check rmsnorm swiglu --target triton     some ops (Triton interpreter without a GPU)
   k31dsl check --target numpy --seed 7 --json     machine-readable results
-  k31dsl check --target numpy --extra my_ops.py   also check ops registered by my_ops.py"""
+  k31dsl check --target numpy --extra my_ops.py   also check ops registered by my_ops.py
+  k31dsl check --target numpy --config 4          every kernel in its config number 4
+
+A kernel with several configs runs its first one off the GPU, while a GPU's tuner may pick any:
+--config N (or K31_CONFIG=N) runs config N mod the number each call leaves open, everywhere and
+without tuning, so a tile size that is wrong only in some config shows up on the CPU."""
 
 
 SELFTEST_HELP = """\
@@ -58,6 +63,13 @@ def _add_extra(p) -> None:
                    help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
 
 
+def _config_number(text: str) -> int:
+    import argparse
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a config number (an int >= 0), got {text!r}")
+    return int(text)
+
+
 def add_parser(sub, fmt) -> None:
     """The `ops`, `check` and `selftest` subcommands, in that order (the order `k31dsl --help` lists)."""
     p = sub.add_parser("ops", help="list the op library", description=OPS_HELP, formatter_class=fmt)
@@ -71,6 +83,8 @@ def add_parser(sub, fmt) -> None:
     p.add_argument("--target", "-t", required=True, choices=TARGETS)
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON results instead of a table")
+    p.add_argument("--config", type=_config_number, metavar="N",
+                   help="run each kernel in its config number N (mod its count) instead of the first or the tuned")
     _add_extra(p)
     p.set_defaults(func=cmd_check)
 
@@ -199,6 +213,8 @@ def _results_table(title: str, rows: list[dict]):
 
 def cmd_check(args) -> int:
     require_target(args.target)
+    if args.config is not None:
+        os.environ["K31_CONFIG"] = str(args.config)     # before any kernel runs (targets/common.py)
     ops = _all_ops(args.extra)
     names = args.ops or sorted(ops)
     unknown = [n for n in names if n not in ops]

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import error, naming_the_call
+from k31dsl.dsl.errors import K31Error, error, naming_the_call
 from k31dsl.dsl.ir import Kernel, TensorType
 from k31dsl.dsl.signature import EMPTY
 
@@ -184,6 +184,20 @@ def bind_dtypes(kdef, args, by_keyword: dict, passed: dict, allow_numpy: bool) -
     return out
 
 
+def forced_config() -> int | None:
+    """K31_CONFIG=N (an int >= 0): every kernel with configs runs its config number N (mod the
+    number the call leaves open) instead of the first, or on a GPU instead of tuning; unset: None.
+    Read when a kernel meets a call signature for the first time (later calls of that signature
+    take the launcher it chose), so set it before the process runs kernels."""
+    import os
+    raw = os.environ.get("K31_CONFIG", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise K31Error(f"K31_CONFIG={raw!r}: expected a config number (an int >= 0)")
+    return int(raw)
+
+
 class CompiledKernel:
     """A kernel bound to a target. Call it with the kernel's parameters (torch tensors, numbers);
     constexprs may be passed by keyword and select a specialisation. Dtype constexprs that are not
@@ -215,12 +229,37 @@ class CompiledKernel:
             cx = bind_dtypes(self.kdef, args, rest, cx, self.allow_numpy)
         return cx, rest
 
+    def _candidates(self, passed: dict) -> list[dict]:
+        """The configs a call leaves open: those agreeing with every constexpr and launch key the
+        call fixed (passed, or a dtype bound from a tensor), each once."""
+        out, seen = [], set()
+        for cfg in self.kdef.configs:
+            if all(passed.get(k, v) == v for k, v in cfg.items()):
+                merged = tuple(sorted({**passed, **cfg}.items(), key=lambda kv: kv[0]))
+                if merged not in seen:             # configs the call makes identical count once
+                    seen.add(merged)
+                    out.append(cfg)
+        return out
+
+    def _forced(self, cx: dict, launch_keys=()) -> dict:
+        """cx with the config K31_CONFIG=N names (number N mod the configs the call leaves open)
+        merged in; cx as it is without the switch or without configs. Off the GPU a call takes
+        the first config and on it the tuner's pick: the switch runs the others anywhere, so a
+        check on the CPU meets what a GPU tuner may choose (`k31dsl check --config N`)."""
+        n = forced_config()
+        open_ = self._candidates(cx) if n is not None else []
+        if not open_:
+            return cx
+        keep = set(self.kdef.signature().constexprs) | set(launch_keys)
+        return {**cx, **{k: v for k, v in open_[n % len(open_)].items() if k in keep}}
+
     def __call__(self, *args, **kwargs):
         key = call_signature(args, kwargs)
         launch = self._fast.get(key) if key is not None else None
         if launch is not None:
             return launch(*args)
         cx, rest = self._split(args, kwargs)
+        cx = self._forced(cx)
         if rest:                                    # parameters by keyword: always the checked path
             return self._call_checked(args, rest, cx)
         launch = self._checked_launcher(args, cx)

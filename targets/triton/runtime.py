@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from k31dsl.dsl.errors import K31Error, error, naming_the_call
 from k31dsl.dsl.ir import Kernel
-from k31dsl.targets.common import CompiledKernel, call_signature, check_args
+from k31dsl.targets.common import CompiledKernel, call_signature, check_args, forced_config
 from k31dsl.targets.loader import load_module
 from k31dsl.targets.triton.emit import LAUNCH_KEYS, detect_mode, emit
 
@@ -86,7 +86,9 @@ class TritonKernel(CompiledKernel):
         if fast is not None:
             return fast(*args)
         cx, rest = self._split(args, kwargs)          # passed + dtype constexprs bound from tensors
-        if self.mode == "gpu" and self._tunable(cx):
+        if forced_config() is not None:               # K31_CONFIG: that config, no tuning
+            cx = self._forced(cx, LAUNCH_KEYS)
+        elif self.mode == "gpu" and self._tunable(cx):
             skey = (self._shape_key(args, kwargs), tuple(sorted(cx.items())))
             if skey not in self._tuned:
                 if not rest:                          # wrong calls fail as they would untuned
@@ -101,19 +103,6 @@ class TritonKernel(CompiledKernel):
         if key is not None:
             self._fast[key] = launch.raw
         return launch.raw(*args)
-
-    def _candidates(self, passed: dict) -> list[dict]:
-        """The configs a call leaves open: those agreeing with every constexpr and launch key the
-        call fixed (passed, or a dtype bound from a tensor). A kernel whose tile size is fixed by
-        its caller (chunk_kda's BT) still has the rest of each matching config tuned."""
-        out, seen = [], set()
-        for cfg in self.kdef.configs:
-            if all(passed.get(k, v) == v for k, v in cfg.items()):
-                merged = tuple(sorted({**passed, **cfg}.items(), key=lambda kv: kv[0]))
-                if merged not in seen:             # configs the call makes identical are timed once
-                    seen.add(merged)
-                    out.append(cfg)
-        return out
 
     def _tunable(self, passed: dict) -> bool:
         """Autotune when at least two configs agree with what the call fixed."""

@@ -1,0 +1,61 @@
+"""Every config of every library kernel against the oracles, on the CPU. Off the GPU a call runs a
+kernel's first config; on a GPU the tuner may pick any, so a tile size that is wrong in one
+config only showed up there (short_conv at BT 1 without the state update: 0.51 off on an H200,
+results/gpu_check_h200_dec3.md). `k31dsl check --config N` runs config N mod each call's count
+everywhere; here on numpy (a few seconds per run), one process per N, for the ops whose kernels
+have more than N configs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from k31dsl import K31Error
+from k31dsl.ops.registry import all_ops
+from k31dsl.targets.common import forced_config
+
+
+def config_counts() -> dict[str, int]:
+    return {name: max([len(kd.configs) for kd in spec.kernels] or [0]) for name, spec in all_ops().items()}
+
+
+MOST = max(config_counts().values())
+
+
+@pytest.mark.parametrize("n", range(1, MOST))
+def test_config_n_of_every_kernel_matches_the_oracle(n):
+    ops = sorted(name for name, count in config_counts().items() if count > n)
+    r = subprocess.run([sys.executable, "-m", "k31dsl", "check", *ops, "--target", "numpy", "--config", str(n),
+                        "--seed", str(n), "--json"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "K31_CONFIG": ""})
+    assert r.stdout, r.stderr[-2000:]
+    failed = [row for row in json.loads(r.stdout)["results"] if not row["passed"]]
+    assert r.returncode == 0 and not failed, failed
+
+
+def test_the_switch_reads_numbers_only(monkeypatch):
+    monkeypatch.delenv("K31_CONFIG", raising=False)
+    assert forced_config() is None
+    monkeypatch.setenv("K31_CONFIG", "3")
+    assert forced_config() == 3
+    monkeypatch.setenv("K31_CONFIG", "-1")
+    with pytest.raises(K31Error, match="K31_CONFIG"):
+        forced_config()
+
+
+def test_a_forced_config_reaches_the_kernel(monkeypatch):
+    """short_conv_rows with K31_CONFIG=4 runs its fifth config (BT 1): the order in which its
+    programs are launched is not visible, but the config a call takes is."""
+    import torch
+    from k31dsl.ops import nn
+    seen = []
+    kern = nn.short_conv_rows["numpy"]
+    real = type(kern)._checked_launcher
+    monkeypatch.setattr(type(kern), "_checked_launcher", lambda self, args, cx: seen.append(cx) or real(self, args, cx))
+    monkeypatch.setenv("K31_CONFIG", "4")
+    x = torch.randn(1, 3, 8)
+    nn.short_conv(x, torch.randn(8, 4), torch.zeros(1, 3, 8), torch.tensor([0], dtype=torch.int32), target="numpy")
+    assert seen and seen[-1]["BT"] == nn.CONV_CONFIGS[4]["BT"] and seen[-1]["BC"] == nn.CONV_CONFIGS[4]["BC"]
