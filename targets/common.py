@@ -231,7 +231,8 @@ class CompiledKernel:
 
     def _candidates(self, passed: dict) -> list[dict]:
         """The configs a call leaves open: those agreeing with every constexpr and launch key the
-        call fixed (passed, or a dtype bound from a tensor), each once."""
+        call fixed (passed, or a dtype bound from a tensor), each once. A kernel whose tile size is
+        fixed by its caller (chunk_kda's BT) still has the rest of each matching config open."""
         out, seen = [], set()
         for cfg in self.kdef.configs:
             if all(passed.get(k, v) == v for k, v in cfg.items()):

@@ -220,10 +220,10 @@ def add_dsa(g, l, x):
     ibm = min(32 if g.target == "ascendc" else 64, max(16, next_pow2(T)))
     decode_gpu = g.gpu and T <= 64
     blocks = g.shape.blocks if cp else prefill_query_blocks(g.shape)
-    # the indexer's queries and head weights serve the scores only: a step whose every query has
-    # at most index_topk keys in range attends to all of them (select_attend) and needs neither
-    scored = short_ranges() == "score" or any(width > cfg.index_topk
-                                              for width in ([w for _, _, w in blocks] or [g.shape.max_pages * PAGE]))
+    # the indexer's queries and head weights serve the scores only: a step whose every query
+    # block attends to all its keys (select_attend) needs neither
+    scored = not all(attends_every_key(cfg, width)
+                     for width in ([w for _, _, w in blocks] or [g.shape.max_pages * PAGE]))
     qc = qs = iw = None
     if scored:
         qc = g.tensor(f"l{l}_idx_q_codes", (T, HI, INDEX_DIM), k.f8e4m3)
@@ -285,6 +285,12 @@ def add_dsa(g, l, x):
     return g.linear(y, a + "o_proj", f"l{l}_attn_out")
 
 
+def attends_every_key(cfg, width: int) -> bool:
+    """Whether query rows over keys [0, width) skip the indexer: no range holds more than
+    index_topk keys, so the top-k would choose them all (unless K31_SHORT_RANGES=score)."""
+    return width <= cfg.index_topk and short_ranges() == "all"
+
+
 def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: str):
     """Indexer scores of the query rows over keys [0, width) of the sequence, exact top-k,
     physical slots, sparse MLA attention -> o bf16 [rows, H, 512] (`tag` names the temps of a
@@ -295,7 +301,7 @@ def select_attend(g, l, qc, qs, iw, keys, big_q, mla, ks, ke, width: int, tag: s
     T, HI = big_q.shape[0], cfg.index_heads
     n = T if g.shape.kind == "cp_prefill" else g.shape.q_len     # query rows per block-table row
     topk = cfg.index_topk
-    if width <= topk and short_ranges() == "all":   # no range holds more than topk keys: all are chosen
+    if attends_every_key(cfg, width):
         pos = g.tensor(f"l{l}{tag}_range_pos", (T, topk), k.i32)
         slots = g.tensor(f"l{l}{tag}_topk_slots", (T, topk), k.i32)
         pos, slots = p.call(slots_of_range_rows, ks, ke, g.block_table, pos, slots, n, width,

@@ -354,15 +354,20 @@ def sfa_split(t: int, h: int, topk: int, bh: int, bk: int = 32, sm_count: int = 
     return split
 
 
+@k.func
+def slots_in_pages(block_table, row, p, ok):
+    """Physical slots of logical positions p of block-table row `row` where ok, else -1."""
+    page = block_table[row, k.where(ok, p // 64, 0)]
+    return k.where(ok, page * 64 + p % 64, -1)
+
+
 @k.kernel
 def slots_of_positions_rows(pos: k.Tensor[k.i32, "T", "K"], block_table: k.Tensor[k.i32, "B", "MP"],
                             slots: k.Tensor[k.i32, "T", "K"], next_n: k.i32, BK: k.constexpr = 128):
     # Logical positions of query t (sequence t // next_n) -> physical slots; -1 stays -1.
     for t, j in k.grid(pos.shape[0], k.cdiv(pos.shape[1], BK)):
         p = pos[t, k.span(j * BK, BK, other=-1)]
-        ok = p >= 0
-        page = block_table[t // next_n, k.where(ok, p // 64, 0)]
-        slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
+        slots[t, k.span(j * BK, BK)] = slots_in_pages(block_table, t // next_n, p, p >= 0)
 
 
 @k.kernel
@@ -376,9 +381,8 @@ def slots_of_range_rows(ks: k.Tensor[k.i32, "T"], ke: k.Tensor[k.i32, "T"], bloc
         hi = k.minimum(ke[t], width)
         p = k.maximum(ks[t], 0) + j * BK + k.arange(0, BK)
         ok = p < hi
-        page = block_table[t // next_n, k.where(ok, p // 64, 0)]
         pos[t, k.span(j * BK, BK)] = k.where(ok, p, -1)
-        slots[t, k.span(j * BK, BK)] = k.where(ok, page * 64 + p % 64, -1)
+        slots[t, k.span(j * BK, BK)] = slots_in_pages(block_table, t // next_n, p, ok)
 
 
 def sfa_form(t: int, h: int, topk: int, on_gpu: bool) -> str:

@@ -407,7 +407,7 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
     same lists, hence the same o and lse). The call knows it without a sync when max_len <= topk,
     and from the sync it makes anyway when max_len is None. always_score=True scores regardless
     (default: K31_SHORT_RANGES=score, attention.short_ranges)."""
-    from k31dsl.ops.dsa.indexer import lightning_indexer
+    from k31dsl.ops.dsa.indexer import check_max_len, lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
     op = "li_sfa_unfused"
@@ -418,8 +418,7 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
     synced = max_len is None
     if synced:
         max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 <= max_len <= block_table.shape[1] * A.PAGE:
-        raise K31Error(f"{op}: max_len={max_len!r} must be an int in [0, max_pages * {A.PAGE}]")
+    check_max_len(op, max_len, block_table)
     if always_score is None:
         always_score = A.short_ranges() == "score"
     if not always_score and (max_len <= topk or synced and longest_range(ks32, ke32, max_len) <= topk):

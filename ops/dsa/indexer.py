@@ -357,6 +357,12 @@ def _check_cache(op: str, cache):
                        hint="use fewer pages per cache tensor")
 
 
+def check_max_len(op: str, max_len, block_table) -> None:
+    """max_len, the scored key width, is an int in [0, max_pages * 64]."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 0 <= max_len <= block_table.shape[1] * PAGE:
+        raise K31Error(f"{op}: max_len={max_len!r} must be an int in [0, max_pages * {PAGE}]")
+
+
 def indexer_cache_views(cache):
     """(codes float8_e4m3fn [P, 64, 128], scales float8_e8m0fnu [P, 64, 4]): strided views of the
     block-split pages (no copy)."""
@@ -529,8 +535,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     mma = resolve_mma(op, mma, target, q_codes.device)
     if max_len is None:
         max_len = block_table.shape[1] * PAGE
-    if not isinstance(max_len, int) or max_len < 0 or max_len > block_table.shape[1] * PAGE:
-        raise K31Error(f"{op}: max_len={max_len!r} must be an int in [0, max_pages * {PAGE}]")
+    check_max_len(op, max_len, block_table)
     scores = torch.empty((t, max_len), dtype=torch.float32, device=q_codes.device)
     if t == 0 or max_len == 0:
         return scores
