@@ -4,7 +4,7 @@ passes). One process per op, several at once (compilation is CPU-bound; each pro
 own cache folders), then results/gpu_check.json and .md: per op its cases, failures, worst
 error / tolerance and wall time; the failed cases in full.
 
-    python benchmarks/gpu_check.py [--jobs 14] [--timeout 420] [--seed 0] [OP ...]
+    python benchmarks/gpu_check.py [--jobs 14] [--timeout 420] [--seed 0] [--config N] [OP ...]
     python benchmarks/gpu_check.py --collect DIR      # tabulate DIR/<op>.json from an earlier run
 """
 from __future__ import annotations
@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
 
 
-def run_one(op: str, out: Path, seed: int, timeout: int) -> float:
-    """`k31dsl check op --json` in its own process -> out/<op>.json (stderr beside it); wall s."""
+def run_one(op: str, out: Path, seed: int, timeout: int, config: int | None) -> float:
+    """`k31dsl check op --json` in its own process -> out/<op>.json (stderr beside it); wall s.
+    config: every kernel runs its config N instead of the tuner's pick (`k31dsl check --config`)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"k31check_{op}_"))
     env = dict(os.environ, TRITON_INTERPRET="0", K31_CACHE_DIR=str(scratch / "k31"),
                TRITON_CACHE_DIR=str(scratch / "triton"))
@@ -32,7 +33,7 @@ def run_one(op: str, out: Path, seed: int, timeout: int) -> float:
     with open(out / f"{op}.json", "w") as fo, open(out / f"{op}.err", "w") as fe:
         try:
             subprocess.run([sys.executable, "-m", "k31dsl.cli", "check", op, "--target", "triton", "--json",
-                            "--seed", str(seed)], stdout=fo, stderr=fe, env=env, timeout=timeout)
+                            "--seed", str(seed)] + ([] if config is None else ["--config", str(config)]), stdout=fo, stderr=fe, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
             fe.write(f"\ntimed out after {timeout} s\n")
     return time.time() - t0
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--timeout", type=int, default=420, help="seconds per op (linear alone took 225 s on an H200)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", type=int, help="force config N of every kernel (no tuning): finds bugs "
+                    "that only one config has")
     ap.add_argument("--collect", type=Path, help="only tabulate the <op>.json files of an earlier run")
     ap.add_argument("--tag", default="gpu_check", help="results file name")
     args = ap.parse_args(argv)
@@ -73,14 +76,16 @@ def main(argv=None) -> int:
     if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="k31check_"))
         with ThreadPoolExecutor(args.jobs) as pool:
-            for op, s in zip(ops, pool.map(lambda o: run_one(o, folder, args.seed, args.timeout), ops)):
+            for op, s in zip(ops, pool.map(lambda o: run_one(o, folder, args.seed, args.timeout, args.config), ops)):
                 seconds[op] = round(s, 1)
-                print(f"{op}: {seconds[op]} s", flush=True)
+                (row,), _ = collect(folder, [op], seconds)   # a cut-off run still logs its verdicts
+                print(f"{op}: {row['cases']} cases, {row['failed']} failed, {seconds[op]} s", flush=True)
     rows, failed = collect(folder, ops, seconds)
     columns = ["op", "cases", "failed", "worst err / tol", "s", "note"]
     harness.print_table(columns, rows)
     env = harness.environment() if args.collect is None else {}
-    notes = (f"`k31dsl check OP --target triton --seed {args.seed}` per op on the GPU (Triton's compiler); "
+    forced = "" if args.config is None else f" --config {args.config}"
+    notes = (f"`k31dsl check OP --target triton --seed {args.seed}{forced}` per op on the GPU (Triton's compiler); "
              f"{sum(r['cases'] for r in rows)} cases, {len(failed)} failed")
     harness.write(args.tag, {"env": env, "rows": rows, "failed": failed}, columns, rows, notes=notes,
                   extra=[("Failed cases", ["op", "case", "max_err", "tol"], failed)])
