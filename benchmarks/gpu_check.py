@@ -4,7 +4,7 @@ passes). One process per op, several at once (compilation is CPU-bound; each pro
 own cache folders), then results/gpu_check.json and .md: per op its cases, failures, worst
 error / tolerance and wall time; the failed cases in full.
 
-    python benchmarks/gpu_check.py [--jobs 14] [--timeout 420] [--seed 0] [--config N] [OP ...]
+    python benchmarks/gpu_check.py [--jobs 14] [--timeout 420] [--seed 0] [--config N|A-B] [OP ...]
     python benchmarks/gpu_check.py --collect DIR      # tabulate DIR/<op>.json from an earlier run
 """
 from __future__ import annotations
@@ -23,20 +23,42 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
 
 
-def run_one(op: str, out: Path, seed: int, timeout: int, config: int | None) -> float:
-    """`k31dsl check op --json` in its own process -> out/<op>.json (stderr beside it); wall s.
-    config: every kernel runs its config N instead of the tuner's pick (`k31dsl check --config`)."""
+def run_one(job: str, out: Path, seed: int, timeout: int) -> float:
+    """`k31dsl check OP --json` in its own process -> out/<job>.json (stderr beside it); wall s.
+    A job is an op name, or OP@N: every kernel in its config N instead of the tuner's pick
+    (`k31dsl check --config N`), with seed + N."""
+    op, _, config = job.partition("@")
     scratch = Path(tempfile.mkdtemp(prefix=f"k31check_{op}_"))
     env = dict(os.environ, TRITON_INTERPRET="0", K31_CACHE_DIR=str(scratch / "k31"),
                TRITON_CACHE_DIR=str(scratch / "triton"))
+    forced = ["--config", config, "--seed", str(seed + int(config))] if config else ["--seed", str(seed)]
     t0 = time.time()
-    with open(out / f"{op}.json", "w") as fo, open(out / f"{op}.err", "w") as fe:
+    with open(out / f"{job}.json", "w") as fo, open(out / f"{job}.err", "w") as fe:
         try:
             subprocess.run([sys.executable, "-m", "k31dsl.cli", "check", op, "--target", "triton", "--json",
-                            "--seed", str(seed)] + ([] if config is None else ["--config", str(config)]), stdout=fo, stderr=fe, env=env, timeout=timeout)
+                            *forced], stdout=fo, stderr=fe, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
             fe.write(f"\ntimed out after {timeout} s\n")
     return time.time() - t0
+
+
+def config_range(text: str) -> range:
+    """--config N or A-B (inclusive)."""
+    first, _, last = text.partition("-")
+    if not first.isdigit() or (last and not last.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected N or A-B (config numbers), got {text!r}")
+    return range(int(first), int(last or first) + 1)
+
+
+def jobs_for(ops: list[str], configs: range | None) -> list[str]:
+    """The op names, or OP@N for each forced config N that the op's kernels have (an op with at
+    most N configs would only repeat config N mod its count, unless N is the range's only one)."""
+    if configs is None:
+        return ops
+    from k31dsl.ops.registry import all_ops
+    specs = all_ops()
+    count = {op: max([len(kd.configs) for kd in specs[op].kernels] or [0]) for op in ops}
+    return [f"{op}@{n}" for n in configs for op in ops if len(configs) == 1 or count[op] > n]
 
 
 def collect(folder: Path, ops: list[str], seconds: dict) -> tuple[list[dict], list[dict]]:
@@ -64,19 +86,20 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--timeout", type=int, default=420, help="seconds per op (linear alone took 225 s on an H200)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--config", type=int, help="force config N of every kernel (no tuning): finds bugs "
-                    "that only one config has")
+    ap.add_argument("--config", type=config_range, metavar="N|A-B",
+                    help="force config N of every kernel (no tuning; seed + N): finds bugs that only one "
+                    "config has. A range A-B runs each N on the ops whose kernels have more than N configs")
     ap.add_argument("--collect", type=Path, help="only tabulate the <op>.json files of an earlier run")
     ap.add_argument("--tag", default="gpu_check", help="results file name")
     args = ap.parse_args(argv)
     from k31dsl.ops.registry import all_ops
-    ops = args.ops or sorted(all_ops())
+    ops = jobs_for(args.ops or sorted(all_ops()), args.config)
     seconds: dict = {}
     folder = args.collect
     if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="k31check_"))
         with ThreadPoolExecutor(args.jobs) as pool:
-            for op, s in zip(ops, pool.map(lambda o: run_one(o, folder, args.seed, args.timeout, args.config), ops)):
+            for op, s in zip(ops, pool.map(lambda o: run_one(o, folder, args.seed, args.timeout), ops)):
                 seconds[op] = round(s, 1)
                 (row,), _ = collect(folder, [op], seconds)   # a cut-off run still logs its verdicts
                 print(f"{op}: {row['cases']} cases, {row['failed']} failed, {seconds[op]} s", flush=True)
@@ -84,8 +107,10 @@ def main(argv=None) -> int:
     columns = ["op", "cases", "failed", "worst err / tol", "s", "note"]
     harness.print_table(columns, rows)
     env = harness.environment() if args.collect is None else {}
-    forced = "" if args.config is None else f" --config {args.config}"
-    notes = (f"`k31dsl check OP --target triton --seed {args.seed}{forced}` per op on the GPU (Triton's compiler); "
+    how = (f"`k31dsl check OP --target triton --seed {args.seed}`" if args.config is None else
+           f"`k31dsl check OP --target triton --config N --seed {args.seed}+N` (OP@N), N in "
+           f"{args.config.start}..{args.config.stop - 1}")
+    notes = (f"{how} per op on the GPU (Triton's compiler); "
              f"{sum(r['cases'] for r in rows)} cases, {len(failed)} failed")
     harness.write(args.tag, {"env": env, "rows": rows, "failed": failed}, columns, rows, notes=notes,
                   extra=[("Failed cases", ["op", "case", "max_err", "tol"], failed)])
