@@ -88,9 +88,10 @@ def step_attention_inputs(b: int, length: int):
     cache, its three views, physical slots [B, 2048] from the step's own indexer scores -> top-k
     (set) -> block table). The indexer cache and the scores are dropped here."""
     from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa import slots as S
     from k31dsl.ops.dsa.topk import topk
     (_qc, _qs, _w, _icache, q, mcache, table, _ks, _ke), scores = step_scores(b, length)
-    slots = A.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
+    slots = S.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
     return q, mcache, A.cache_views(mcache), slots
 
 
@@ -121,6 +122,7 @@ def stage_times(args, topk, length, target):
     output: where the step's time goes."""
     import harness
     from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa import slots as S
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     q_codes, q_scales, w, idx_cache, mla_q, mla_cache, table, ks, ke = args
@@ -131,7 +133,7 @@ def stage_times(args, topk, length, target):
     scores = stages["indexer"]()
     stages["topk"] = lambda: topk_op(scores, topk, sorted=False, target=target)
     pos = stages["topk"]()
-    stages["slots"] = lambda: A.slots_of_positions(pos, table, t // table.shape[0], target=target)
+    stages["slots"] = lambda: S.slots_of_positions(pos, table, t // table.shape[0], target=target)
     slots = stages["slots"]()
     stages["sfa"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, target=target)   # its default
     stages["sfa one-pass"] = lambda: A.sparse_mla_attention(mla_q, mla_cache, slots, SM_SCALE, form="one_pass",

@@ -6,7 +6,7 @@ with a check that the outputs do not change. Switches:
                      targets/triton/emit.py, pdl_mode)
   K31_SHORT_RANGES   a step whose every query has at most topk keys in range: all (default: every
                      key attended, no indexer) | score (indexer and top-k anyway;
-                     ops/dsa/attention.py, short_ranges)
+                     ops/dsa/slots.py, short_ranges)
 By default the order is end, off, end (K31_PDL), so drift over the run shows up as a difference
 between the two runs of one setting; --base names the setting the others are compared to.
 The torch anchors of each case (eager and torch.compile; the DSA step's from benchmarks/dsa.py,

@@ -9,6 +9,7 @@ import torch
 from hopper import assert_compiles_for_hopper
 from k31dsl import K31Error
 from k31dsl.ops.dsa import attention as A
+from k31dsl.ops.dsa import slots as S
 from k31dsl.ops.testing import load_oracle, to_f64
 
 TARGETS = ["numpy", "triton"]
@@ -276,7 +277,7 @@ def test_slots_of_positions(target):
     B, n, mp, K = 3, 2, 5, 40
     bt = torch.randperm(20, generator=g)[:B * mp].int().view(B, mp)          # unordered, non-contiguous
     pos = torch.randint(-1, mp * A.PAGE, (B * n, K), generator=g, dtype=torch.int32)
-    got = A.slots_of_positions(pos, bt, n, target=target)
+    got = S.slots_of_positions(pos, bt, n, target=target)
     want = ref.slots_of_positions(pos.numpy(), bt.numpy(), np.arange(B * n) // n)
     np.testing.assert_array_equal(got.numpy(), want)
 
@@ -295,7 +296,7 @@ def test_slots_of_range_is_the_topk_of_short_ranges(target):
     ks = torch.clamp(ke - torch.randint(0, K + 1, (B * n,), generator=g, dtype=torch.int32), max=width)
     ks[0], ks[1], ke[2] = -7, ke[1], 0
     ke = torch.clamp(ke, max=ks.clamp(min=0) + K)                 # at most K keys in every range
-    pos, slots = A.slots_of_range(ks, ke, bt, n, K, width, target=target)
+    pos, slots = S.slots_of_range(ks, ke, bt, n, K, width, target=target)
     scores = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=g))).normal(size=(B * n, width))
     cols = np.arange(width)
     scores[(cols < ks.numpy()[:, None]) | (cols >= ke.numpy()[:, None])] = -np.inf
@@ -336,7 +337,7 @@ def test_slots_of_range_is_the_topk_of_short_ranges(target):
     (lambda: A.sparse_mla_attention(torch.randn(2, 4, 576).bfloat16(), A.new_mla_cache(1),
                                     torch.zeros(2, 8, dtype=torch.int32), 0.1, form="two_pass", PREFETCH=True),
      "two-pass form takes no config key PREFETCH"),
-    (lambda: A.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
+    (lambda: S.slots_of_positions(torch.zeros(5, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), 2),
      "next_n"),
     (lambda: A.sparse_mla_attention(torch.zeros(1, 1, 576).bfloat16().expand(65536, 1, 576), A.new_mla_cache(1),
                                     torch.zeros(65536, 1, dtype=torch.int32), 0.1, form="two_pass"),
@@ -355,8 +356,8 @@ def test_sm_scale_has_no_default():
 
 def test_compiles_for_hopper(tmp_path):
     """Default constexprs are the real decode sizes: 64-head blocks of 576/512, 32 indices a step."""
-    assert_compiles_for_hopper(A.__file__, ["mla_cache_write_rows", "sparse_mla_attention_fwd",
-                                            "slots_of_positions_rows", "slots_of_range_rows"], tmp_path)
+    assert_compiles_for_hopper(A.__file__, ["mla_cache_write_rows", "sparse_mla_attention_fwd"], tmp_path)
+    assert_compiles_for_hopper(S.__file__, ["slots_of_positions_rows", "slots_of_range_rows"], tmp_path)
     from k31dsl.ops.dsa import sfa_two_pass
     assert_compiles_for_hopper(sfa_two_pass.__file__, ["sfa_scores", "sfa_values"], tmp_path)
     from k31dsl.ops.dsa import sfa_keys_major

@@ -50,13 +50,14 @@ def dsa_step(reps: int = 4, b: int = 64, length: int = 32768):
     tuned config of DSA runs 10-14): no tuner under the profiler."""
     from dsa import SM_SCALE, make_step
     from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa import slots as S
     from k31dsl.ops.dsa.indexer import lightning_indexer
     from k31dsl.ops.dsa.topk import topk
     (qc, qs, w, icache, mq, mcache, table, ks, ke), _ = make_step(b, length, 2048, 64, 128, "cuda", anchors=False)
     for _ in range(reps):
         scores = lightning_indexer(qc, qs, icache, table, w, ks, ke, length, mma="bf16", target="triton")
         pos = topk(scores, 2048, sorted=False, target="triton")
-        slots = A.slots_of_positions(pos, table, 1, target="triton")
+        slots = S.slots_of_positions(pos, table, 1, target="triton")
         A.sparse_mla_attention(mq, mcache, slots, SM_SCALE, form="one_pass", target="triton", BH=64, BK=32,
                                num_warps=8)
 
@@ -66,10 +67,11 @@ def sfa_two_pass(reps: int = 4, b: int = 64, length: int = 32768):
     of the 13:30 UTC probe run), two score segments: no tuner under the profiler."""
     from dsa import SM_SCALE, step_scores
     from k31dsl.ops.dsa import attention as A
+    from k31dsl.ops.dsa import slots as S
     from k31dsl.ops.dsa import sfa_two_pass as TP
     from k31dsl.ops.dsa.topk import topk
     (*_, mq, mcache, table, _ks, _ke), scores = step_scores(b, length)
-    slots = A.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
+    slots = S.slots_of_positions(topk(scores, 2048, sorted=False, target="triton"), table, 1, target="triton")
     views = A.cache_views(mcache)
     t, h, k = mq.shape[0], mq.shape[1], slots.shape[1]
     s, pm, pl = TP.new_buffers(t, h, k, 2, "cuda")

@@ -29,8 +29,8 @@ import k31dsl as k
 from k31dsl.model.config import INDEX_DIM, KV_LORA, PAGE, ROPE_DIM
 from k31dsl.ops.common import next_pow2, rmsnorm_rows
 from k31dsl.ops.dsa.attention import combine_tiles, max_head_block, mla_cache_write_rows, sfa_form, sfa_split, \
-    short_ranges, slots_of_positions_rows, slots_of_range_rows, sparse_mla_attention_combine, \
-    sparse_mla_attention_fwd, sparse_mla_attention_split
+    sparse_mla_attention_combine, sparse_mla_attention_fwd, sparse_mla_attention_split
+from k31dsl.ops.dsa.slots import short_ranges, slots_of_positions_rows, slots_of_range_rows
 from k31dsl.ops.dsa.sfa_keys_major import sfa_keys_major
 from k31dsl.ops.dsa.sfa_two_pass import buffers as sfa_buffers, score_segments, segments_pow2, sfa_scores, sfa_values
 from k31dsl.ops.dsa.indexer import CODE_BYTES, PAGE_BYTES, graph_config, indexer_query, lightning_indexer_paged

@@ -36,6 +36,7 @@ import k31dsl as k
 from k31dsl.dsl.errors import K31Error
 from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
+from k31dsl.ops.dsa import slots as S
 from k31dsl.ops.dsa.attention import CacheCodes, CacheRope, CacheScales, empty_online_state, finish, load_query, online_block
 from k31dsl.ops.dsa.indexer import (indexer_page_scores, indexer_page_scores_bf16, indexer_query, indexer_query_bf16,
                                     resolve_mma)
@@ -312,7 +313,7 @@ def _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q,
     if not (isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= 4096):
         raise K31Error(f"{op}: topk={topk!r} must be an int in [1, 4096]")
     A._check_scale(op, sm_scale)
-    return t, b, A._int32(op, "ks", ks, 1), A._int32(op, "ke", ke, 1)
+    return t, b, A.as_int32(op, "ks", ks, 1), A.as_int32(op, "ke", ke, 1)
 
 
 def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
@@ -406,7 +407,7 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
     indexer and the top-k are skipped and one launch writes the ranges' positions and slots (the
     same lists, hence the same o and lse). The call knows it without a sync when max_len <= topk,
     and from the sync it makes anyway when max_len is None. always_score=True scores regardless
-    (default: K31_SHORT_RANGES=score, attention.short_ranges)."""
+    (default: K31_SHORT_RANGES=score, slots.short_ranges)."""
     from k31dsl.ops.dsa.indexer import check_max_len, lightning_indexer
     from k31dsl.ops.dsa.topk import topk as topk_op
     target = resolve_target(target)
@@ -420,14 +421,14 @@ def li_sfa_unfused(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla
         max_len = min(block_table.shape[1] * A.PAGE, max(1, int(ke32.max()) if t else 1))
     check_max_len(op, max_len, block_table)
     if always_score is None:
-        always_score = A.short_ranges() == "score"
+        always_score = S.short_ranges() == "score"
     if not always_score and (max_len <= topk or synced and longest_range(ks32, ke32, max_len) <= topk):
-        pos, slots = A.slots_of_range(ks32, ke32, block_table, t // b, topk, max_len, target=target)
+        pos, slots = S.slots_of_range(ks32, ke32, block_table, t // b, topk, max_len, target=target)
     else:
         scores = lightning_indexer(q_idx_codes, q_idx_scales, idx_cache, block_table, idx_weights, ks32, ke32,
                                    max_len, mma=mma, target=target)
         pos = topk_op(scores, topk, sorted=False, target=target)            # a set (position order) suffices
-        slots = A.slots_of_positions(pos, block_table, t // b, target=target)
+        slots = S.slots_of_positions(pos, block_table, t // b, target=target)
     gpu = target == "triton" and mla_q.is_cuda
     if sfa_form is None:
         sfa_form = A.sfa_form(t, mla_q.shape[1], topk, gpu)
