@@ -41,10 +41,13 @@ examples:
   k31dsl check --target numpy --seed 7 --json     machine-readable results
   k31dsl check --target numpy --extra my_ops.py   also check ops registered by my_ops.py
   k31dsl check --target numpy --config 4          every kernel in its config number 4
+  k31dsl check short_conv --target numpy --config all    each config number in turn (OP@N rows)
 
 A kernel with several configs runs its first one off the GPU, while a GPU's tuner may pick any:
 --config N (or K31_CONFIG=N) runs config N mod the number each call leaves open, everywhere and
-without tuning, so a tile size that is wrong only in some config shows up on the CPU."""
+without tuning, so a tile size that is wrong only in some config shows up on the CPU. --config all
+runs N = 0, 1, ... in one child process each (a kernel reads the switch once per call shape), on
+the ops whose kernels have more than N configs."""
 
 
 SELFTEST_HELP = """\
@@ -63,10 +66,12 @@ def _add_extra(p) -> None:
                    help=f"import a module (or .py file) registering more ops; also ${EXTRA_OPS_ENV}")
 
 
-def _config_number(text: str) -> int:
+def _config_number(text: str) -> int | str:
     import argparse
+    if text == "all":
+        return text
     if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a config number (an int >= 0), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a config number (an int >= 0) or 'all', got {text!r}")
     return int(text)
 
 
@@ -83,8 +88,9 @@ def add_parser(sub, fmt) -> None:
     p.add_argument("--target", "-t", required=True, choices=TARGETS)
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON results instead of a table")
-    p.add_argument("--config", type=_config_number, metavar="N",
-                   help="run each kernel in its config number N (mod its count) instead of the first or the tuned")
+    p.add_argument("--config", type=_config_number, metavar="N|all",
+                   help="run each kernel in its config number N (mod its count) instead of the first or the "
+                   "tuned; all: every number in turn")
     _add_extra(p)
     p.set_defaults(func=cmd_check)
 
@@ -211,9 +217,37 @@ def _results_table(title: str, rows: list[dict]):
     return table
 
 
+def _check_every_config(args, ops: dict, names: list[str], progress: bool) -> list[dict]:
+    """--config all: `check --config N --json` in a child process per N (a kernel reads the switch
+    once per call shape, so a number cannot change within a process), N = 0 .. the largest config
+    count - 1, each on the ops whose kernels have more than N configs (all of them at N = 0);
+    rows named OP@N."""
+    import subprocess
+    counts = {n: max([len(kd.configs) for kd in ops[n].kernels] + [1]) for n in names}
+
+    def one(n: int) -> list[dict]:
+        todo = [op for op in names if counts[op] > n]
+        cmd = [sys.executable, "-m", "k31dsl", "check", *todo, "--target", args.target, "--seed", str(args.seed),
+               "--config", str(n), "--json", *(f"--extra={e}" for e in args.extra)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "K31_CONFIG": ""})
+        try:
+            rows = json.loads(r.stdout)["results"]
+        except (ValueError, KeyError):
+            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            rows = [{"op": op, "case": "(check raised)", "max_err": float("nan"), "tol": float("nan"),
+                     "passed": False, "detail": f"config {n}: {tail}"} for op in todo]
+        return [{**row, "op": f"{row['op']}@{n}"} for row in rows]
+
+    def summary(rows: list[dict]) -> str:
+        failed = sum(not r["passed"] for r in rows)
+        return f"{len(rows)} cases, " + (f"{failed} FAILED" if failed else "all passed")
+    return _with_progress(list(range(max(counts.values()))), lambda n: f"{args.target}: config {n}", one,
+                          progress, summary)
+
+
 def cmd_check(args) -> int:
     require_target(args.target)
-    if args.config is not None:
+    if isinstance(args.config, int):
         os.environ["K31_CONFIG"] = str(args.config)     # before any kernel runs (targets/common.py)
     ops = _all_ops(args.extra)
     names = args.ops or sorted(ops)
@@ -221,14 +255,17 @@ def cmd_check(args) -> int:
     if unknown:
         raise K31Error(f"unknown op{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                        f"the ops are: {', '.join(sorted(ops))}")
-    rows = _check_rows(ops, names, args.target, args.seed, sys.stderr.isatty() and not args.json)
+    progress = sys.stderr.isatty() and not args.json
+    rows = (_check_every_config(args, ops, names, progress) if args.config == "all"
+            else _check_rows(ops, names, args.target, args.seed, progress))
     failed = [r for r in rows if not r["passed"]]
     if args.json:
         print(json.dumps({"target": args.target, "seed": args.seed, "results": rows,
                           "passed": not failed}, indent=2))
         return 1 if failed else 0
     console = _console()
-    console.print(_results_table(f"k31dsl check --target {args.target} --seed {args.seed}", rows))
+    forced = "" if args.config is None else f" --config {args.config}"
+    console.print(_results_table(f"k31dsl check --target {args.target} --seed {args.seed}{forced}", rows))
     verdict = "[green]all passed[/]" if not failed else f"[bold red]{len(failed)} failed[/]"
     console.print(f"{len(names)} ops, {len(rows)} cases on {args.target}: {verdict}")
     return 1 if failed else 0

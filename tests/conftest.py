@@ -28,3 +28,12 @@ def rng(request):
     seed = draw_seed()
     request.node.user_properties.append(("seed", seed))
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """Extra ops registered by a test vanish afterwards (the library's ops are loaded first)."""
+    from k31dsl.ops import registry
+    registry.all_ops()
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    monkeypatch.delenv("K31_EXTRA_OPS", raising=False)

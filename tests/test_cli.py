@@ -271,14 +271,6 @@ register(OpSpec(name="{name}", module="extra", fn={name}, kernels=[{name}_kernel
 '''
 
 
-@pytest.fixture
-def scratch_registry(monkeypatch):
-    """Extra ops registered by a test vanish afterwards (the library's ops are loaded first)."""
-    registry.all_ops()
-    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
-    monkeypatch.delenv("K31_EXTRA_OPS", raising=False)
-
-
 def _extra(tmp_path, name, expr) -> Path:
     return _write(tmp_path, f"{name}_ops.py", EXTRA_OP.format(name=name, expr=expr))
 

@@ -59,3 +59,59 @@ def test_a_forced_config_reaches_the_kernel(monkeypatch):
     x = torch.randn(1, 3, 8)
     nn.short_conv(x, torch.randn(8, 4), torch.zeros(1, 3, 8), torch.tensor([0], dtype=torch.int32), target="numpy")
     assert seen and seen[-1]["BT"] == nn.CONV_CONFIGS[4]["BT"] and seen[-1]["BC"] == nn.CONV_CONFIGS[4]["BC"]
+
+
+TILED_OP = '''\
+import numpy as np
+import torch
+
+import k31dsl as k
+from k31dsl.ops.registry import CaseResult, OpSpec, register
+
+
+@k.kernel(configs=[{"BLOCK": 64}, {"BLOCK": 32}, {"BLOCK": 16}])
+def tiled_scale_kernel(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], a: k.f32, BLOCK: k.constexpr = 64):
+    # the slip under test: programs step by 32 whatever the tile, so BLOCK 16 leaves gaps
+    for i in k.grid(k.cdiv(x.shape[0], 32)):
+        y[k.span(i * 32, BLOCK)] = x[k.span(i * 32, BLOCK, other=0.0)] * a
+
+
+def tiled_scale(x, a, target="numpy"):
+    y = torch.zeros_like(x)
+    tiled_scale_kernel[target](x, y, a)
+    return y
+
+
+def check(target, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(70).astype(np.float32)
+    got = tiled_scale(torch.from_numpy(x), 1.5, target).numpy().astype(np.float64)
+    err = float(np.max(np.abs(got - x.astype(np.float64) * 1.5)))
+    return [CaseResult("x=[70] f32", err, 1e-6, err <= 1e-6)]
+
+
+register(OpSpec(name="tiled_scale", module="extra", fn=tiled_scale, kernels=[tiled_scale_kernel],
+                summary="y = a * x over tiles (test op)", check=check))
+'''
+
+
+def test_config_all_finds_the_one_wrong_config(tmp_path, scratch_registry, capsys):
+    """`check --config all` runs each config number in its own process: the op's first two
+    configs pass, its third (BLOCK 16, which leaves gaps) fails and names itself; the library op
+    beside it has fewer configs than 3 and runs only at the numbers it has."""
+    from k31dsl.cli import main
+    extra = tmp_path / "tiled_ops.py"
+    extra.write_text(TILED_OP)
+    code = main(["check", "tiled_scale", "swiglu", "--target", "numpy", "--extra", str(extra),
+                 "--config", "all", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    verdicts = {}
+    for row in report["results"]:
+        verdicts[row["op"]] = verdicts.get(row["op"], True) and row["passed"]
+    swiglu = max(len(kd.configs) for kd in all_ops()["swiglu"].kernels)
+    assert verdicts == {"tiled_scale@0": True, "tiled_scale@1": True, "tiled_scale@2": False,
+                        **{f"swiglu@{n}": True for n in range(max(swiglu, 1))}}
+    assert code == 1 and not report["passed"]
+    assert main(["check", "tiled_scale", "--target", "numpy", "--extra", str(extra), "--config", "1"]) == 0
+    assert main(["check", "tiled_scale", "--target", "numpy", "--config", "some"]) == 2
+    assert "or 'all'" in capsys.readouterr().err
