@@ -45,7 +45,9 @@ examples:
 
 A kernel with several configs runs its first one off the GPU, while a GPU's tuner may pick any:
 --config N (or K31_CONFIG=N) runs config N mod the number each call leaves open, everywhere and
-without tuning, so a tile size that is wrong only in some config shows up on the CPU. --config all
+without tuning, so a tile size that is wrong only in some config shows up on the CPU (a config the
+target cannot build, such as a tile beyond AscendC's Unified Buffer, gives way to the next one, as a
+GPU tuner skips configs that do not compile). --config all
 runs N = 0, 1, ... in one child process each (a kernel reads the switch once per call shape), on
 the ops whose kernels have more than N configs."""
 

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Callable
 
 from k31dsl.dsl import dtypes as D
-from k31dsl.dsl.errors import K31Error, error, naming_the_call
+from k31dsl.dsl.errors import CapacityError, K31Error, error, naming_the_call
 from k31dsl.dsl.ir import Kernel, TensorType
 from k31dsl.dsl.signature import EMPTY
 
@@ -242,17 +242,21 @@ class CompiledKernel:
                     out.append(cfg)
         return out
 
-    def _forced(self, cx: dict, launch_keys=()) -> dict:
-        """cx with the config K31_CONFIG=N names (number N mod the configs the call leaves open)
-        merged in; cx as it is without the switch or without configs. Off the GPU a call takes
-        the first config and on it the tuner's pick: the switch runs the others anywhere, so a
-        check on the CPU meets what a GPU tuner may choose (`k31dsl check --config N`)."""
+    def _forced(self, cx: dict, launch_keys=()) -> list[dict]:
+        """The configs to try for a call under K31_CONFIG=N, in order: cx with config number N (mod
+        the configs the call leaves open) merged in, then N + 1, ... round the list, for a target
+        that cannot build N (CapacityError: AscendC's Unified Buffer; a GPU tuner skips such configs
+        too, and on such a target the config can never run). [cx] without the switch or without
+        configs. Off the GPU a call takes the first config and on it the tuner's pick: the switch
+        runs the others anywhere, so a check on the CPU meets what a GPU tuner may choose
+        (`k31dsl check --config N`)."""
         n = forced_config()
         open_ = self._candidates(cx) if n is not None else []
         if not open_:
-            return cx
+            return [cx]
         keep = set(self.kdef.signature().constexprs) | set(launch_keys)
-        return {**cx, **{k: v for k, v in open_[n % len(open_)].items() if k in keep}}
+        turn = [open_[(n + i) % len(open_)] for i in range(len(open_))]
+        return [{**cx, **{k: v for k, v in cfg.items() if k in keep}} for cfg in turn]
 
     def __call__(self, *args, **kwargs):
         key = call_signature(args, kwargs)
@@ -260,10 +264,16 @@ class CompiledKernel:
         if launch is not None:
             return launch(*args)
         cx, rest = self._split(args, kwargs)
-        cx = self._forced(cx)
-        if rest:                                    # parameters by keyword: always the checked path
-            return self._call_checked(args, rest, cx)
-        launch = self._checked_launcher(args, cx)
+        tries = self._forced(cx)
+        for i, cx in enumerate(tries):
+            try:
+                if rest:                            # parameters by keyword: always the checked path
+                    return self._call_checked(args, rest, cx)
+                launch = self._checked_launcher(args, cx)
+                break
+            except CapacityError:
+                if i == len(tries) - 1:
+                    raise
         if key is not None:
             self._fast[key] = launch
         return launch(*args)

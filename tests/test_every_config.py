@@ -95,11 +95,12 @@ register(OpSpec(name="tiled_scale", module="extra", fn=tiled_scale, kernels=[til
 '''
 
 
-def test_config_all_finds_the_one_wrong_config(tmp_path, scratch_registry, capsys):
+def test_config_all_finds_the_one_wrong_config(tmp_path, scratch_registry, capsys, monkeypatch):
     """`check --config all` runs each config number in its own process: the op's first two
     configs pass, its third (BLOCK 16, which leaves gaps) fails and names itself; the library op
     beside it has fewer configs than 3 and runs only at the numbers it has."""
     from k31dsl.cli import main
+    monkeypatch.setenv("K31_CONFIG", "")      # `check --config 1` below sets it for its process: undone after
     extra = tmp_path / "tiled_ops.py"
     extra.write_text(TILED_OP)
     code = main(["check", "tiled_scale", "swiglu", "--target", "numpy", "--extra", str(extra),
@@ -115,3 +116,32 @@ def test_config_all_finds_the_one_wrong_config(tmp_path, scratch_registry, capsy
     assert main(["check", "tiled_scale", "--target", "numpy", "--extra", str(extra), "--config", "1"]) == 0
     assert main(["check", "tiled_scale", "--target", "numpy", "--config", "some"]) == 2
     assert "or 'all'" in capsys.readouterr().err
+
+
+def test_a_forced_config_the_target_cannot_build_gives_way_to_the_next(monkeypatch):
+    """AscendC cannot build a tile larger than its Unified Buffer (CapacityError): under
+    K31_CONFIG=N such a config gives way to N + 1 (as a GPU tuner skips configs that do not
+    compile), and the call still computes the right values; a kernel whose every config is too
+    large still raises."""
+    import numpy as np
+    import torch
+    import k31dsl as k
+    from k31dsl.dsl.errors import CapacityError
+
+    @k.kernel(configs=[{"BLOCK": 64}, {"BLOCK": 1 << 17}])
+    def scale_some(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 64):
+        for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+            y[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=0.0)] * 3.0
+
+    @k.kernel(configs=[{"BLOCK": 1 << 17}, {"BLOCK": 1 << 18}])
+    def scale_none(x: k.Tensor[k.f32, "N"], y: k.Tensor[k.f32, "N"], BLOCK: k.constexpr = 64):
+        for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+            y[k.span(i * BLOCK, BLOCK)] = x[k.span(i * BLOCK, BLOCK, other=0.0)] * 3.0
+
+    x = torch.randn(100)
+    y = torch.zeros(100)
+    monkeypatch.setenv("K31_CONFIG", "1")
+    scale_some["ascendc"](x, y)
+    np.testing.assert_allclose(y.numpy(), x.numpy() * 3.0, rtol=1e-6)
+    with pytest.raises(CapacityError, match="Unified|UB"):
+        scale_none["ascendc"](x, y)

@@ -87,7 +87,7 @@ class TritonKernel(CompiledKernel):
             return fast(*args)
         cx, rest = self._split(args, kwargs)          # passed + dtype constexprs bound from tensors
         if forced_config() is not None:               # K31_CONFIG: that config, no tuning
-            cx = self._forced(cx, LAUNCH_KEYS)
+            cx = self._forced(cx, LAUNCH_KEYS)[0]
         elif self.mode == "gpu" and self._tunable(cx):
             skey = (self._shape_key(args, kwargs), tuple(sorted(cx.items())))
             if skey not in self._tuned:
