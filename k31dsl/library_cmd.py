@@ -248,9 +248,21 @@ def _check_every_config(args, ops: dict, names: list[str], progress: bool) -> li
 
 
 def cmd_check(args) -> int:
+    if not isinstance(args.config, int):
+        return _check(args)
+    before = os.environ.get("K31_CONFIG")
+    os.environ["K31_CONFIG"] = str(args.config)         # before any kernel runs (targets/common.py)
+    try:
+        return _check(args)
+    finally:                                             # a caller of main() in-process keeps its own
+        if before is None:
+            del os.environ["K31_CONFIG"]
+        else:
+            os.environ["K31_CONFIG"] = before
+
+
+def _check(args) -> int:
     require_target(args.target)
-    if isinstance(args.config, int):
-        os.environ["K31_CONFIG"] = str(args.config)     # before any kernel runs (targets/common.py)
     ops = _all_ops(args.extra)
     names = args.ops or sorted(ops)
     unknown = [n for n in names if n not in ops]

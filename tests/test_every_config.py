@@ -100,7 +100,7 @@ def test_config_all_finds_the_one_wrong_config(tmp_path, scratch_registry, capsy
     configs pass, its third (BLOCK 16, which leaves gaps) fails and names itself; the library op
     beside it has fewer configs than 3 and runs only at the numbers it has."""
     from k31dsl.cli import main
-    monkeypatch.setenv("K31_CONFIG", "")      # `check --config 1` below sets it for its process: undone after
+    monkeypatch.delenv("K31_CONFIG", raising=False)
     extra = tmp_path / "tiled_ops.py"
     extra.write_text(TILED_OP)
     code = main(["check", "tiled_scale", "swiglu", "--target", "numpy", "--extra", str(extra),
@@ -114,6 +114,7 @@ def test_config_all_finds_the_one_wrong_config(tmp_path, scratch_registry, capsy
                         **{f"swiglu@{n}": True for n in range(max(swiglu, 1))}}
     assert code == 1 and not report["passed"]
     assert main(["check", "tiled_scale", "--target", "numpy", "--extra", str(extra), "--config", "1"]) == 0
+    assert "K31_CONFIG" not in os.environ                # the switch is the command's, not the caller's
     assert main(["check", "tiled_scale", "--target", "numpy", "--config", "some"]) == 2
     assert "or 'all'" in capsys.readouterr().err
 
