@@ -200,6 +200,9 @@ def test_short_ranges_skip_the_indexer(target, monkeypatch):
     (lambda a: F.li_sfa(*a, 16, 0.1, impl="fast"), "impl"),
     (lambda a: F.fused_li_sfa(*a, 16, 0.1, mma="int8"), "mma"),
     (lambda a: F.fused_li_sfa(*a, 16, 0.1, splits=3), "splits"),
+    (lambda a: F.li_sfa_unfused(*a[:7], a[7][:-1], a[8], 16, 0.1), "one limit per query token"),
+    (lambda a: F.li_sfa_unfused(*a[:8], a[8][:0], 16, 0.1), "one limit per query token"),
+    (lambda a: F.fused_li_sfa(*a[:8], a[8][:-1], 16, 0.1), "one limit per query token"),
 ])
 def test_bad_inputs_raise_k31error(call, needle):
     args = decode_step(torch.Generator().manual_seed(0), [70, 30, 5], 1)

@@ -6,5 +6,5 @@ from k31dsl.ops.dsa.indexer import (PAGE, PAGE_BYTES, indexer_cache_views, index
 from k31dsl.ops.dsa.prolog import hadamard_matrix, indexer_prolog  # noqa: F401
 from k31dsl.ops.dsa.topk import topk  # noqa: F401
 from k31dsl.ops.dsa.attention import mla_cache_write, new_mla_cache, sparse_mla_attention  # noqa: F401
-from k31dsl.ops.dsa.slots import slots_of_positions, slots_of_range  # noqa: F401
+from k31dsl.ops.dsa.slots import slots_of_positions  # noqa: F401
 from k31dsl.ops.dsa.fused import fused_li_sfa, li_sfa, li_sfa_unfused  # noqa: F401

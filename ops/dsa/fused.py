@@ -313,7 +313,11 @@ def _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q,
     if not (isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= 4096):
         raise K31Error(f"{op}: topk={topk!r} must be an int in [1, 4096]")
     A._check_scale(op, sm_scale)
-    return t, b, A.as_int32(op, "ks", ks, 1), A.as_int32(op, "ke", ke, 1)
+    ks32, ke32 = A.as_int32(op, "ks", ks, 1), A.as_int32(op, "ke", ke, 1)
+    if ks32.shape[0] != t or ke32.shape[0] != t:
+        raise K31Error(f"{op}: `ks` and `ke` need one limit per query token ({t}), got {ks32.shape[0]} and "
+                       f"{ke32.shape[0]}", hint="token t sees the key positions [ks[t], ke[t]) of its sequence")
+    return t, b, ks32, ke32
 
 
 def fused_li_sfa(q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q, mla_cache, block_table, ks, ke,
