@@ -404,6 +404,10 @@ def test_prolog_bad_inputs():
     bad[6] = args[6][:12]
     with pytest.raises(K31Error, match="power of two"):
         P.indexer_prolog(*bad, target="numpy")
+    bad = list(args)
+    bad[0] = args[0][None]                              # a batch dimension the op does not take
+    with pytest.raises(K31Error, match="`x` must be a matrix"):
+        P.indexer_prolog(*bad, target="numpy")
 
 
 # ---------------------------------------------------------------- sm_90

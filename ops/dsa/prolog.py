@@ -188,6 +188,9 @@ def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, c
     op = "indexer_prolog"
     for name, t in (("x", x), ("qr", qr), ("wq_b", wq_b), ("wk", wk), ("weights_proj", weights_proj)):
         require_tensor(op, name, t, FLOAT_INPUTS, 2)
+        if t.dim() != 2:
+            raise K31Error(f"{op}: `{name}` must be a matrix (2-D), got shape {list(t.shape)}",
+                           hint="activations are [tokens, features], weights [out, in]")
     for name, t in (("k_norm_w", k_norm_w), ("k_norm_b", k_norm_b), ("cos", cos), ("sin", sin)):
         require_tensor(op, name, t, (k.f32,))
     _check_cache(op, cache)
