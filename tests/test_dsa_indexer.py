@@ -408,6 +408,10 @@ def test_prolog_bad_inputs():
     bad[0] = args[0][None]                              # a batch dimension the op does not take
     with pytest.raises(K31Error, match="`x` must be a matrix"):
         P.indexer_prolog(*bad, target="numpy")
+    bad = list(args)
+    bad[9] = args[9][:0]                                # the slots point past a cache of no pages
+    with pytest.raises(K31Error, match="past the cache"):
+        P.indexer_prolog(*bad, target="numpy")
 
 
 # ---------------------------------------------------------------- sm_90

@@ -396,6 +396,15 @@ def _int_vector(op: str, name: str, t, n: int | None = None):
     return t.to(torch.int32).contiguous()
 
 
+def cache_slots(op: str, slot_mapping, t: int, cache):
+    """slot_mapping as int32 [t], each slot < 0 (skipped) or inside the cache's pages (a write past
+    them would land outside the tensor on a GPU)."""
+    slots = _int_vector(op, "slot_mapping", slot_mapping, t)
+    if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
+        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages of {PAGE})")
+    return slots
+
+
 def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str | None = None):
     """Write keys into the paged cache in place: token t's 128 codes and 4 scale bytes go to slot
     slot_mapping[t] (page slot // 64, offset slot % 64); slots < 0 (padding) are skipped.
@@ -411,9 +420,7 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
     t = k_codes.shape[0]
     if tuple(k_scales.shape) != (t, GROUPS):
         raise K31Error(f"{op}: `k_scales` must have shape [{t}, {GROUPS}], got {list(k_scales.shape)}")
-    slots = _int_vector(op, "slot_mapping", slot_mapping, t)
-    if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
-        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages of {PAGE})")
+    slots = cache_slots(op, slot_mapping, t, cache)
     if t:
         indexer_cache_write_rows[target](k_codes.contiguous(), k_scales.contiguous(), slots, cache.view(-1))
     return cache
