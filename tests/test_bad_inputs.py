@@ -1,5 +1,5 @@
 """Bad input to any public op of the library is a K31Error and changes nothing. Per op: the first
-call its own check makes (numpy target, fresh seed) is recorded, then repeated with one argument
+call its own check makes (numpy target, and Triton's on a GPU machine; fresh seed) is recorded, then repeated with one argument
 broken at a time — None, a list, float64, int64, an extra leading dimension, one row less, no rows,
 a non-contiguous view, one column less. Each call must either work (several of these are valid
 inputs: fewer tokens, an optional argument left out) or raise K31Error, which must leave every
@@ -18,6 +18,9 @@ from k31dsl import K31Error
 from k31dsl.ops.registry import all_ops
 
 OPS = all_ops()
+# numpy everywhere; Triton's compiler too on a GPU machine (there a tensor on the CPU is one more
+# bad input). The interpreter would add minutes on CI's cores for what numpy already covers.
+TARGETS = ["numpy"] + (["triton"] if torch.cuda.is_available() else [])
 
 
 def broken(t) -> list[tuple[str, object]]:
@@ -26,6 +29,8 @@ def broken(t) -> list[tuple[str, object]]:
     as_i64 = t.view(torch.uint8).long() if t.is_floating_point() and t.element_size() == 1 else t.long()
     out = [("None", None), ("a list", [1, 2]), ("float64", t.double()), ("int64", as_i64),
            ("an extra leading dim", t.unsqueeze(0))]
+    if t.is_cuda:
+        out.append(("a CPU tensor", t.cpu()))
     if t.dim() >= 1:
         out += [("one row less", t[:-1]), ("no rows", t[:0])]
     if t.dim() >= 2:
@@ -33,8 +38,8 @@ def broken(t) -> list[tuple[str, object]]:
     return out
 
 
-def first_call(spec, seed: int, monkeypatch):
-    """(args, kwargs) of the first call spec.check('numpy', seed) makes to spec.fn, wherever the
+def first_call(spec, target: str, seed: int, monkeypatch):
+    """(args, kwargs) of the first call spec.check(target, seed) makes to spec.fn, wherever the
     check's module reaches it from."""
     seen = []
 
@@ -46,7 +51,7 @@ def first_call(spec, seed: int, monkeypatch):
         for attr, value in list(vars(mod).items()):
             if value is spec.fn:
                 monkeypatch.setattr(mod, attr, recorder)
-    spec.check("numpy", seed)
+    spec.check(target, seed)
     monkeypatch.undo()
     assert seen, f"{spec.name}: its check never called {spec.fn.__name__}"
     return seen[0]
@@ -56,11 +61,12 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8).clone()
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", sorted(OPS))
-def test_bad_arguments_raise_k31error_and_change_nothing(name, rng, monkeypatch):
+def test_bad_arguments_raise_k31error_and_change_nothing(name, target, rng, monkeypatch):
     spec = OPS[name]
-    args, kwargs = first_call(spec, int(rng.integers(2 ** 31)), monkeypatch)
-    kwargs = {**kwargs, "target": "numpy"}
+    args, kwargs = first_call(spec, target, int(rng.integers(2 ** 31)), monkeypatch)
+    kwargs = {**kwargs, "target": target}
     places = [(i, None) for i in range(len(args))] + [(None, key) for key in kwargs if key != "target"]
     crashes, changed = [], []
     for i, key in places:
