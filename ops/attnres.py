@@ -30,7 +30,8 @@ import math
 import k31dsl as k
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, require_tensor, resolve_target
+from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, require_same_device, require_tensor, \
+    resolve_target
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 # the prepare kernel and its configs live in ops/attnres_prepare.py (re-exported here)
@@ -103,13 +104,6 @@ def _rank(op: str, name: str, t, rank: int, dims: str):
         raise K31Error(f"{op}: `{name}` must be {dims} (rank {rank}), got shape {list(t.shape)}")
 
 
-def _same_device(op: str, **tensors):
-    devs = {n: t.device for n, t in tensors.items() if t is not None}
-    if len(set(devs.values())) > 1:
-        raise K31Error(f"{op}: tensors are on different devices: "
-                       + ", ".join(f"{n} on {d}" for n, d in devs.items()), hint="move them to one device")
-
-
 def _fold(op: str, query, gain, shape: tuple):
     """The effective query in fp32: query * gain (the key-RMSNorm gain), when a gain is given."""
     import torch
@@ -118,6 +112,7 @@ def _fold(op: str, query, gain, shape: tuple):
     q = query.to(torch.float32)
     if gain is not None:
         require_tensor(op, "norm_weight", gain)
+        require_same_device(op, **{"query" if len(shape) == 1 else "queries": query, "norm_weight": gain})
         if tuple(gain.shape) not in (shape, shape[-1:]):
             raise K31Error(f"{op}: `norm_weight` (the key-RMSNorm gain folded into the query) must have shape "
                            f"{list(shape)} or [{shape[-1]}], got {list(gain.shape)}")
@@ -195,7 +190,7 @@ def attnres(sources, query, eps: float = 1e-6, *, norm_weight=None, out_dtype=No
     _check_sources(op, "sources", sources)
     n, t, d = sources.shape
     q = _fold(op, query, norm_weight, (d,))[None]
-    _same_device(op, sources=sources, query=q)
+    require_same_device(op, sources=sources, query=q)
     eps = _eps(op, "eps", eps)
     h_dt = require_dtype_arg(op, "out_dtype", sources.dtype if out_dtype is None else out_dtype)
     h = torch.empty((1, t, d), dtype=D.torch_dtype(h_dt), device=sources.device)
@@ -221,7 +216,7 @@ def attnres_prepare(blocks, queries, eps: float = 1e-6, *, norm_weights=None, ta
     if s < 1:
         raise K31Error(f"{op}: `queries` must hold at least one pseudo-query, got shape {list(queries.shape)}")
     q = _fold(op, queries, norm_weights, (s, d))
-    _same_device(op, blocks=blocks, queries=q)
+    require_same_device(op, blocks=blocks, queries=q)
     eps = _eps(op, "eps", eps)
     o, m, l = prepare_outputs(s, t, d, blocks.device)
     if t:
@@ -256,7 +251,7 @@ def check_update_args(partial, delta, query, o, m, l, norm_weight, eps, norm_eps
         _shape(op, name, x, (t,), "this layer's slot of attnres_prepare's statistics")
     require_tensor(op, "norm_weight", norm_weight)
     _shape(op, "norm_weight", norm_weight, (d,), "the next RMSNorm's gain")
-    _same_device(op, partial=partial, delta=delta, query=query, O=o, M=m, L=l, norm_weight=norm_weight)
+    require_same_device(op, partial=partial, delta=delta, query=query, O=o, M=m, L=l, norm_weight=norm_weight)
     y_dt = require_dtype_arg(op, "out_dtype", out_dtype)
     return _eps(op, "eps", eps), _eps(op, "norm_eps", norm_eps), y_dt
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 import itertools
 
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.attnres import (_check_sources, _eps, _fold, _queries, _rank, _rel, _same_device, _sources,
+from k31dsl.ops.attnres import (_check_sources, _eps, _fold, _queries, _rank, _rel, _sources,
                                 madd_kernel, prepare_outputs, source_tiles)
 from k31dsl.ops.attnres_prepare import (CACHED_CONFIGS, LOGIT_CONFIGS, attnres_block_logits,  # noqa: F401
                                         attnres_block_logits_rows, attnres_prepare_cached_rows)
-from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
+from k31dsl.ops.common import next_pow2, require_same_device, require_tensor, resolve_target
 from k31dsl.ops.registry import CaseResult, OpSpec, register
 
 # bf16x3 logits keep each product to ~2^-16, so z is off by ~1e-5 of its scale and O / L move by
@@ -125,7 +125,7 @@ def attnres_prepare_cached(blocks, queries, logits, first: int, count: int, eps:
         raise K31Error(f"{op}: form={form!r} is not a logit form", hint=f"one of {', '.join(LOGIT_FORMS)}, or None "
                        f"to choose by the number of rows (row form up to {ROW_FORM_MAX_T})")
     q = _fold(op, queries, norm_weights, (nq, d))
-    _same_device(op, blocks=blocks, queries=q, logits=logits)
+    require_same_device(op, blocks=blocks, queries=q, logits=logits)
     eps = _eps(op, "eps", eps)
     o, m, l = prepare_outputs(count, t, d, blocks.device)
     if t:

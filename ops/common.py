@@ -33,6 +33,27 @@ def config_for(target: str, config: dict) -> dict:
     return dict(config) if target == "triton" else {n: v for n, v in config.items() if n not in LAUNCH_KEYS}
 
 
+def require_same_device(op: str, **tensors) -> None:
+    """Every given tensor (None skipped) on one device, else a K31Error naming each one's."""
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    if len(set(devs.values())) > 1:
+        raise K31Error(f"{op}: tensors are on different devices: "
+                       + ", ".join(f"{n} on {d}" for n, d in devs.items()), hint="move them to one device")
+
+
+def require_target_device(op: str, target: str, device) -> None:
+    """Tensors on the device the target runs on: Triton on a GPU needs CUDA tensors, its
+    interpreter CPU ones (for ops that launch graph programs, whose kernels are not checked one
+    by one)."""
+    if target != "triton":
+        return
+    from k31dsl.targets.triton.emit import detect_mode
+    want = "cpu" if detect_mode() == "interpret" else "cuda"
+    if device.type != want:
+        raise K31Error(f"{op}: the inputs are on {device}, the Triton target here runs on {want} tensors",
+                       hint="x.cuda() for the GPU, or TRITON_INTERPRET=1 / target='numpy' for CPU tensors")
+
+
 def require_tensor(op: str, name: str, t, dtypes=FLOAT_INPUTS, min_rank: int = 1):
     """The input's DSL dtype, or a K31Error that says what was expected."""
     import torch

@@ -375,6 +375,12 @@ def _upd(**over):
     (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(0, 8)), "at least one pseudo-query"),
     (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(2, 9)), "`queries` must have shape [2, 8]"),
     (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(2, 8), eps=float("nan")), "eps"),
+    # a gain on another device than the query (a CPU gain for a CUDA query crashed in torch before;
+    # "meta" stands in for the GPU here)
+    (lambda: ar.attnres(torch.zeros(2, 3, 8), torch.zeros(8), norm_weight=torch.ones(8, device="meta")),
+     "different devices"),
+    (lambda: ar.attnres_prepare(torch.zeros(2, 3, 8), torch.zeros(2, 8), norm_weights=torch.ones(8, device="meta")),
+     "different devices"),
     (_upd(partial=torch.zeros(4, 16, dtype=torch.bfloat16)), "`partial` has dtype bfloat16"),
     (_upd(partial=torch.zeros(16, 4).t()), "contiguous"),
     (_upd(partial=torch.zeros(4, 16, 1)), "[T, D]"),

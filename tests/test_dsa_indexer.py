@@ -409,6 +409,13 @@ def test_prolog_bad_inputs():
     with pytest.raises(K31Error, match="`x` must be a matrix"):
         P.indexer_prolog(*bad, target="numpy")
     bad = list(args)
+    bad[9] = args[9].to("meta")                         # "meta" stands in for another device
+    with pytest.raises(K31Error, match="different devices"):
+        P.indexer_prolog(*bad, target="numpy")
+    on_meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(K31Error, match="Triton target here runs on cpu tensors"):   # the interpreter
+        P.indexer_prolog(*on_meta, target="triton")
+    bad = list(args)
     bad[9] = args[9][:0]                                # the slots point past a cache of no pages
     with pytest.raises(K31Error, match="past the cache"):
         P.indexer_prolog(*bad, target="numpy")

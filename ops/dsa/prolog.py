@@ -22,7 +22,7 @@ import math
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import FLOAT_INPUTS, require_tensor, resolve_target
+from k31dsl.ops.common import FLOAT_INPUTS, require_same_device, require_target_device, require_tensor, resolve_target
 from k31dsl.ops.dsa.indexer import GROUPS, HEAD_DIM, _check_cache, cache_slots, store_keys
 from k31dsl.ops.quant import mxfp8_groups
 
@@ -184,7 +184,7 @@ def _shape(op, name, t, want):
         raise K31Error(f"{op}: `{name}` must have shape {list(want)}, got {list(t.shape)}")
 
 
-def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping, eps):
+def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping, eps, target):
     op = "indexer_prolog"
     for name, t in (("x", x), ("qr", qr), ("wq_b", wq_b), ("wk", wk), ("weights_proj", weights_proj)):
         require_tensor(op, name, t, FLOAT_INPUTS, 2)
@@ -194,6 +194,10 @@ def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, c
     for name, t in (("k_norm_w", k_norm_w), ("k_norm_b", k_norm_b), ("cos", cos), ("sin", sin)):
         require_tensor(op, name, t, (k.f32,))
     _check_cache(op, cache)
+    require_same_device(op, x=x, qr=qr, wq_b=wq_b, wk=wk, k_norm_w=k_norm_w, k_norm_b=k_norm_b,
+                        weights_proj=weights_proj, cos=cos, sin=sin, cache=cache,
+                        slot_mapping=slot_mapping if hasattr(slot_mapping, "device") else None)
+    require_target_device(op, target, x.device)
     t, dm = x.shape
     h = weights_proj.shape[0]
     if h & (h - 1) or not 16 <= h <= 128:
@@ -260,7 +264,8 @@ def indexer_prolog(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, 
     from k31dsl.dsl import dtypes as D
     from k31dsl.lowering.graph import compile_program
     target = resolve_target(target)
-    slots = _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping, eps)
+    slots = _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, cache, slot_mapping, eps,
+                          target)
     t, dm = x.shape
     h = weights_proj.shape[0]
     if t == 0:
