@@ -397,8 +397,8 @@ def _int_vector(op: str, name: str, t, n: int | None = None):
 
 
 def cache_slots(op: str, slot_mapping, t: int, cache):
-    """slot_mapping as int32 [t], each slot < 0 (skipped) or inside the cache's pages (a write past
-    them would land outside the tensor on a GPU)."""
+    """slot_mapping as int32 [t], each slot < 0 (skipped) or inside the cache's pages (the store's
+    bounds mask would drop a key written past them without a word)."""
     slots = _int_vector(op, "slot_mapping", slot_mapping, t)
     if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
         raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages of {PAGE})")
