@@ -57,8 +57,7 @@ def jobs_for(ops: list[str], configs: range | None) -> list[str]:
         return ops
     from k31dsl.ops.registry import all_ops
     specs = all_ops()
-    count = {op: max([len(kd.configs) for kd in specs[op].kernels] or [0]) for op in ops}
-    return [f"{op}@{n}" for n in configs for op in ops if len(configs) == 1 or count[op] > n]
+    return [f"{op}@{n}" for n in configs for op in ops if len(configs) == 1 or specs[op].config_count > n]
 
 
 def collect(folder: Path, ops: list[str], seconds: dict) -> tuple[list[dict], list[dict]]:

@@ -225,7 +225,7 @@ def _check_every_config(args, ops: dict, names: list[str], progress: bool) -> li
     count - 1, each on the ops whose kernels have more than N configs (all of them at N = 0);
     rows named OP@N."""
     import subprocess
-    counts = {n: max([len(kd.configs) for kd in ops[n].kernels] + [1]) for n in names}
+    counts = {n: ops[n].config_count for n in names}
 
     def one(n: int) -> list[dict]:
         todo = [op for op in names if counts[op] > n]

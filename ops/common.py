@@ -33,6 +33,33 @@ def config_for(target: str, config: dict) -> dict:
     return dict(config) if target == "triton" else {n: v for n, v in config.items() if n not in LAUNCH_KEYS}
 
 
+def int32_tensor(op: str, name: str, t, rank: int | None = None, n: int | None = None):
+    """An int32/int64 tensor (of the rank, with n rows, when given) as contiguous int32,
+    its values checked to fit."""
+    import torch
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or \
+            (rank is not None and t.dim() != rank):
+        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        want = f" of rank {rank}" if rank is not None else ""
+        raise K31Error(f"{op}: `{name}` must be an int32/int64 tensor{want}, got {got}")
+    if n is not None and t.shape[0] != n:
+        raise K31Error(f"{op}: `{name}` must have {n} entries (one per token), got {t.shape[0]}")
+    if t.dtype == torch.int64 and t.numel() and (int(t.max()) >= 2 ** 31 or int(t.min()) < -2 ** 31):
+        raise K31Error(f"{op}: `{name}` holds values outside int32")
+    return t.to(torch.int32).contiguous()
+
+
+def cache_slots(op: str, slot_mapping, n: int, pages: int, page: int = 64):
+    """slot_mapping as int32 [n] for a paged cache of `pages` pages: each slot < 0 (skipped) or
+    page * 64 + row inside it (a store's bounds mask would drop a slot past the cache without a
+    word)."""
+    slots = int32_tensor(op, "slot_mapping", slot_mapping, 1, n)
+    if slots.numel() and int(slots.max()) >= pages * page:
+        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({pages} pages x {page} slots)",
+                       hint=f"slots are page * {page} + row; allocate more pages")
+    return slots
+
+
 def require_same_device(op: str, **tensors) -> None:
     """Every given tensor (None skipped) on one device, else a K31Error naming each one's."""
     devs = {n: t.device for n, t in tensors.items() if t is not None}

@@ -12,7 +12,8 @@ import math
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import FLOAT_INPUTS, next_pow2, require_dtype_arg, require_tensor, resolve_target, rows
+from k31dsl.ops.common import FLOAT_INPUTS, int32_tensor, next_pow2, require_dtype_arg, require_tensor, resolve_target, \
+    rows
 from k31dsl.ops.dsa.prolog import dot_mixed
 
 ACTS = ("none", "sigmoid", "silu")
@@ -297,19 +298,6 @@ def _out_dtype(op: str, out_dtype, like):
     return D.torch_dtype(require_dtype_arg(op, "out_dtype", like if out_dtype is None else out_dtype))
 
 
-def _int_tensor(op: str, name: str, t, rank: int | None = None):
-    """An int32/int64 tensor as contiguous int32 (values checked to fit)."""
-    import torch
-    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or \
-            (rank is not None and t.dim() != rank):
-        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        want = f" of rank {rank}" if rank is not None else ""
-        raise K31Error(f"{op}: `{name}` must be an int32/int64 tensor{want}, got {got}")
-    if t.dtype == torch.int64 and t.numel() and (int(t.max()) >= 2 ** 31 or int(t.min()) < -2 ** 31):
-        raise K31Error(f"{op}: `{name}` holds values outside int32")
-    return t.to(torch.int32).contiguous()
-
-
 def _eps(op: str, eps) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise K31Error(f"{op}: eps must be a finite number >= 0, got {eps!r}")
@@ -372,7 +360,7 @@ def embedding(ids, table, out_dtype=None, *, target: str | None = None):
     require_tensor(op, "table", table, min_rank=2)
     if table.dim() != 2:
         raise K31Error(f"{op}: `table` must be [V, D], got {list(table.shape)}")
-    flat = _int_tensor(op, "ids", ids).view(-1)
+    flat = int32_tensor(op, "ids", ids).view(-1)
     v, d = table.shape
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= v):
         bad = flat[(flat < 0) | (flat >= v)][0]
@@ -395,7 +383,7 @@ def _conv_args(op, x, state, slots):
                        f"slot), got {list(state.shape)}")
     if not state.is_contiguous():
         raise K31Error(f"{op}: `state` must be contiguous (it is updated in place)")
-    sl = _int_tensor(op, "slots", slots, 1)
+    sl = int32_tensor(op, "slots", slots, 1)
     if sl.shape[0] != n:
         raise K31Error(f"{op}: `slots` must have {n} entries (one per sequence), got {sl.shape[0]}")
     if sl.numel() and int(sl.max()) >= state.shape[0]:
@@ -432,7 +420,7 @@ def short_conv_commit(x, state, slots, accepted, *, target: str | None = None):
     op = "short_conv_commit"
     target = resolve_target(target)
     sl = _conv_args(op, x, state, slots)
-    acc = _int_tensor(op, "accepted", accepted, 1)
+    acc = int32_tensor(op, "accepted", accepted, 1)
     n, t, c = x.shape
     if acc.shape[0] != n:
         raise K31Error(f"{op}: `accepted` must have {n} entries (one per sequence), got {acc.shape[0]}")

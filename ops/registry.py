@@ -27,6 +27,12 @@ class OpSpec:
     exact: bool = False                # bit-exact against the oracle (quantizer codes and scales)
     tags: list[str] = field(default_factory=list)
 
+    @property
+    def config_count(self) -> int:
+        """The config numbers `--config N` tells apart: the most configs any of its kernels has
+        (1 when none has a list)."""
+        return max([len(kd.configs) for kd in self.kernels] + [1])
+
 
 REGISTRY: dict[str, OpSpec] = {}
 

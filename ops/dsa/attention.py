@@ -20,7 +20,7 @@ import math
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import FLOAT_INPUTS, config_for, require_tensor, resolve_target
+from k31dsl.ops.common import FLOAT_INPUTS, cache_slots, config_for, int32_tensor, require_tensor, resolve_target
 
 PAGE = 64
 LATENT = 512
@@ -407,17 +407,6 @@ def cache_views(cache):
     return flat.view(torch.float8_e4m3fn), flat.view(torch.float32), flat.view(torch.bfloat16)
 
 
-def as_int32(op: str, name: str, t, rank: int):
-    """t as a contiguous int32 tensor: an int32/int64 tensor of the rank, values within int32."""
-    import torch
-    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != rank:
-        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise K31Error(f"{op}: `{name}` must be an int32/int64 tensor of rank {rank}, got {got}")
-    if t.dtype == torch.int64 and t.numel() and (t.max() >= 2 ** 31 or t.min() < -2 ** 31):
-        raise K31Error(f"{op}: `{name}` holds values outside int32")
-    return t.to(torch.int32).contiguous()
-
-
 def mla_cache_write(cache, kv_latent, k_rope, slot_mapping, *, pow2_scale: bool = False, eps: float = 1e-4,
                     target: str | None = None):
     """Write N tokens into the paged MLA cache in place: kv_latent [N, 512] and k_rope [N, 64]
@@ -434,12 +423,7 @@ def mla_cache_write(cache, kv_latent, k_rope, slot_mapping, *, pow2_scale: bool 
         raise K31Error(f"{op}: `kv_latent` must be [N, {LATENT}], got {list(kv_latent.shape)}")
     if k_rope.dim() != 2 or tuple(k_rope.shape) != (n, ROPE):
         raise K31Error(f"{op}: `k_rope` must be [{n}, {ROPE}] (one row per kv_latent row), got {list(k_rope.shape)}")
-    slots = as_int32(op, "slot_mapping", slot_mapping, 1)
-    if slots.shape[0] != n:
-        raise K31Error(f"{op}: `slot_mapping` must have {n} entries (one per token), got {slots.shape[0]}")
-    if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
-        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages x {PAGE} slots)",
-                       hint="slots are page * 64 + row; allocate more pages")
+    slots = cache_slots(op, slot_mapping, n, cache.shape[0], PAGE)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise K31Error(f"{op}: eps must be a finite number > 0, got {eps!r}")
     if n == 0 or cache.numel() == 0:
@@ -487,7 +471,7 @@ def sparse_mla_attention(q, cache, indices, sm_scale, *, split: int | None = Non
     require_tensor(op, "q", q, (k.bf16, k.f32), 3)
     if q.dim() != 3 or q.shape[2] != LATENT + ROPE:
         raise K31Error(f"{op}: `q` must be [T, H, {LATENT + ROPE}], got {list(q.shape)}")
-    idx = as_int32(op, "indices", indices, 2)
+    idx = int32_tensor(op, "indices", indices, 2)
     if idx.shape[0] != q.shape[0]:
         raise K31Error(f"{op}: `indices` must have one row per query ({q.shape[0]}), got {list(idx.shape)}")
     _check_scale(op, sm_scale)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import next_pow2, require_tensor, resolve_target
+from k31dsl.ops.common import int32_tensor, next_pow2, require_tensor, resolve_target
 from k31dsl.ops.dsa import attention as A
 from k31dsl.ops.dsa import slots as S
 from k31dsl.ops.dsa.attention import CacheCodes, CacheRope, CacheScales, empty_online_state, finish, load_query, online_block
@@ -313,7 +313,7 @@ def _common_checks(op, q_idx_codes, q_idx_scales, idx_weights, idx_cache, mla_q,
     if not (isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= 4096):
         raise K31Error(f"{op}: topk={topk!r} must be an int in [1, 4096]")
     A._check_scale(op, sm_scale)
-    ks32, ke32 = A.as_int32(op, "ks", ks, 1), A.as_int32(op, "ke", ke, 1)
+    ks32, ke32 = int32_tensor(op, "ks", ks, 1), int32_tensor(op, "ke", ke, 1)
     if ks32.shape[0] != t or ke32.shape[0] != t:
         raise K31Error(f"{op}: `ks` and `ke` need one limit per query token ({t}), got {ks32.shape[0]} and "
                        f"{ke32.shape[0]}", hint="token t sees the key positions [ks[t], ke[t]) of its sequence")

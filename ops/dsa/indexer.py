@@ -35,7 +35,7 @@ import functools
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import config_for, next_pow2, require_tensor, resolve_target
+from k31dsl.ops.common import cache_slots, config_for, int32_tensor, next_pow2, require_tensor, resolve_target
 
 PAGE = 64                      # tokens per page
 HEAD_DIM = 128                 # indexer head dim
@@ -386,25 +386,6 @@ def indexer_page_views(cache):
             cache.view(torch.float8_e8m0fnu).view(p, PAGE_BYTES // GROUPS, GROUPS))
 
 
-def _int_vector(op: str, name: str, t, n: int | None = None):
-    import torch
-    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-        raise K31Error(f"{op}: `{name}` must be a 1-D int32 tensor, got "
-                       f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', []))}")
-    if n is not None and t.shape[0] != n:
-        raise K31Error(f"{op}: `{name}` must have {n} entries (one per token), got {t.shape[0]}")
-    return t.to(torch.int32).contiguous()
-
-
-def cache_slots(op: str, slot_mapping, t: int, cache):
-    """slot_mapping as int32 [t], each slot < 0 (skipped) or inside the cache's pages (the store's
-    bounds mask would drop a key written past them without a word)."""
-    slots = _int_vector(op, "slot_mapping", slot_mapping, t)
-    if slots.numel() and int(slots.max()) >= cache.shape[0] * PAGE:
-        raise K31Error(f"{op}: slot {int(slots.max())} is past the cache ({cache.shape[0]} pages of {PAGE})")
-    return slots
-
-
 def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str | None = None):
     """Write keys into the paged cache in place: token t's 128 codes and 4 scale bytes go to slot
     slot_mapping[t] (page slot // 64, offset slot % 64); slots < 0 (padding) are skipped.
@@ -420,7 +401,7 @@ def indexer_cache_write(cache, k_codes, k_scales, slot_mapping, *, target: str |
     t = k_codes.shape[0]
     if tuple(k_scales.shape) != (t, GROUPS):
         raise K31Error(f"{op}: `k_scales` must have shape [{t}, {GROUPS}], got {list(k_scales.shape)}")
-    slots = cache_slots(op, slot_mapping, t, cache)
+    slots = cache_slots(op, slot_mapping, t, cache.shape[0], PAGE)
     if t:
         indexer_cache_write_rows[target](k_codes.contiguous(), k_scales.contiguous(), slots, cache.view(-1))
     return cache
@@ -538,7 +519,7 @@ def lightning_indexer(q_codes, q_scales, cache, block_table, weights, ks, ke, ma
     if b == 0 or t % b:
         raise K31Error(f"{op}: {t} query tokens do not split evenly over the {b} sequences of `block_table`",
                        hint="pass n query tokens per sequence, sequence-major (T = B * n)")
-    ks, ke = _int_vector(op, "ks", ks, t), _int_vector(op, "ke", ke, t)
+    ks, ke = int32_tensor(op, "ks", ks, 1, t), int32_tensor(op, "ke", ke, 1, t)
     mma = resolve_mma(op, mma, target, q_codes.device)
     if max_len is None:
         max_len = block_table.shape[1] * PAGE

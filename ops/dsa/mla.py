@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 import k31dsl as k
-from k31dsl.ops.common import FLOAT_INPUTS
+from k31dsl.ops.common import FLOAT_INPUTS, int32_tensor
 from k31dsl.ops.dsa.prolog import dot_mixed
 
 LATENT = 512
@@ -177,10 +177,9 @@ def rope_table(positions, theta: float = 10000.0, *, target: str | None = None):
     import torch
     from k31dsl.dsl.errors import K31Error
     from k31dsl.ops.common import resolve_target
-    from k31dsl.ops.nn import _int_tensor
     op = "rope_table"
     target = resolve_target(target)
-    pos = _int_tensor(op, "positions", positions, 1)
+    pos = int32_tensor(op, "positions", positions, 1)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
         raise K31Error(f"{op}: theta must be a finite number > 1, got {theta!r}")
     cos = torch.empty((pos.shape[0], HALF), dtype=torch.float32, device=pos.device)

@@ -22,8 +22,9 @@ import math
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import FLOAT_INPUTS, require_same_device, require_target_device, require_tensor, resolve_target
-from k31dsl.ops.dsa.indexer import GROUPS, HEAD_DIM, _check_cache, cache_slots, store_keys
+from k31dsl.ops.common import FLOAT_INPUTS, cache_slots, require_same_device, require_target_device, require_tensor, \
+    resolve_target
+from k31dsl.ops.dsa.indexer import GROUPS, HEAD_DIM, PAGE, _check_cache, store_keys
 from k31dsl.ops.quant import mxfp8_groups
 
 ROPE_HALF = 32
@@ -210,7 +211,7 @@ def _check_inputs(x, qr, wq_b, wk, k_norm_w, k_norm_b, weights_proj, cos, sin, c
     _shape(op, "k_norm_b", k_norm_b, (HEAD_DIM,))
     _shape(op, "cos", cos, (t, ROPE_HALF))
     _shape(op, "sin", sin, (t, ROPE_HALF))
-    slots = cache_slots(op, slot_mapping, t, cache)
+    slots = cache_slots(op, slot_mapping, t, cache.shape[0], PAGE)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
         raise K31Error(f"{op}: eps must be a finite number > 0, got {eps!r}")
     return slots

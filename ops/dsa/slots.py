@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import k31dsl as k
 from k31dsl.dsl.errors import K31Error
-from k31dsl.ops.common import resolve_target
-from k31dsl.ops.dsa.attention import as_int32
+from k31dsl.ops.common import int32_tensor, resolve_target
 
 
 @k.func
@@ -47,8 +46,8 @@ def slots_of_positions(positions, block_table, next_n: int = 1, *, target: str |
     import torch
     target = resolve_target(target)
     op = "slots_of_positions"
-    pos = as_int32(op, "positions", positions, 2)
-    bt = as_int32(op, "block_table", block_table, 2)
+    pos = int32_tensor(op, "positions", positions, 2)
+    bt = int32_tensor(op, "block_table", block_table, 2)
     if not (isinstance(next_n, int) and next_n >= 1) or pos.shape[0] != bt.shape[0] * next_n:
         raise K31Error(f"{op}: positions has {pos.shape[0]} rows but block_table has {bt.shape[0]} sequences "
                        f"x next_n={next_n!r}", hint="rows of positions = sequences x queries per sequence")
