@@ -55,6 +55,8 @@ SEMANTICS (targets/numpy/rt.py is the executable reference; every target matches
                 the dividend's sign (C); x // 0 is undefined. `//` is integer-only (type rule).
   floats        IEEE; bf16/f16 math other than + - * is computed in f32 and rounded once.
                 maximum/minimum/max/min/relu propagate NaN. mod on floats is C fmod.
+                Left open: NaN payloads and signs, and the sign of a zero that max / min / relu
+                pick between +0 and -0 (abs and neg set the sign as IEEE says).
   cast          float -> int truncates toward zero and saturates; NaN and +-inf give 0.
                 int -> int wraps; int -> bf16/f16 rounds through f32. x -> bool is x != 0.
                 float -> fp8 rounds to nearest even and saturates to +-max_finite (inf too);

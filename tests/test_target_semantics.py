@@ -61,13 +61,15 @@ def special_math(x: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"], BLOCK: k
         o[3, k.span(i * BLOCK, BLOCK)] = k.sqrt(a)
         o[4, k.span(i * BLOCK, BLOCK)] = k.relu(a)
         o[5, k.span(i * BLOCK, BLOCK)] = k.where(a != a, 7.0, a * INF)
+        o[6, k.span(i * BLOCK, BLOCK)] = k.abs(a)              # |-0.0| = +0.0 (fuzz seed 20081)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_nan_inf_propagate_like_numpy(target):
     x = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.0, -2.0, 3e38, 1e-45, -NAN], dtype=torch.float32)
-    got = run_both(target, special_math, {"x": x}, {"o": torch.zeros(6, len(x))})
+    got = run_both(target, special_math, {"x": x}, {"o": torch.zeros(7, len(x))})
     compare(got, exact=("o",))
+    assert not torch.signbit(got[target]["o"][6]).any()           # abs clears the sign, of -0.0 too
 
 
 @k.kernel
@@ -148,6 +150,71 @@ def test_casts_match_reference(target, rng):
     got = run_both(target, casts, {"x": torch.from_numpy(x), "xb": xb}, outs, 1.0 + 2.0 ** -40, 2 ** 40 + 3, 0.3)
     compare(got, exact=("ob", "oh", "od", "of"))
 
+
+
+
+@k.kernel
+def wide_casts(x: k.Tensor[k.f32, "N"], o64: k.Tensor[k.i64, "N"], ou: k.Tensor[k.u32, "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        o64[k.span(i * BLOCK, BLOCK)] = v.to(k.i64)
+        ou[k.span(i * BLOCK, BLOCK)] = v.to(k.u32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float_to_64_bit_int_saturates(target):
+    # float(2^63 - 1) is 2^63: the reference once clipped in float64 and wrapped 2^63 to -2^63
+    # (found by tests/program_fuzz.py, seed 1359)
+    x = torch.tensor([2.0 ** 63, 2.0 ** 64, 1e30, -2.0 ** 63, -1e30, 2.0 ** 62, -2.0 ** 62, 4294967296.0, -1.0,
+                      4294967040.0, INF, NAN], dtype=torch.float32)
+    got = run_both(target, wide_casts, {"x": x}, {"o64": torch.zeros(len(x), dtype=torch.int64),
+                                                  "ou": torch.zeros(len(x), dtype=torch.uint32)})
+    compare(got)
+    top, bottom = 2 ** 63 - 1, -2 ** 63
+    assert got["numpy"]["o64"].tolist() == [top, top, top, bottom, bottom, 2 ** 62, -2 ** 62, 2 ** 32, -1,
+                                            4294967040, 0, 0]
+    assert got["numpy"]["ou"].tolist()[7:10] == [2 ** 32 - 1, 0, 4294967040]
+
+
+
+@k.kernel
+def negative_literals(x: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        v = x[k.span(i * BLOCK, BLOCK, other=0.0)]
+        o[0, k.span(i * BLOCK, BLOCK)] = v - -2.0
+        o[1, k.span(i * BLOCK, BLOCK)] = -v + -(-0.5)
+        o[2, k.span(i * BLOCK, BLOCK)] = k.maximum(v, -1.0) - -1.5
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_subtracting_negative_literals(target, rng):
+    # AscendC once emitted `x - -2.0` as Adds(x, --0x1p+1f), which C++ reads as a decrement
+    # (found by tests/program_fuzz.py, seed 5011)
+    x = torch.from_numpy(rng.standard_normal(21).astype(np.float32))
+    got = run_both(target, negative_literals, {"x": x}, {"o": torch.zeros(3, 21)})
+    compare(got, exact=("o",))
+    assert torch.equal(got[target]["o"][0], x + 2.0)
+
+
+
+@k.kernel
+def broadcast_stores(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.i32, "R", "C"], om: k.Tensor[k.f32, "R", "C"],
+                     BR: k.constexpr = 8, BC: k.constexpr = 16):
+    for i, j in k.grid(k.cdiv(x.shape[0], BR), k.cdiv(x.shape[1], BC)):
+        v = x[k.span(i * BR, BR, other=4.0), k.span(j * BC, BC, other=4.0)]
+        m = k.min(v, axis=0)[None, :]                  # [1, BC], stored to [BR, BC] lanes
+        o[k.span(i * BR, BR), k.span(j * BC, BC)] = (m >= 0.25).to(k.i32)
+        om[k.span(i * BR, BR), k.span(j * BC, BC)] = k.max(v, axis=1)[:, None]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_stores_broadcast_their_value(target, rng):
+    # AscendC once built a value the store broadcasts in its output queue and enqueued the
+    # broadcast copy instead (the emulator refused: fuzz seed 20035)
+    x = torch.from_numpy(rng.standard_normal((13, 20)).astype(np.float32))
+    got = run_both(target, broadcast_stores, {"x": x}, {"o": torch.zeros(13, 20, dtype=torch.int32),
+                                                        "om": torch.zeros(13, 20)})
+    compare(got, exact=("o", "om"))
 
 
 @k.kernel

@@ -142,7 +142,7 @@ def binary(name: str, dt: D.DType, a: str, b: str) -> str:
 def unary(name: str, dt: D.DType, x: str) -> str:
     c = compute(dt)
     if name == "neg":
-        return f"k31::wrap_neg<{c}>({x})" if dt.is_int else f"(-{x})"
+        return f"k31::wrap_neg<{c}>({x})" if dt.is_int else f"(-({x}))"
     if name == "not":
         return f"(!{x})" if dt is D.bool_ else f"{c}(~{x})"
     if name == "abs":

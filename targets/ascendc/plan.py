@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k31dsl.dsl.infer import index_result_shape
 from k31dsl.dsl.ir import BINARY, COMPARE, UNARY, Block, Kernel, Op, TileType, Value
 from k31dsl.targets.ascendc import cexpr
 
@@ -155,7 +156,11 @@ def build_plan(kernel: Kernel, mode: str = "double", extra_uses=(), skip=()) -> 
                 continue
             st = users[0]
             stored = st.operands[1 + len(st.attrs["index"])]
-            if stored.uid in group and row_aligned(stored.type) and \
+            n_idx = len(st.attrs["index"])
+            lanes = index_result_shape(st.operands[0].type, [x.type for x in st.operands[1:1 + n_idx]],
+                                       st.attrs["index"])
+            # a stored value the store broadcasts is copied into a staging tile first: not "out"
+            if stored.uid in group and row_aligned(stored.type) and stored.type.shape == lanes and \
                     sum(1 for x in st.operands if x.uid in group) == 1:
                 root.kind = "out"
     for root in plan.roots.values():

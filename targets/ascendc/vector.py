@@ -204,7 +204,7 @@ def _scalar_inst(em, name, dt, out, t, sc, n) -> str:
     """`out = t <name> sc` for a tile and a scalar with Adds/Muls/Maxs/Mins (sub: Adds of -sc,
     exact); None when there is no such instruction."""
     if name == "sub":
-        sc = f"(-{sc})" if dt is D.f32 else f"k31::wrap_neg<int32_t>({sc})"
+        sc = f"(-({sc}))" if dt is D.f32 else f"k31::wrap_neg<int32_t>({sc})"
         name = "add"
     inst = VEC_SCALAR[name]
     em.vector_ops.add(inst)

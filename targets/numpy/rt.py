@@ -241,9 +241,14 @@ def cast(x, to: str):
     if dst is D.bool_:
         return (x != 0)[()]
     if dst.is_int and (src.is_float or src.kind == "fp8"):
-        xf = x.astype(np.float64)
-        info = np.iinfo(D.numpy_dtype(dst))
-        return np.where(np.isfinite(xf), np.clip(np.trunc(xf), info.min, info.max), 0).astype(D.numpy_dtype(dst))[()]
+        t = np.trunc(x.astype(np.float64))
+        npdt = D.numpy_dtype(dst)
+        info = np.iinfo(npdt)
+        # the bounds compared as floats, the saturated values set as integers: float(2^63 - 1)
+        # rounds up to 2^63, which clipping in float64 and converting would turn into -2^63
+        high, low = np.isfinite(t) & (t >= float(info.max)), np.isfinite(t) & (t <= float(info.min))
+        inside = np.where(np.isfinite(t) & ~high & ~low, t, 0).astype(npdt)
+        return np.where(high, npdt(info.max), np.where(low, npdt(info.min), inside)).astype(npdt)[()]
     if src.kind == "fp8" or (src in (D.bf16, D.f16) and dst.is_float):
         return x.astype(F32).astype(D.numpy_dtype(dst))[()]
     return x.astype(D.numpy_dtype(dst))[()]

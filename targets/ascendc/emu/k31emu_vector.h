@@ -31,6 +31,12 @@ template <class C> C nan_or(C a, C b, C r) {
   return r;
 }
 
+// Abs clears a float's sign bit (|-0.0| = +0.0, as IEEE and the Abs documentation's |x| say).
+template <class C> C magnitude(C a) {
+  if constexpr (std::is_floating_point<C>::value) return std::fabs(a);
+  else return a < 0 ? -a : a;
+}
+
 #define K31_NO_BF16(T, OP) \
   static_assert(!k31emu::is_bf16<T>, OP ": bfloat16_t has no vector arithmetic on A2/A3; Cast to float first")
 
@@ -127,7 +133,7 @@ K31_UNARY(Ln, k31emu::is_float<T>, "supports half/float", std::log(a))
 K31_UNARY(Sqrt, k31emu::is_float<T>, "supports half/float", std::sqrt(a))
 K31_UNARY(Rsqrt, k31emu::is_float<T>, "supports half/float", C(1) / std::sqrt(a))
 K31_UNARY(Reciprocal, k31emu::is_float<T>, "supports half/float", C(1) / a)
-K31_UNARY(Abs, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a < 0 ? -a : a)
+K31_UNARY(Abs, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", k31emu::magnitude(a))
 K31_UNARY(Relu, k31emu::is_arith<T>, "supports half/float/int16_t/int32_t", a > 0 ? a : C(0))
 #undef K31_UNARY
 
