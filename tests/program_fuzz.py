@@ -103,13 +103,13 @@ class _Builder:
             text = self.as_dtype(b, a.dtype)
             if text is not None:
                 return text, b.exact, b.shape
-        return self.literal(a.dtype), True, "tile"
+        return self.literal(a.dtype), True, "scalar"
 
 
 def _shape_of(*shapes: str) -> str:
     s = set(shapes) - {"scalar"}
     if not s:
-        return "tile"
+        return "scalar"
     if len(s) == 1:
         return s.pop()
     return "tile"
@@ -120,7 +120,7 @@ def _step(b: _Builder):
     r = b.rng
     kind = r.choice(["arith", "arith", "div", "intdiv", "minmax", "compare", "logic", "shift", "where",
                      "unary_exact", "unary_inexact", "cast", "bitcast", "reduce", "cumsum", "dot", "loop",
-                     "gather", "scalar"])
+                     "gather", "scalar", "element", "sort", "take", "masked_load", "while", "trans"])
     if kind == "arith":
         a = b.pick(lambda v: v.dtype != "bool")
         text, ex, sh = b.operand_like(a)
@@ -165,14 +165,14 @@ def _step(b: _Builder):
         a = b.pick(lambda v: v.exact and (v.dtype in INTS or v.dtype == "bool"))
         if a is None:
             return
-        if a.dtype == "bool":
+        if r.random() < 0.2:
+            b.new(f"~{a.name}", a.dtype, True, a.shape, kind)
+        elif a.dtype == "bool":
             c = b.pick(lambda v: v.dtype == "bool")
-            b.new(f"{a.name} {r.choice(['&', '|', '^'])} {c.name}" if r.random() < 0.8 else f"~{a.name}",
-                  "bool", True, _shape_of(a.shape, c.shape), kind)
+            b.new(f"{a.name} {r.choice(['&', '|', '^'])} {c.name}", "bool", True, _shape_of(a.shape, c.shape), kind)
         else:
             text, _, sh = b.operand_like(a, exact_only=True)
-            b.new(f"({a.name} {r.choice(['&', '|', '^'])} {text})" if r.random() < 0.8 else f"~{a.name}",
-                  a.dtype, True, _shape_of(a.shape, sh), kind)
+            b.new(f"({a.name} {r.choice(['&', '|', '^'])} {text})", a.dtype, True, _shape_of(a.shape, sh), kind)
     elif kind == "shift":
         a = b.pick(lambda v: v.exact and v.dtype in INTS)
         if a is None:
@@ -262,7 +262,8 @@ def _step(b: _Builder):
         b.lines.append(f"{acc} = k.zeros((BR, BC), k.{a.dtype})")
         step = (f"{acc} * {lit} + {a.name}" if r.random() < 0.5
                 else f"k.maximum({acc}, {a.name} - {lit}) + {b.literal(a.dtype)}")
-        b.lines.append(f"for it in range(n_iter):")
+        loop = "range(n_iter)" if r.random() < 0.6 else f"k.range(0, n_iter, stages={int(r.integers(1, 4))})"
+        b.lines.append(f"for it in {loop}:")
         b.lines.append(f"    {acc} = {step}")
         b.values.append(Value(acc, a.dtype, a.exact, "tile"))
         b.kinds.append(kind)
@@ -272,6 +273,45 @@ def _step(b: _Builder):
         other = b.literal(b.input_dtypes[src])
         b.new(f"x{src}[(i * BR + k.arange(0, BR) * {stride}) % x{src}.shape[0], "
               f"k.span(j * BC, BC, other={other})]", b.input_dtypes[src], True, "tile", kind)
+    elif kind == "element":             # one element of an input: a scalar meeting tiles
+        src = int(r.integers(b.n_inputs))
+        b.new(f"x{src}[i, j]", b.input_dtypes[src], True, "scalar", kind)
+    elif kind == "sort":                # k.topk over the whole row: a descending sort, ties to the lower lane
+        a = b.pick(lambda v: v.dtype in ("f32", "i32") and v.exact and v.shape == "tile")
+        if a is None:
+            return
+        vals, pos = f"v{len(b.values)}", f"v{len(b.values) + 1}"
+        b.lines.append(f"{vals}, {pos} = k.topk({a.name}, BC)")
+        b.values += [Value(vals, a.dtype, True), Value(pos, "i32", True)]
+        b.kinds += [kind, kind]
+    elif kind == "take":                # gather along the row, positions clamped to it
+        a = b.pick(lambda v: v.shape == "tile" and v.dtype != "bool")
+        i = b.pick(lambda v: v.exact and v.dtype == "i32" and v.shape == "tile", recent=False)
+        if a is None or i is None:
+            return
+        b.new(f"k.take({a.name}, {i.name})", a.dtype, a.exact, "tile", kind)
+    elif kind == "masked_load":         # lanes where the mask is off read `other`
+        m = b.pick(lambda v: v.dtype == "bool" and v.shape == "tile")
+        if m is None:
+            return
+        src = int(r.integers(b.n_inputs))
+        b.new(f"k.load(x{src}, (k.span(i * BR, BR), k.span(j * BC, BC)), mask={m.name}, "
+              f"other={b.literal(b.input_dtypes[src])})", b.input_dtypes[src], True, "tile", kind)
+    elif kind == "while":               # a data-dependent loop: runs until a scalar condition fails
+        a = b.pick(lambda v: v.dtype in ("f32", "i32") and v.exact and v.shape == "tile")
+        if a is None:
+            return
+        acc, cnt = f"v{len(b.values)}", f"c{len(b.values)}"
+        b.lines += [f"{acc} = {a.name}", f"{cnt} = 0",
+                    f"while ({cnt} < n_iter + 1) & (k.max({acc}) < {b.literal(a.dtype)}):",
+                    f"    {acc} = {acc} + {'1.0' if a.dtype == 'f32' else '1'}", f"    {cnt} = {cnt} + 1"]
+        b.values.append(Value(acc, a.dtype, a.exact, "tile"))
+        b.kinds.append(kind)
+    elif kind == "trans":
+        a = b.pick(lambda v: v.shape == "tile")
+        if not b.square or a is None:
+            return
+        b.new(f"{a.name}.T", a.dtype, a.exact, "tile", kind)
     elif kind == "scalar":
         a = b.pick(lambda v: v.dtype in ("f32", "i32") or v.dtype in FLOATS)
         if a is None:
@@ -311,9 +351,14 @@ def generate(seed: int, steps: int | None = None) -> Program:
         seen.add(v.name)
         dt = "i32" if v.dtype == "bool" else v.dtype
         text = f"{v.name}.to(k.i32)" if v.dtype == "bool" else v.name
-        if v.shape != "tile":
-            text = f"k.broadcast_to({text}, (BR, BC))"
-        b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = {text}")
+        if v.shape != "tile" and (v.shape == "scalar" or rng.random() < 0.5):
+            text = f"k.broadcast_to({text}, (BR, BC))"            # else the store broadcasts it
+        masks = [m for m in b.values if m.dtype == "bool"]
+        if masks and rng.random() < 0.25:        # lanes off the mask keep the output's fill
+            m = masks[int(rng.integers(len(masks)))].name
+            b.lines.append(f"k.store(o{len(outputs)}, (k.span(i * BR, BR), k.span(j * BC, BC)), {text}, mask={m})")
+        else:
+            b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = {text}")
         outputs.append((f"o{len(outputs)}", dt, v.exact))
     params = ([f"x{n}: k.Tensor[k.{dt}, \"R\", \"C\"]" for n, dt in enumerate(input_dtypes)]
               + [f"{n}: k.Tensor[k.{dt}, \"R\", \"C\"]" for n, dt, _ in outputs]
@@ -458,6 +503,8 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", default="triton,ascendc", help="compiled targets to check (default triton,ascendc)")
     ap.add_argument("--show", action="store_true", help="print the first program's source and stop")
     ap.add_argument("--dir", default=None, help="where the programs' files go (default: a temporary folder)")
+    ap.add_argument("--jobs", type=int, default=1, help="programs checked in parallel processes (default 1)")
+    ap.add_argument("--report", default=None, help="also write the outcome as a Markdown file here")
     args = ap.parse_args(argv)
     seed0 = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2 ** 31)
     if args.show:
@@ -468,13 +515,29 @@ def main(argv=None) -> int:
     targets = [t for t in args.targets.split(",") if t]
     counts = {"ok": 0, "rejected": 0, "FAIL": 0}
     t0 = time.time()
-    for n in range(args.count):
-        out = check(seed0 + n, targets, directory)
+    seeds = range(seed0, seed0 + args.count)
+    if args.jobs > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
+        results = pool.map(check, seeds, [targets] * len(seeds), [directory] * len(seeds), chunksize=4)
+    else:
+        results = (check(seed, targets, directory) for seed in seeds)
+    lines = []
+    for n, out in enumerate(results):
         counts[out.status] += 1
         if out.status != "ok":
-            print(f"seed {out.seed}: {out.status}: {out.detail}" + (f"  [{out.path}]" if out.path else ""), flush=True)
-    print(f"{args.count} programs from seed {seed0} on {', '.join(targets)}: {counts['ok']} agree, "
-          f"{counts['rejected']} rejected by the frontend, {counts['FAIL']} failed ({time.time() - t0:.0f} s)")
+            lines.append(f"seed {out.seed}: {out.status}: {out.detail}" + (f"  [{out.path}]" if out.path else ""))
+            print(lines[-1], flush=True)
+        if (n + 1) % 100 == 0:
+            print(f"  {n + 1} / {args.count} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    summary = (f"{args.count} programs from seed {seed0} on {', '.join(targets)}: {counts['ok']} agree, "
+               f"{counts['rejected']} rejected by the frontend, {counts['FAIL']} failed ({time.time() - t0:.0f} s)")
+    print(summary)
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(f"# Random programs against the numpy reference\n\n{summary}\n\n"
+                    + "".join(f"- {line}\n" for line in lines))
     return 1 if counts["FAIL"] else 0
 
 

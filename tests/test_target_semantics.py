@@ -217,6 +217,24 @@ def test_stores_broadcast_their_value(target, rng):
     compare(got, exact=("o", "om"))
 
 
+
+@k.kernel
+def scalar_masks(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.f32, "R", "C"], BR: k.constexpr = 8, BC: k.constexpr = 16):
+    for i, j in k.grid(k.cdiv(x.shape[0], BR), k.cdiv(x.shape[1], BC)):
+        v = x[k.span(i * BR, BR, other=0.5), k.span(j * BC, BC, other=0.5)]
+        first = x[i * BR, j * BC] < 0.0                # one element decides the whole block
+        k.store(o, (k.span(i * BR, BR), k.span(j * BC, BC)), v * 2.0, mask=first & (v > -1.0))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_scalar_compare_masks_a_store(target, rng):
+    # Triton 3.9's interpreter once gave float lanes for a splatted scalar compare (fuzz seed 80622)
+    x = torch.from_numpy(rng.standard_normal((19, 35)).astype(np.float32))
+    got = run_both(target, scalar_masks, {"x": x}, {"o": torch.full((19, 35), 7.0)})
+    compare(got, exact=("o",))
+    assert (got[target]["o"] == 7.0).any() and (got[target]["o"] != 7.0).any()
+
+
 @k.kernel
 def reductions(x: k.Tensor[k.f32, "R", "C"], xi: k.Tensor[k.i32, "R", "C"], o: k.Tensor[k.f32, "F", "R"],
                oc: k.Tensor[k.f32, "F2", "CP"], oi: k.Tensor[k.i32, "FI", "R"], os: k.Tensor[k.f32, "G"],

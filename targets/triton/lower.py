@@ -173,6 +173,10 @@ def binary(em, op):
         text = f"{A} {INFIX[name]} {B}"
         if dt is D.bool_ and em.interp and a.type.is_scalar != b.type.is_scalar:
             return f"({text}) != 0"          # the interpreter's scalar & tile gives int32 data
+        if name in COMPARE and em.interp and a.type.is_scalar and b.type.is_scalar and not both_cx:
+            # Triton 3.9's interpreter types a scalar compare's data by its operands, so splatting it
+            # onto a tile later (a store's mask, `&` with a tile) gives float lanes: rebuild it as int1
+            return f"tl.where({text}, True, False)"
         return text
     if not dt.is_float:
         if name == "floordiv":
