@@ -327,8 +327,8 @@ def _step(b: _Builder):
 def generate(seed: int, steps: int | None = None) -> Program:
     """The program of one seed: the same seed gives the same source and inputs."""
     rng = np.random.default_rng(seed)
-    br, bc = int(rng.choice([16, 32])), int(rng.choice([16, 32]))
-    square = br == bc
+    br, bc = int(rng.choice([1, 2, 8, 16, 16, 32, 32, 64])), int(rng.choice([8, 16, 16, 32, 32, 64]))
+    square = br == bc >= 16                      # k.dot and .T keep the tile's shape; dots need 16
     rows = int(rng.integers(1, 2 * br + 5))
     cols = int(rng.integers(1, 2 * bc + 5))
     n_inputs = int(rng.integers(1, 4))
@@ -464,7 +464,8 @@ def mismatch(prog: Program, ref: dict, got: dict) -> str | None:
 @dataclass
 class Outcome:
     seed: int
-    status: str          # "ok", "rejected" (a K31Error on the reference: the program is not valid DSL), "FAIL"
+    status: str          # "ok", "rejected" (a K31Error on the reference: the program is not valid DSL),
+                         # "too big" (a target's CapacityError: its tiles do not fit), "FAIL"
     detail: str = ""
     path: str = ""
 
@@ -472,7 +473,7 @@ class Outcome:
 def check(seed: int, targets, directory: str) -> Outcome:
     """One program: the numpy reference first; a target that raises or disagrees is a failure."""
     import numpy as _np
-    from k31dsl.dsl.errors import K31Error
+    from k31dsl.dsl.errors import CapacityError, K31Error
     prog = generate(seed)
     inputs = draw_inputs(prog)
     try:
@@ -485,6 +486,8 @@ def check(seed: int, targets, directory: str) -> Outcome:
         try:
             with _np.errstate(all="ignore"):
                 got = run_on(target, kern, prog, inputs)
+        except CapacityError as e:         # a clear refusal, not a wrong result
+            return Outcome(seed, "too big", f"{target}: {str(e).splitlines()[0]}", path)
         except Exception as e:             # noqa: BLE001 - any failure of a valid program is a finding
             return Outcome(seed, "FAIL", f"{target}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", path)
         why = mismatch(prog, ref, got)
@@ -513,7 +516,7 @@ def main(argv=None) -> int:
     directory = args.dir or tempfile.mkdtemp(prefix="k31fuzz_")
     os.makedirs(directory, exist_ok=True)
     targets = [t for t in args.targets.split(",") if t]
-    counts = {"ok": 0, "rejected": 0, "FAIL": 0}
+    counts = {"ok": 0, "rejected": 0, "too big": 0, "FAIL": 0}
     t0 = time.time()
     seeds = range(seed0, seed0 + args.count)
     if args.jobs > 1:
@@ -532,7 +535,7 @@ def main(argv=None) -> int:
         if (n + 1) % 100 == 0:
             print(f"  {n + 1} / {args.count} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     summary = (f"{args.count} programs from seed {seed0} on {', '.join(targets)}: {counts['ok']} agree, "
-               f"{counts['rejected']} rejected by the frontend, {counts['FAIL']} failed ({time.time() - t0:.0f} s)")
+               f"{counts['rejected']} rejected by the frontend, {counts['too big']} too big for a target, {counts['FAIL']} failed ({time.time() - t0:.0f} s)")
     print(summary)
     if args.report:
         with open(args.report, "w") as f:

@@ -73,6 +73,23 @@ def test_in_place_update_makes_versions_and_orders_readers_first():
     np.testing.assert_allclose(got["acc"].numpy(), a0 + x0, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_one_tensor_bound_to_two_parameters(target, rng):
+    # the same version as both operands, and as the operand of its own in-place update: one read
+    # edge names both parameters (the builder once kept only the last; tests/graph_fuzz.py, seed 1)
+    p = Program("twice")
+    x = p.input("x", (40,), k.f32)
+    h = p.tensor("h", (40,), k.f32)
+    h = p.call(scale_add, x, x, h, 3.0)                 # h = 3x + x
+    h2 = p.call(accumulate, h, h)                       # h += h
+    p.output(h2)
+    verify(p)
+    assert sorted(p.g.edges["%x", "scale_add"]["params"]) == ["x", "y"]
+    x0 = rng.standard_normal(40).astype(np.float32)
+    for passes in (["verify"], None):
+        got = run(p, {"x": torch.from_numpy(x0)}, target=target, passes=passes)
+        np.testing.assert_allclose(got["h"].numpy(), 8 * x0, rtol=1e-6)
+
 def test_dump_names_every_tensor_and_call():
     text = dump(norm_twice(4, 32))
     assert text.startswith("program norm_twice {")

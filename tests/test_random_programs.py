@@ -1,7 +1,8 @@
 """Random DSL programs (tests/program_fuzz.py) on each compiled target against the numpy
-reference: a few dozen fresh programs per run (the first seed is printed; `python
-tests/program_fuzz.py --seed N --count M` replays them), plus checks that the generator reaches
-every op kind and that the comparison catches a wrong output."""
+reference, and random graph programs (tests/graph_fuzz.py) through each target's graph passes
+against the same target call by call: a few dozen fresh programs per run (the first seed is
+printed; `python tests/program_fuzz.py --seed N --count M` replays them), plus checks that the
+generator reaches every op kind and that the comparison catches a wrong output."""
 from __future__ import annotations
 
 import collections
@@ -10,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+import graph_fuzz
 import program_fuzz as fuzz
 from seeds import draw_seed
 
 # per-target programs in CI: the interpreter runs one in ~0.06 s, AscendC builds each with g++ (~1 s)
 COUNTS = {"triton": 60, "ascendc": 16}
+GRAPH_COUNTS = {"numpy": 20, "triton": 20, "ascendc": 6}
 
 
 @pytest.mark.parametrize("target", sorted(COUNTS))
@@ -63,3 +66,44 @@ def test_comparison_catches_a_wrong_lane(seed, tmp_path):
         else:
             bad[name][r, c] = bad[name][r, c] ^ 1
         assert fuzz.mismatch(prog, ref, bad) is not None, (name, dt, exact)
+
+
+@pytest.mark.parametrize("target", sorted(GRAPH_COUNTS))
+def test_random_graphs_agree_with_their_calls_one_by_one(target):
+    seed0 = draw_seed()
+    failed = [o for o in (graph_fuzz.check(seed0 + n, [target]) for n in range(GRAPH_COUNTS[target]))
+              if o.status != "ok"]
+    assert not failed, "\n".join(f"seed {o.seed}: {o.detail}\n  {o.report}" for o in failed)
+
+
+def test_graph_generator_fuses_orders_and_plans():
+    from k31dsl.lowering.graph.pipeline import run_graph_pipeline
+    lines = [line for seed in range(40) for line in run_graph_pipeline(graph_fuzz.generate(seed).program, "numpy").report]
+    assert sum("superkernel: fused" in line for line in lines) >= 10
+    assert sum("did not inline" in line and "reads" in line for line in lines) >= 3     # a neighbour row
+    assert sum("grids differ" in line for line in lines) >= 3
+    assert sum(line.startswith("streams: 2 streams") for line in lines) >= 3
+    assert sum(line.startswith("memory_plan") for line in lines) >= 20
+
+
+def test_graph_comparison_catches_a_wrong_pass(monkeypatch):
+    import k31dsl.lowering.graph as graph
+
+    real = graph.compile_program
+
+    def off_by_a_bit(program, target, **kw):              # a "pass" that changes one output lane
+        exe = real(program, target, **kw)
+
+        class Wrong:
+            p = exe.p
+
+            def __call__(self, inputs):
+                out = exe(inputs)
+                name = sorted(out)[0]
+                out[name] = out[name].clone()
+                out[name].view(-1)[-1] += 1e-3
+                return out
+        return Wrong()
+    monkeypatch.setattr(graph, "compile_program", off_by_a_bit)       # what graph_fuzz.check calls
+    out = graph_fuzz.check(4, ["numpy"])
+    assert out.status == "FAIL" and "differs" in out.detail

@@ -4,7 +4,7 @@ held as a networkx DAG.
 Nodes are tensor *versions* and calls. A tensor (its storage) has version 0 when declared; every
 call that writes it makes a new version, so each version has at most one writer and the graph
 stays acyclic even when a kernel updates a tensor in place. Edges carry a `role`:
-  "read"   tensor version -> call that loads it (bound to the kernel parameter `param`)
+  "read"   tensor version -> call that loads it (bound to the kernel parameters `params`)
   "write"  call -> the version it produces (parameter `param`)
   "prev"   the version a write replaces -> the writer (elements the kernel does not store keep
            their old value, so the writer comes after it)
@@ -45,6 +45,15 @@ from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.errors import K31Error, error
 
 TENSOR_KINDS = ("input", "weight", "temp")
+
+
+def add_read(g, tensor_id: str, op: str, param: str | None = None):
+    """A "read" edge from a tensor version to an op, naming the kernel parameters bound to it
+    (`params`): a version passed to several parameters of one call is one edge naming them all."""
+    if g.has_edge(tensor_id, op):
+        g.edges[tensor_id, op]["params"] += (() if param is None else (param,))
+    else:
+        g.add_edge(tensor_id, op, role="read", params=() if param is None else (param,))
 
 
 @dataclass(frozen=True)
@@ -222,10 +231,10 @@ class Program:
         self.g.add_node(name, node=node)
         for param, val in bound.items():
             if isinstance(val, str) and param not in written:
-                self.g.add_edge(val, name, role="read", param=param)
+                add_read(self.g, val, name, param)
         for param, val in bound.items():
             if param in written and not _only_written(kir, param):
-                self.g.add_edge(val, name, role="read", param=param)
+                add_read(self.g, val, name, param)
         outs = []
         for param in written:
             storage = self.tensor_node(bound[param]).storage
@@ -247,7 +256,7 @@ class Program:
         node = HostNode(name, op, [r.id for r in inputs], [], dict(params))
         self.g.add_node(name, node=node)
         for r in inputs:
-            self.g.add_edge(r.id, name, role="read", param=None)
+            add_read(self.g, r.id, name)
         outs = []
         for r in outputs:
             tid = self.new_version(self.tensor_node(r.id).storage, name)
@@ -389,7 +398,7 @@ class Program:
                 only = {w for w in written if _only_written(n.kernel, w)}
                 for param, val in n.args.items():
                     if isinstance(val, str) and param not in only:
-                        new.g.add_edge(val, n.name, role="read", param=param)
+                        add_read(new.g, val, n.name, param)
                 for param in written:
                     new.new_version(new.tensor_node(n.args[param]).storage, n.name, param)
             else:
@@ -398,7 +407,7 @@ class Program:
                 n.outputs = []
                 new.g.add_node(n.name, node=n)
                 for i in n.inputs:
-                    new.g.add_edge(i, n.name, role="read", param=None)
+                    add_read(new.g, i, n.name)
                 for st in outs:
                     n.outputs.append(new.new_version(st, n.name))
             new.order.append(n.name)

@@ -51,15 +51,16 @@ def signatures(p) -> list[str]:
         except K31Error as e:
             out.append(f"{nid}: {e.message}")
             continue
-        reads = {d["param"] for _, _, d in p.g.in_edges(nid, data=True) if d["role"] == "read"}
+        reads = {q for _, _, d in p.g.in_edges(nid, data=True) if d["role"] == "read" for q in d["params"]}
         writes = {d["param"] for _, _, d in p.g.out_edges(nid, data=True) if d["role"] == "write"}
         if not set(loaded_params(n.kernel)) <= reads:
             out.append(f"{nid}: kernel loads {sorted(set(loaded_params(n.kernel)) - reads)} without a read edge")
         if set(stored_params(n.kernel)) != writes:
             out.append(f"{nid}: kernel stores {sorted(stored_params(n.kernel))}, graph writes {sorted(writes)}")
         for _, _, d in p.g.in_edges(nid, data=True):
-            if d["role"] == "read" and d["param"] not in n.args:
-                out.append(f"{nid}: read edge for unknown parameter {d['param']}")
+            for q in d["params"] if d["role"] == "read" else ():
+                if q not in n.args:
+                    out.append(f"{nid}: read edge for unknown parameter {q}")
     return out
 
 
