@@ -110,19 +110,27 @@ class PyEmitter:
         lo, hi, step, *inits = op.operands
         body = op.regions[0]
         iv, *carried = body.args
-        for c, init, r in zip(carried, inits, op.results):
+        flag_at = op.attrs.get("while")
+        for c, r in zip(carried, op.results):
             # carried values live in one variable across iterations, named after the result
             self.names[c.uid] = self.name(r)
-            self.line(depth, f"{self.names[c.uid]} = {self.init_expr(init)}")
+        # a while loop's flag is set last: Triton orders a loop's carried values by where each
+        # name is first set, and Triton 3.6 crashes (RemoveLayoutConversions) on a tile carried
+        # after the i1 flag of a `while` (tests/program_fuzz.py on the H200, seed 101948)
+        order = [n for n in range(len(carried)) if n != flag_at] + ([] if flag_at is None else [flag_at])
         counted = True
-        if "while" in op.attrs:
+        if flag_at is not None:
             # for ... while flag: a Python `while` (Triton has no `break`); the trip counter is
             # left out when nothing reads it and the bound is the frontend's WHILE_BOUND
-            flag = self.n(carried[op.attrs["while"]])
             counted = any(iv.uid == v.uid for o in walk(body) for v in o.operands) or \
                 self.const_value(hi) != WHILE_BOUND
             if counted:
                 self.line(depth, f"{self.name(iv)} = {self.init_expr(lo)}")
+        for n in order:
+            self.line(depth, f"{self.names[carried[n].uid]} = {self.init_expr(inits[n])}")
+        if flag_at is not None:
+            flag = self.n(carried[flag_at])
+            if counted:
                 self.line(depth, f"while {self.both(flag, f'{self.name(iv)} < {self.n(hi)}')}:")
             else:
                 self.line(depth, f"while {flag}:")

@@ -324,8 +324,9 @@ def _step(b: _Builder):
             b.new(f"{a.name} * s_i", a.dtype, a.exact, a.shape, kind)
 
 
-def generate(seed: int, steps: int | None = None) -> Program:
-    """The program of one seed: the same seed gives the same source and inputs."""
+def generate(seed: int, steps: int | None = None, trace: bool = False) -> Program:
+    """The program of one seed: the same seed gives the same source and inputs. `trace` stores
+    every value (o<N> holds v<N>) so that a failure names the first op that went wrong."""
     rng = np.random.default_rng(seed)
     br, bc = int(rng.choice([1, 2, 8, 16, 16, 32, 32, 64])), int(rng.choice([8, 16, 16, 32, 32, 64]))
     square = br == bc >= 16                      # k.dot and .T keep the tile's shape; dots need 16
@@ -360,6 +361,16 @@ def generate(seed: int, steps: int | None = None) -> Program:
         else:
             b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = {text}")
         outputs.append((f"o{len(outputs)}", dt, v.exact))
+    scalars = (float(np.float32(rng.choice([0.5, -1.25, 3.0, 1e-3]))), int(rng.integers(-5, 6)),
+               int(rng.integers(0, 4)))
+    if trace:                             # the same program, every value stored in order
+        b.lines = b.lines[:len(b.lines) - len(outputs)]
+        outputs = []
+        for v in b.values:
+            text = f"{v.name}.to(k.i32)" if v.dtype == "bool" else v.name
+            b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = "
+                           + (text if v.shape == "tile" else f"k.broadcast_to({text}, (BR, BC))"))
+            outputs.append((f"o{len(outputs)}", "i32" if v.dtype == "bool" else v.dtype, v.exact))
     params = ([f"x{n}: k.Tensor[k.{dt}, \"R\", \"C\"]" for n, dt in enumerate(input_dtypes)]
               + [f"{n}: k.Tensor[k.{dt}, \"R\", \"C\"]" for n, dt, _ in outputs]
               + ["s_f: k.f32", "s_i: k.i32", "n_iter: k.i32", f"BR: k.constexpr = {br}", f"BC: k.constexpr = {bc}"])
@@ -367,8 +378,6 @@ def generate(seed: int, steps: int | None = None) -> Program:
     source = (f"# k31dsl random program, seed {seed} (tests/program_fuzz.py)\nimport k31dsl as k\n\n\n"
               f"@k.kernel\ndef fuzz_kernel({', '.join(params)}):\n"
               f"    for i, j in k.grid(k.cdiv(x0.shape[0], BR), k.cdiv(x0.shape[1], BC)):\n{body}\n")
-    scalars = (float(np.float32(rng.choice([0.5, -1.25, 3.0, 1e-3]))), int(rng.integers(-5, 6)),
-               int(rng.integers(0, 4)))
     return Program(seed, source, [(f"x{n}", dt) for n, dt in enumerate(input_dtypes)], outputs, rows, cols,
                    scalars, b.kinds)
 
@@ -470,11 +479,12 @@ class Outcome:
     path: str = ""
 
 
-def check(seed: int, targets, directory: str) -> Outcome:
-    """One program: the numpy reference first; a target that raises or disagrees is a failure."""
+def check(seed: int, targets, directory: str, trace: bool = False) -> Outcome:
+    """One program: the numpy reference first; a target that raises or disagrees is a failure.
+    `trace`: every value is an output, so the first mismatch names the first wrong op."""
     import numpy as _np
     from k31dsl.dsl.errors import CapacityError, K31Error
-    prog = generate(seed)
+    prog = generate(seed, trace=trace)
     inputs = draw_inputs(prog)
     try:
         kern, path = load_kernel(prog, directory)
@@ -491,6 +501,10 @@ def check(seed: int, targets, directory: str) -> Outcome:
         except Exception as e:             # noqa: BLE001 - any failure of a valid program is a finding
             return Outcome(seed, "FAIL", f"{target}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", path)
         why = mismatch(prog, ref, got)
+        if why and trace:                  # o<N> is v<N>: quote the line that made it
+            v = "v" + why.split(" ", 1)[0][1:]
+            why += "\n    first wrong value: " + next((line.strip() for line in prog.source.splitlines()
+                                                        if line.strip().startswith(f"{v} =")), v)
         if why:
             return Outcome(seed, "FAIL", f"{target}: {why}", path)
     return Outcome(seed, "ok", path=path)
@@ -508,10 +522,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="where the programs' files go (default: a temporary folder)")
     ap.add_argument("--jobs", type=int, default=1, help="programs checked in parallel processes (default 1)")
     ap.add_argument("--report", default=None, help="also write the outcome as a Markdown file here")
+    ap.add_argument("--trace", action="store_true",
+                    help="store every value of each program and name the first one a target gets wrong")
     args = ap.parse_args(argv)
     seed0 = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2 ** 31)
     if args.show:
-        print(generate(seed0).source)
+        print(generate(seed0, trace=args.trace).source)
         return 0
     directory = args.dir or tempfile.mkdtemp(prefix="k31fuzz_")
     os.makedirs(directory, exist_ok=True)
@@ -523,9 +539,10 @@ def main(argv=None) -> int:
         import concurrent.futures as cf
         import multiprocessing as mp
         pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
-        results = pool.map(check, seeds, [targets] * len(seeds), [directory] * len(seeds), chunksize=4)
+        results = pool.map(check, seeds, [targets] * len(seeds), [directory] * len(seeds),
+                           [args.trace] * len(seeds), chunksize=4)
     else:
-        results = (check(seed, targets, directory) for seed in seeds)
+        results = (check(seed, targets, directory, args.trace) for seed in seeds)
     lines = []
     for n, out in enumerate(results):
         counts[out.status] += 1

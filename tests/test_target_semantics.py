@@ -62,12 +62,18 @@ def special_math(x: k.Tensor[k.f32, "N"], o: k.Tensor[k.f32, "F", "N"], BLOCK: k
         o[4, k.span(i * BLOCK, BLOCK)] = k.relu(a)
         o[5, k.span(i * BLOCK, BLOCK)] = k.where(a != a, 7.0, a * INF)
         o[6, k.span(i * BLOCK, BLOCK)] = k.abs(a)              # |-0.0| = +0.0 (fuzz seed 20081)
+        o[7, k.span(i * BLOCK, BLOCK)] = k.ceil(a)             # subnormals: the GPU's ceil / floor
+        o[8, k.span(i * BLOCK, BLOCK)] = k.floor(a)            # flush them (fuzz seed 101528)
+        o[9, k.span(i * BLOCK, BLOCK)] = a % 2.5               # C fmod, exact; the GPU's frem is not,
+        o[10, k.span(i * BLOCK, BLOCK)] = 2.5 % a              # and fmod(2.5, inf) is 2.5 (seed 100043)
+        o[11, k.span(i * BLOCK, BLOCK)] = a % a
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_nan_inf_propagate_like_numpy(target):
-    x = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.0, -2.0, 3e38, 1e-45, -NAN], dtype=torch.float32)
-    got = run_both(target, special_math, {"x": x}, {"o": torch.zeros(7, len(x))})
+    x = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.0, -2.0, 3e38, 1e-45, -NAN, -1e-45, 7.75, -1e-39, 1e-39],
+                     dtype=torch.float32)
+    got = run_both(target, special_math, {"x": x}, {"o": torch.zeros(12, len(x))})
     compare(got, exact=("o",))
     assert not torch.signbit(got[target]["o"][6]).any()           # abs clears the sign, of -0.0 too
 
@@ -233,6 +239,33 @@ def test_a_scalar_compare_masks_a_store(target, rng):
     got = run_both(target, scalar_masks, {"x": x}, {"o": torch.full((19, 35), 7.0)})
     compare(got, exact=("o",))
     assert (got[target]["o"] == 7.0).any() and (got[target]["o"] != 7.0).any()
+
+
+
+@k.kernel
+def wrapping_abs(x: k.Tensor[k.i32, "N"], y: k.Tensor[k.i8, "N"], z: k.Tensor[k.i64, "N"], o: k.Tensor[k.i32, "F", "N"],
+                 o8: k.Tensor[k.i8, "N"], o64: k.Tensor[k.i64, "N"], BLOCK: k.constexpr = 16):
+    for i in k.grid(k.cdiv(x.shape[0], BLOCK)):
+        a = x[k.span(i * BLOCK, BLOCK, other=1)]
+        o[0, k.span(i * BLOCK, BLOCK)] = k.abs(a) % -((a & 4) | 3)
+        o[1, k.span(i * BLOCK, BLOCK)] = k.abs(a) // 3
+        o8[k.span(i * BLOCK, BLOCK)] = k.abs(y[k.span(i * BLOCK, BLOCK, other=1)]) % 3
+        o64[k.span(i * BLOCK, BLOCK)] = k.abs(z[k.span(i * BLOCK, BLOCK, other=1)]) % 3
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_abs_of_the_most_negative_integer_wraps(target):
+    # abs(INT_MIN) is INT_MIN; on the GPU LLVM's abs took it for poison and made abs(x) % -3 an
+    # unsigned remainder (+2 for -2; fuzz seed 101852)
+    x = torch.tensor([-2 ** 31, -7, -1, 0, 5, 2 ** 31 - 1, -2 ** 31 + 1, 12], dtype=torch.int32)
+    y = torch.tensor([-128, -7, -1, 0, 5, 127, -127, 12], dtype=torch.int8)
+    z = torch.tensor([-2 ** 63, -7, -1, 0, 5, 2 ** 63 - 1, -2 ** 63 + 1, 12], dtype=torch.int64)
+    got = run_both(target, wrapping_abs, {"x": x, "y": y, "z": z},
+                   {"o": torch.zeros(2, 8, dtype=torch.int32), "o8": torch.zeros(8, dtype=torch.int8),
+                    "o64": torch.zeros(8, dtype=torch.int64)})
+    compare(got)
+    assert got["numpy"]["o"][0, 0].item() == -2 and got["numpy"]["o8"][0].item() == -2
+    assert got["numpy"]["o64"][0].item() == -2
 
 
 @k.kernel

@@ -200,7 +200,16 @@ def binary(em, op):
 
 def _fdiv(em, name, A, B, dt) -> str:
     if name == "mod":
-        return f"{A} % {B}"                  # frem: C fmod, exact
+        if em.interp:
+            return f"{A} % {B}"              # the interpreter's frem is numpy's fmod: exact
+        # on a GPU `%` is LLVM's frem, which NVPTX expands to x - trunc(x / y) * y: not exact, and
+        # NaN for a finite x over an infinite y (tests/program_fuzz.py on the H200, seeds 100043,
+        # 101344). libdevice's fmod is C's, but its f32 form flushes subnormals (seed 202899): f32
+        # operands go through the f64 one (exact both ways: every f32 is an f64, and so is the result)
+        if dt is D.f64:
+            return f"tl.extra.cuda.libdevice.fmod({A}, {B})"
+        return (f"tl.extra.cuda.libdevice.fmod(tl.cast({A}, tl.float64), tl.cast({B}, tl.float64))"
+                ".to(tl.float32)")
     q = f"tl.math.div_rn({A}, {B})" if dt is D.f32 else f"{A} / {B}"
     if name == "floordiv":
         em.use("trunc")
@@ -216,6 +225,9 @@ def _float_unary(em, name: str, X: str, dt: D.DType) -> str:
     if name == "softplus":
         em.use("softplus")
         return f"_softplus({X})"
+    if name in ("floor", "ceil") and dt is D.f32:
+        em.use(name)                        # tl.floor / tl.ceil flush subnormals on a GPU
+        return f"_{name}({X})"
     return f"tl.{name}({X})"
 
 
@@ -228,10 +240,23 @@ def unary(em, op):
     if name == "not":
         return f"~{X}"
     if name == "abs":
+        if dt.is_int and dt.signed and not em.interp and x.type.shape:
+            # tl.abs becomes llvm.abs with INT_MIN poison, so LLVM takes abs(x) >= 0: abs(INT_MIN) % -3
+            # came out +2 on the H200 (fuzz seed 101852; every select / xor form of abs is folded
+            # back into it, benchmarks/probes/abs_wrap.py). PTX's abs wraps as the contract does, and
+            # LLVM cannot look into it
+            asm = "abs.s64 $0, $1;" if dt.bits == 64 else "abs.s32 $0, $1;"
+            arg = X if dt.bits >= 32 else f"{X}.to(tl.int32)"
+            wide = D.i64 if dt.bits == 64 else D.i32
+            text = (f"tl.inline_asm_elementwise(\"{asm}\", \"{'=l,l' if dt.bits == 64 else '=r,r'}\", [{arg}], "
+                    f"dtype={em.carrier(wide)}, is_pure=True, pack=1)")
+            return text if dt.bits >= 32 else f"{text}.to({em.carrier(dt)})"
         return f"tl.abs({X})"
     if name == "relu":                        # maximum(x, 0): NaN stays NaN
         if dt.is_float:
             em.use("fmax")
+            if dt in LOW:     # as binary()'s maximum: Triton 3.6 returns f32 for a 16-bit maximum
+                return from32(em, f"_fmax({f32(em, x)}, 0.0)", dt)
             return f"_fmax({X}, tl.zeros_like({X}))"
         return f"tl.maximum({X}, tl.zeros_like({X}))"
     if dt in LOW:
