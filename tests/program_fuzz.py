@@ -32,6 +32,7 @@ import numpy as np
 
 FLOATS = ("f32", "bf16", "f16")
 INTS = ("i32", "i8", "i64", "u32")
+STORAGE = ("f8e4m3", "f8e5m2", "e8m0")          # loaded and widened, or narrowed and stored
 BITS = {"f32": 32, "bf16": 16, "f16": 16, "i32": 32, "i8": 8, "i64": 64, "u32": 32, "bool": 1}
 TOLERANCE = {"f32": 2e-4, "bf16": 4e-2, "f16": 4e-3}            # inexact outputs, relative
 
@@ -324,6 +325,39 @@ def _step(b: _Builder):
             b.new(f"{a.name} * s_i", a.dtype, a.exact, a.shape, kind)
 
 
+def _storage_parts(b: _Builder, rng: np.random.Generator, outputs: list, output_lines: set) -> list[str]:
+    """fp8 / e8m0 at the edges of the program, drawn from their own generator so that the rest of
+    a seed's program stays as it was: maybe one storage input, loaded and widened to f32 and mixed
+    into an exact f32 value, and maybe exact float values narrowed into storage outputs. Returns
+    the storage inputs' dtypes (parameters after the other inputs)."""
+    inputs = []
+    if rng.random() < 0.3:
+        dt = str(rng.choice(["f8e4m3", "f8e5m2", "e8m0"]))
+        n = b.n_inputs
+        inputs.append(dt)
+        v = b.new(f"x{n}[k.span(i * BR, BR, other=2.0), k.span(j * BC, BC, other=2.0)].to(k.f32)", "f32", True,
+                  "tile", "storage_load")
+        mate = b.pick(lambda u: u.dtype == "f32" and u.exact and u.name != v.name, recent=False)
+        if mate is not None:
+            b.new(f"{v.name} * {mate.name}", "f32", True, _shape_of(v.shape, mate.shape), "storage_load")
+        b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = "
+                       + (b.values[-1].name if b.values[-1].shape == "tile"
+                          else f"k.broadcast_to({b.values[-1].name}, (BR, BC))"))
+        output_lines.add(len(b.lines) - 1)
+        outputs.append((f"o{len(outputs)}", "f32", True))
+    floats = [u for u in b.values if u.exact and u.dtype in FLOATS]
+    for _ in range(int(rng.integers(0, 3)) if floats else 0):
+        u = floats[int(rng.integers(len(floats)))]
+        dt = str(rng.choice(["f8e4m3", "f8e5m2", "e8m0"]))
+        text = f"{u.name}.to(k.{dt})"
+        b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = "
+                       + (text if u.shape == "tile" else f"k.broadcast_to({text}, (BR, BC))"))
+        output_lines.add(len(b.lines) - 1)
+        outputs.append((f"o{len(outputs)}", dt, True))
+        b.kinds.append("storage_store")
+    return inputs
+
+
 def generate(seed: int, steps: int | None = None, trace: bool = False) -> Program:
     """The program of one seed: the same seed gives the same source and inputs. `trace` stores
     every value (o<N> holds v<N>) so that a failure names the first op that went wrong."""
@@ -363,14 +397,17 @@ def generate(seed: int, steps: int | None = None, trace: bool = False) -> Progra
         outputs.append((f"o{len(outputs)}", dt, v.exact))
     scalars = (float(np.float32(rng.choice([0.5, -1.25, 3.0, 1e-3]))), int(rng.integers(-5, 6)),
                int(rng.integers(0, 4)))
+    output_lines = set(range(len(b.lines) - len(outputs), len(b.lines)))
+    storage_inputs = _storage_parts(b, np.random.default_rng([seed, 1]), outputs, output_lines)
     if trace:                             # the same program, every value stored in order
-        b.lines = b.lines[:len(b.lines) - len(outputs)]
+        b.lines = [line for n, line in enumerate(b.lines) if n not in output_lines]
         outputs = []
         for v in b.values:
             text = f"{v.name}.to(k.i32)" if v.dtype == "bool" else v.name
             b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = "
                            + (text if v.shape == "tile" else f"k.broadcast_to({text}, (BR, BC))"))
             outputs.append((f"o{len(outputs)}", "i32" if v.dtype == "bool" else v.dtype, v.exact))
+    input_dtypes = input_dtypes + storage_inputs
     params = ([f"x{n}: k.Tensor[k.{dt}, \"R\", \"C\"]" for n, dt in enumerate(input_dtypes)]
               + [f"{n}: k.Tensor[k.{dt}, \"R\", \"C\"]" for n, dt, _ in outputs]
               + ["s_f: k.f32", "s_i: k.i32", "n_iter: k.i32", f"BR: k.constexpr = {br}", f"BC: k.constexpr = {bc}"])
@@ -390,6 +427,10 @@ def draw_inputs(prog: Program):
     out = []
     for _, dt in prog.inputs:
         shape = (prog.rows, prog.cols)
+        if dt in STORAGE:                # every byte: NaN, infinities and subnormals included
+            x = rng.integers(0, 256, shape).astype(np.uint8)
+            out.append(torch.from_numpy(x).view(torch_dtype(dt)))
+            continue
         if dt in FLOATS:
             x = (rng.standard_normal(shape) * rng.choice([1.0, 4.0, 30.0])).astype(np.float32)
             specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 0.5, -1.5], np.float32)
@@ -409,7 +450,8 @@ def draw_inputs(prog: Program):
 def torch_dtype(dt: str):
     import torch
     return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32,
-            "i8": torch.int8, "i64": torch.int64, "u32": torch.uint32}[dt]
+            "i8": torch.int8, "i64": torch.int64, "u32": torch.uint32, "f8e4m3": torch.float8_e4m3fn,
+            "f8e5m2": torch.float8_e5m2, "e8m0": torch.float8_e8m0fnu}[dt]
 
 
 def load_kernel(prog: Program, directory: str):
@@ -431,7 +473,9 @@ def run_on(target: str, kern, prog: Program, inputs) -> dict:
     if target == "triton":
         from k31dsl.targets.triton.emit import detect_mode
         dev = "cuda" if detect_mode() == "gpu" else "cpu"
-    outs = [torch.full((prog.rows, prog.cols), float("nan") if dt in FLOATS else 77, dtype=torch_dtype(dt),
+    outs = [torch.full((prog.rows, prog.cols), 77, dtype=torch.uint8, device=dev).view(torch_dtype(dt))
+            if dt in STORAGE else
+            torch.full((prog.rows, prog.cols), float("nan") if dt in FLOATS else 77, dtype=torch_dtype(dt),
                        device=dev) for _, dt, _ in prog.outputs]
     k.compile(kern, target=target)(*[x.to(dev) for x in inputs], *outs, *prog.scalars)
     return {name: o.cpu() for (name, _, _), o in zip(prog.outputs, outs)}
@@ -442,6 +486,8 @@ def mismatch(prog: Program, ref: dict, got: dict) -> str | None:
     import torch
     for name, dt, exact in prog.outputs:
         a, b = ref[name], got[name]
+        if dt in STORAGE:                  # codes, byte for byte
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
         if dt in FLOATS:
             na, nb = torch.isnan(a), torch.isnan(b)
             if not torch.equal(na, nb):

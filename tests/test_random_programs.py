@@ -36,7 +36,8 @@ def test_generator_reaches_every_op_kind():
     for seed in range(300):
         kinds.update(fuzz.generate(seed).ops)
     expected = {"load", "arith", "div", "intdiv", "minmax", "compare", "logic", "shift", "where", "unary_exact",
-                "unary_inexact", "cast", "bitcast", "reduce", "cumsum", "dot", "loop", "gather", "scalar"}
+                "unary_inexact", "cast", "bitcast", "reduce", "cumsum", "dot", "loop", "gather", "scalar",
+                "element", "sort", "take", "masked_load", "while", "trans", "storage_load", "storage_store"}
     assert expected <= set(kinds), f"never drawn: {expected - set(kinds)}"
     assert min(kinds[k] for k in expected) >= 10, kinds
 
@@ -63,8 +64,9 @@ def test_comparison_catches_a_wrong_lane(seed, tmp_path):
             scale = t[torch.isfinite(t)].abs().max().item() if torch.isfinite(t).any() else 0.0
             # past any tolerance: half the output's largest value away
             bad[name][r, c] = 1.0 if v != v or abs(v) == float("inf") else v + 0.5 * (abs(v) + scale) + 1.0
-        else:
-            bad[name][r, c] = bad[name][r, c] ^ 1
+        else:                                                # integers and fp8 / e8m0 codes
+            codes = bad[name].view(torch.uint8) if dt in fuzz.STORAGE else bad[name]
+            codes[r, c] = codes[r, c] ^ 1
         assert fuzz.mismatch(prog, ref, bad) is not None, (name, dt, exact)
 
 
