@@ -3,7 +3,8 @@ nz_layout on AscendC) against the same program run call by call with `verify` al
 
 The kernels below are the pieces: row kernels the superkernel pass may inline into each other,
 one that reads the next row (it must not be inlined), a column-block kernel with another grid, a
-row reduction, and two that update a tensor in place (a new version of the same storage, which
+row reduction, a product with a weight (AscendC's nz_layout converts it), and two that update a
+tensor in place (a new version of the same storage, which
 the memory plan and the streams must order). A program wires 3-9 of them at random over 1-3
 inputs and returns 1-3 of the tensors it made. The arithmetic is the same with and without the
 passes, so the outputs must agree bit for bit.
@@ -73,7 +74,17 @@ def g_clamp(y: k.Tensor[k.f32, "T", "D"], BD: k.constexpr = BD):
         y[t, k.span(0, BD)] = k.minimum(k.maximum(y[t, k.span(0, BD, other=0.0)], -3.0), 3.0)
 
 
-MAKERS = ["scale", "add", "next_row", "norm", "columns"]     # write a new tensor
+@k.kernel
+def g_matmul(x: k.Tensor[k.f32, "T", "D"], w: k.Tensor[k.f32, "D", "D"], y: k.Tensor[k.f32, "T", "D"],
+             BT: k.constexpr = 16, BD: k.constexpr = BD):
+    # 16 rows per program against a weight: AscendC's nz_layout pass converts w to FRACTAL_NZ
+    for r in k.grid(k.cdiv(x.shape[0], BT)):
+        a = x[k.span(r * BT, BT, other=0.0), k.span(0, BD, other=0.0)]
+        b = w[k.span(0, BD, other=0.0), k.span(0, BD, other=0.0)]
+        y[k.span(r * BT, BT), k.span(0, BD)] = k.dot(a, b)
+
+
+MAKERS = ["scale", "add", "next_row", "norm", "columns", "matmul"]     # write a new tensor
 UPDATERS = ["accumulate", "clamp"]                           # update an existing one
 
 
@@ -95,7 +106,7 @@ def generate(seed: int) -> GraphCase:
     n_in = int(rng.integers(1, 4))
     for n in range(n_in):
         pool.append((f"x{n}", p.input(f"x{n}", (T, D), k.f32)))
-    steps, temps = [], []
+    steps, temps, weights = [], [], {}
     for s in range(int(rng.integers(3, 10))):
         kind = str(rng.choice(MAKERS + UPDATERS if temps else MAKERS))
 
@@ -119,6 +130,10 @@ def generate(seed: int) -> GraphCase:
                 new = p.call(g_next_row, pick(), out)
             elif kind == "norm":
                 new = p.call(g_norm, pick(), out)
+            elif kind == "matmul":
+                if "w" not in weights:
+                    weights["w"] = p.weight("w", (D, D), k.f32)
+                new = p.call(g_matmul, pick(), weights["w"], out)
             else:
                 new = p.call(g_columns, pick(), out)
             pool.append((name, new))
@@ -132,6 +147,8 @@ def generate(seed: int) -> GraphCase:
     import torch
     g = torch.Generator().manual_seed(seed)
     inputs = {f"x{n}": torch.randn(T, D, generator=g) * 3 for n in range(n_in)}
+    if weights:
+        inputs["w"] = torch.randn(D, D, generator=g) / D ** 0.5
     return GraphCase(seed, p, inputs, steps)
 
 
