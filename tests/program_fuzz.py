@@ -516,6 +516,25 @@ def mismatch(prog: Program, ref: dict, got: dict) -> str | None:
     return None
 
 
+def text_round_trip(kern) -> str | None:
+    """The kernel's IR through its `.k31` text form: print -> parse -> print must be the same text,
+    and the parsed IR must emit the same numpy program. None when it holds, else what differs."""
+    from k31dsl.dsl.parse import parse_kernel
+    from k31dsl.dsl.text import print_kernel
+    from k31dsl.targets.numpy.emit import emit
+    ir = kern.ir()
+    text = print_kernel(ir)
+    try:
+        parsed = parse_kernel(text, "<fuzz>")
+    except Exception as e:                 # noqa: BLE001
+        return f"the printed IR does not parse: {type(e).__name__}: {str(e).splitlines()[0]}"
+    if print_kernel(parsed) != text:
+        return "print(parse(print(ir))) differs from print(ir)"
+    if emit(parsed) != emit(ir):
+        return "the parsed IR emits another numpy program"
+    return None
+
+
 @dataclass
 class Outcome:
     seed: int
@@ -538,6 +557,9 @@ def check(seed: int, targets, directory: str, trace: bool = False) -> Outcome:
             ref = run_on("numpy", kern, prog, inputs)
     except K31Error as e:
         return Outcome(seed, "rejected", str(e).splitlines()[0])
+    why = text_round_trip(kern)
+    if why:
+        return Outcome(seed, "FAIL", f"text form: {why}", path)
     for target in targets:
         try:
             with _np.errstate(all="ignore"):

@@ -109,3 +109,13 @@ def test_graph_comparison_catches_a_wrong_pass(monkeypatch):
     monkeypatch.setattr(graph, "compile_program", off_by_a_bit)       # what graph_fuzz.check calls
     out = graph_fuzz.check(4, ["numpy"])
     assert out.status == "FAIL" and "differs" in out.detail
+
+
+def test_text_round_trip_of_random_programs(tmp_path, monkeypatch):
+    prog = fuzz.generate(5)
+    kern, _ = fuzz.load_kernel(prog, str(tmp_path))
+    assert fuzz.text_round_trip(kern) is None
+    import k31dsl.targets.numpy.emit as numpy_emit
+    calls = iter(range(10))
+    monkeypatch.setattr(numpy_emit, "emit", lambda ir: f"program {next(calls)}")   # two emits differ
+    assert "another numpy program" in fuzz.text_round_trip(kern)
