@@ -358,6 +358,34 @@ def _storage_parts(b: _Builder, rng: np.random.Generator, outputs: list, output_
     return inputs
 
 
+def _helper_parts(b: _Builder, rng: np.random.Generator, outputs: list, output_lines: set) -> list[str]:
+    """An @k.func helper (inlined by the frontend, called twice) and a k.static_range loop (unrolled),
+    each maybe, at the end of the program and from their own generator; the helpers' source is
+    returned for the module."""
+    helpers, last = [], b.values[-1]
+    tiles = [u for u in b.values if u.shape == "tile" and u.dtype in ("f32", "i32", "bf16", "f16", "i64")]
+    if tiles and rng.random() < 0.3:
+        u = tiles[int(rng.integers(len(tiles)))]
+        lit = "2" if u.dtype in INTS else "0.5"
+        helpers.append("@k.func\ndef fuzz_helper(a, c):\n"
+                       f"    return k.maximum(a * c, a - c) + {lit}")
+        first = b.new(f"fuzz_helper({u.name}, {u.name})", u.dtype, u.exact, "tile", "func")
+        b.new(f"fuzz_helper({first.name}, {u.name})", u.dtype, u.exact, "tile", "func")
+    if tiles and rng.random() < 0.3:
+        u = tiles[int(rng.integers(len(tiles)))]
+        acc = f"v{len(b.values)}"
+        b.lines += [f"{acc} = {u.name}", f"for q in k.static_range({int(rng.integers(1, 4))}):",
+                    f"    {acc} = {acc} * {'3' if u.dtype in INTS else '0.75'} + {u.name}"]
+        b.values.append(Value(acc, u.dtype, u.exact, "tile"))
+        b.kinds.append("static_loop")
+    if b.values[-1] is not last:          # store what the helpers made last
+        v = b.values[-1]
+        b.lines.append(f"o{len(outputs)}[k.span(i * BR, BR), k.span(j * BC, BC)] = {v.name}")
+        output_lines.add(len(b.lines) - 1)
+        outputs.append((f"o{len(outputs)}", v.dtype, v.exact))
+    return helpers
+
+
 def generate(seed: int, steps: int | None = None, trace: bool = False) -> Program:
     """The program of one seed: the same seed gives the same source and inputs. `trace` stores
     every value (o<N> holds v<N>) so that a failure names the first op that went wrong."""
@@ -399,6 +427,7 @@ def generate(seed: int, steps: int | None = None, trace: bool = False) -> Progra
                int(rng.integers(0, 4)))
     output_lines = set(range(len(b.lines) - len(outputs), len(b.lines)))
     storage_inputs = _storage_parts(b, np.random.default_rng([seed, 1]), outputs, output_lines)
+    helpers = _helper_parts(b, np.random.default_rng([seed, 2]), outputs, output_lines)
     if trace:                             # the same program, every value stored in order
         b.lines = [line for n, line in enumerate(b.lines) if n not in output_lines]
         outputs = []
@@ -413,6 +442,7 @@ def generate(seed: int, steps: int | None = None, trace: bool = False) -> Progra
               + ["s_f: k.f32", "s_i: k.i32", "n_iter: k.i32", f"BR: k.constexpr = {br}", f"BC: k.constexpr = {bc}"])
     body = "\n".join("        " + line for line in b.lines)
     source = (f"# k31dsl random program, seed {seed} (tests/program_fuzz.py)\nimport k31dsl as k\n\n\n"
+              + "".join(f"{h}\n\n\n" for h in helpers) +
               f"@k.kernel\ndef fuzz_kernel({', '.join(params)}):\n"
               f"    for i, j in k.grid(k.cdiv(x0.shape[0], BR), k.cdiv(x0.shape[1], BC)):\n{body}\n")
     return Program(seed, source, [(f"x{n}", dt) for n, dt in enumerate(input_dtypes)], outputs, rows, cols,
@@ -486,8 +516,10 @@ def mismatch(prog: Program, ref: dict, got: dict) -> str | None:
     import torch
     for name, dt, exact in prog.outputs:
         a, b = ref[name], got[name]
-        if dt in STORAGE:                  # codes, byte for byte
-            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        if dt in STORAGE:                  # codes, byte for byte, but -0 (0x80) as +0: the sign of a
+            a, b = a.view(torch.uint8), b.view(torch.uint8)        # zero from max / min is left open
+            if dt != "e8m0":
+                a, b = a.masked_fill(a == 0x80, 0), b.masked_fill(b == 0x80, 0)
         if dt in FLOATS:
             na, nb = torch.isnan(a), torch.isnan(b)
             if not torch.equal(na, nb):

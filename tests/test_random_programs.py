@@ -37,7 +37,8 @@ def test_generator_reaches_every_op_kind():
         kinds.update(fuzz.generate(seed).ops)
     expected = {"load", "arith", "div", "intdiv", "minmax", "compare", "logic", "shift", "where", "unary_exact",
                 "unary_inexact", "cast", "bitcast", "reduce", "cumsum", "dot", "loop", "gather", "scalar",
-                "element", "sort", "take", "masked_load", "while", "trans", "storage_load", "storage_store"}
+                "element", "sort", "take", "masked_load", "while", "trans", "storage_load", "storage_store",
+                "func", "static_loop"}
     assert expected <= set(kinds), f"never drawn: {expected - set(kinds)}"
     assert min(kinds[k] for k in expected) >= 10, kinds
 
