@@ -14,6 +14,7 @@ passes, so the outputs must agree bit for bit.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import k31dsl as k
+from program_fuzz import map_seeds, write_report
 
 BD = 128            # row tile: every program's D is at most this
 
@@ -211,14 +213,8 @@ def main(argv=None) -> int:
         return 0
     targets = [t for t in args.targets.split(",") if t]
     t0, lines = time.time(), []
-    seeds = range(seed0, seed0 + args.count)
-    if args.jobs > 1:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
-        results = pool.map(check, seeds, [targets] * len(seeds), chunksize=2)
-    else:
-        results = (check(seed, targets) for seed in seeds)
+    results = map_seeds(functools.partial(check, targets=targets), range(seed0, seed0 + args.count), args.jobs,
+                        chunksize=2)
     for out in results:
         if out.status != "ok":
             lines.append(f"seed {out.seed}: {out.detail}; passes: {out.report}")
@@ -226,10 +222,7 @@ def main(argv=None) -> int:
     summary = (f"{args.count} graph programs from seed {seed0} on {', '.join(targets)}: "
                f"{args.count - len(lines)} agree, {len(lines)} failed ({time.time() - t0:.0f} s)")
     print(summary)
-    if args.report:
-        with open(args.report, "w") as f:
-            f.write(f"# Random graph programs: passes on against call by call\n\n{summary}\n\n"
-                    + "".join(f"- {line}\n" for line in lines))
+    write_report(args.report, "Random graph programs: passes on against call by call", summary, lines)
     return 1 if lines else 0
 
 

@@ -21,6 +21,7 @@ tests/test_random_programs.py runs a few per target in CI.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import sys
@@ -314,7 +315,7 @@ def _step(b: _Builder):
             return
         b.new(f"{a.name}.T", a.dtype, a.exact, "tile", kind)
     elif kind == "scalar":
-        a = b.pick(lambda v: v.dtype in ("f32", "i32") or v.dtype in FLOATS)
+        a = b.pick(lambda v: v.dtype in FLOATS + ("i32",))
         if a is None:
             return
         if a.dtype == "f32":
@@ -610,6 +611,24 @@ def check(seed: int, targets, directory: str, trace: bool = False) -> Outcome:
     return Outcome(seed, "ok", path=path)
 
 
+def map_seeds(check_one, seeds, jobs: int, chunksize: int = 4):
+    """check_one(seed) over the seeds, in order: in `jobs` spawned processes when jobs > 1
+    (check_one must then pickle: a module-level function or a functools.partial of one)."""
+    if jobs <= 1:
+        return map(check_one, seeds)
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    pool = cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"))
+    return pool.map(check_one, seeds, chunksize=chunksize)
+
+
+def write_report(path: str | None, title: str, summary: str, lines: list[str]):
+    """The run's summary and its failure lines as a Markdown file (nothing when path is None)."""
+    if path:
+        with open(path, "w") as f:
+            f.write(f"# {title}\n\n{summary}\n\n" + "".join(f"- {line}\n" for line in lines))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -634,15 +653,8 @@ def main(argv=None) -> int:
     targets = [t for t in args.targets.split(",") if t]
     counts = {"ok": 0, "rejected": 0, "too big": 0, "FAIL": 0}
     t0 = time.time()
-    seeds = range(seed0, seed0 + args.count)
-    if args.jobs > 1:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
-        results = pool.map(check, seeds, [targets] * len(seeds), [directory] * len(seeds),
-                           [args.trace] * len(seeds), chunksize=4)
-    else:
-        results = (check(seed, targets, directory, args.trace) for seed in seeds)
+    results = map_seeds(functools.partial(check, targets=targets, directory=directory, trace=args.trace),
+                        range(seed0, seed0 + args.count), args.jobs)
     lines = []
     for n, out in enumerate(results):
         counts[out.status] += 1
@@ -654,10 +666,7 @@ def main(argv=None) -> int:
     summary = (f"{args.count} programs from seed {seed0} on {', '.join(targets)}: {counts['ok']} agree, "
                f"{counts['rejected']} rejected by the frontend, {counts['too big']} too big for a target, {counts['FAIL']} failed ({time.time() - t0:.0f} s)")
     print(summary)
-    if args.report:
-        with open(args.report, "w") as f:
-            f.write(f"# Random programs against the numpy reference\n\n{summary}\n\n"
-                    + "".join(f"- {line}\n" for line in lines))
+    write_report(args.report, "Random programs against the numpy reference", summary, lines)
     return 1 if counts["FAIL"] else 0
 
 

@@ -155,8 +155,8 @@ def build_plan(kernel: Kernel, mode: str = "double", extra_uses=(), skip=()) -> 
                     def_op.name in ("load", "for") or plan.chain[id(users[0])] != plan.chain[id(def_op)]:
                 continue
             st = users[0]
-            stored = st.operands[1 + len(st.attrs["index"])]
             n_idx = len(st.attrs["index"])
+            stored = st.operands[1 + n_idx]
             lanes = index_result_shape(st.operands[0].type, [x.type for x in st.operands[1:1 + n_idx]],
                                        st.attrs["index"])
             # a stored value the store broadcasts is copied into a staging tile first: not "out"

@@ -246,8 +246,9 @@ def cast(x, to: str):
         info = np.iinfo(npdt)
         # the bounds compared as floats, the saturated values set as integers: float(2^63 - 1)
         # rounds up to 2^63, which clipping in float64 and converting would turn into -2^63
-        high, low = np.isfinite(t) & (t >= float(info.max)), np.isfinite(t) & (t <= float(info.min))
-        inside = np.where(np.isfinite(t) & ~high & ~low, t, 0).astype(npdt)
+        finite = np.isfinite(t)
+        high, low = finite & (t >= float(info.max)), finite & (t <= float(info.min))
+        inside = np.where(finite & ~high & ~low, t, 0).astype(npdt)
         return np.where(high, npdt(info.max), np.where(low, npdt(info.min), inside)).astype(npdt)[()]
     if src.kind == "fp8" or (src in (D.bf16, D.f16) and dst.is_float):
         return x.astype(F32).astype(D.numpy_dtype(dst))[()]

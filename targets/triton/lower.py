@@ -245,12 +245,12 @@ def unary(em, op):
             # came out +2 on the H200 (fuzz seed 101852; every select / xor form of abs is folded
             # back into it, benchmarks/probes/abs_wrap.py). PTX's abs wraps as the contract does, and
             # LLVM cannot look into it
-            asm = "abs.s64 $0, $1;" if dt.bits == 64 else "abs.s32 $0, $1;"
-            arg = X if dt.bits >= 32 else f"{X}.to(tl.int32)"
-            wide = D.i64 if dt.bits == 64 else D.i32
-            text = (f"tl.inline_asm_elementwise(\"{asm}\", \"{'=l,l' if dt.bits == 64 else '=r,r'}\", [{arg}], "
+            bits, reg = (64, "l") if dt.bits == 64 else (32, "r")       # i8 widens to 32 bits and back
+            wide = D.i64 if bits == 64 else D.i32
+            arg = X if dt is wide else f"{X}.to({em.carrier(wide)})"
+            text = (f"tl.inline_asm_elementwise(\"abs.s{bits} $0, $1;\", \"={reg},{reg}\", [{arg}], "
                     f"dtype={em.carrier(wide)}, is_pure=True, pack=1)")
-            return text if dt.bits >= 32 else f"{text}.to({em.carrier(dt)})"
+            return text if dt is wide else f"{text}.to({em.carrier(dt)})"
         return f"tl.abs({X})"
     if name == "relu":                        # maximum(x, 0): NaN stays NaN
         if dt.is_float:
