@@ -120,3 +120,27 @@ def test_text_round_trip_of_random_programs(tmp_path, monkeypatch):
     calls = iter(range(10))
     monkeypatch.setattr(numpy_emit, "emit", lambda ir: f"program {next(calls)}")   # two emits differ
     assert "another numpy program" in fuzz.text_round_trip(kern)
+
+
+def test_shrink_keeps_what_the_failure_needs(tmp_path, monkeypatch):
+    # a stand-in failure: the target "disagrees" while the source still stores a chosen value; the
+    # shrunk program must keep that store and the statements it reads, and nothing else
+    import program_shrink as shrink
+    seed = draw_seed()
+    prog = fuzz.generate(seed)
+    lines = prog.source.splitlines()
+    store = next(line.strip() for line in reversed(lines)
+                 if line.strip().startswith(("o0[", "o1[", "o2[", "k.store(o")))
+    judge = shrink.Judge(prog, "numpy", str(tmp_path))
+    monkeypatch.setattr(fuzz, "mismatch", lambda p, ref, got: "stand-in" if store in p.source else None)
+    small = shrink.shrink(prog, judge, log=lambda *_: None)
+    assert store in small, f"seed {seed}"
+    body = small.splitlines()[slice(*shrink.body_span(small.splitlines()))]
+    assert len(body) < len(lines[slice(*shrink.body_span(lines))]) or len(body) == 1
+    for n, line in enumerate(body):      # every statement left is needed: deleting it breaks the failure
+        trial = small.splitlines()
+        first = trial.index(line)
+        rest = trial[:first] + trial[first + 1:]
+        if line.rstrip().endswith(":"):  # a block goes only with its body; the shrinker tried that
+            continue
+        assert judge.verdict("\n".join(rest) + "\n") != "mismatch", f"seed {seed}: {line.strip()} is not needed"

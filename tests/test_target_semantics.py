@@ -225,20 +225,26 @@ def test_stores_broadcast_their_value(target, rng):
 
 
 @k.kernel
-def scalar_masks(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.f32, "R", "C"], BR: k.constexpr = 8, BC: k.constexpr = 16):
+def scalar_masks(x: k.Tensor[k.f32, "R", "C"], o: k.Tensor[k.f32, "R", "C"], o2: k.Tensor[k.f16, "R", "C"],
+                 BR: k.constexpr = 8, BC: k.constexpr = 16):
     for i, j in k.grid(k.cdiv(x.shape[0], BR), k.cdiv(x.shape[1], BC)):
         v = x[k.span(i * BR, BR, other=0.5), k.span(j * BC, BC, other=0.5)]
         first = x[i * BR, j * BC] < 0.0                # one element decides the whole block
         k.store(o, (k.span(i * BR, BR), k.span(j * BC, BC)), v * 2.0, mask=first & (v > -1.0))
+        # a scalar cast to bool, too (fuzz seed 601640: the interpreter's f16 scalar != 0 gave f16 data)
+        nonzero = k.floor(x[i * BR, j * BC].to(k.f16)).to(k.bool)
+        k.store(o2, (k.span(i * BR, BR), k.span(j * BC, BC)), v.to(k.f16), mask=nonzero & (v > -1.0))
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_scalar_compare_masks_a_store(target, rng):
     # Triton 3.9's interpreter once gave float lanes for a splatted scalar compare (fuzz seed 80622)
     x = torch.from_numpy(rng.standard_normal((19, 35)).astype(np.float32))
-    got = run_both(target, scalar_masks, {"x": x}, {"o": torch.full((19, 35), 7.0)})
-    compare(got, exact=("o",))
-    assert (got[target]["o"] == 7.0).any() and (got[target]["o"] != 7.0).any()
+    got = run_both(target, scalar_masks, {"x": x}, {"o": torch.full((19, 35), 7.0),
+                                                    "o2": torch.full((19, 35), 7.0, dtype=torch.float16)})
+    compare(got, exact=("o", "o2"))
+    for name in ("o", "o2"):
+        assert (got[target][name] == 7.0).any() and (got[target][name] != 7.0).any()
 
 
 

@@ -243,12 +243,16 @@ def unary(em, op):
         if dt.is_int and dt.signed and not em.interp and x.type.shape:
             # tl.abs becomes llvm.abs with INT_MIN poison, so LLVM takes abs(x) >= 0: abs(INT_MIN) % -3
             # came out +2 on the H200 (fuzz seed 101852; every select / xor form of abs is folded
-            # back into it, benchmarks/probes/abs_wrap.py). PTX's abs wraps as the contract does, and
-            # LLVM cannot look into it
+            # back into it, benchmarks/probes/abs_wrap.py). PTX's own abs does no better: ptxas, too,
+            # takes IABS for non-negative (the SASS drops the remainder's sign fix-up). The
+            # shift-xor-subtract form in inline asm wraps as the contract does, and neither LLVM
+            # nor ptxas treats its result as non-negative (benchmarks/probes/abs_forms.py)
             bits, reg = (64, "l") if dt.bits == 64 else (32, "r")       # i8 widens to 32 bits and back
             wide = D.i64 if bits == 64 else D.i32
             arg = X if dt is wide else f"{X}.to({em.carrier(wide)})"
-            text = (f"tl.inline_asm_elementwise(\"abs.s{bits} $0, $1;\", \"={reg},{reg}\", [{arg}], "
+            asm = (f"{{ .reg .s{bits} t; shr.s{bits} t, $1, {bits - 1}; xor.b{bits} $0, $1, t; "
+                   f"sub.s{bits} $0, $0, t; }}")
+            text = (f"tl.inline_asm_elementwise(\"{asm}\", \"={reg},{reg}\", [{arg}], "
                     f"dtype={em.carrier(wide)}, is_pure=True, pack=1)")
             return text if dt is wide else f"{text}.to({em.carrier(dt)})"
         return f"tl.abs({X})"
@@ -273,6 +277,8 @@ def cast(em, op):
     x = op.operands[0]
     src, dst = x.type.dtype, op.attrs["dtype"]
     if dst is D.bool_:
+        if em.interp and x.type.is_scalar and src is not D.bool_:
+            return f"tl.where({em.n(x)} != 0, True, False)"     # as binary()'s scalar compares
         return f"{em.n(x)} != 0"
     if dst.is_float or dst.is_storage_only:
         bf16_carrier = src is D.bf16 and em.interp
