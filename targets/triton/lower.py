@@ -160,6 +160,23 @@ def _outer_product_operands(a, b) -> bool:
     return len(sa) == 3 and len(sb) == 3 and sa[2] == 1 and sb[0] == 1 and (sa[0] != 1 or sb[2] != 1)
 
 
+def _opaque_int(em, v, text: str) -> str:
+    """An integer tile as the operand of a min / max on the GPU, behind an identity byte permute.
+    ptxas (12.8 to 13.3) folds an integer negation into a three-input min / max (VIMNMX3) and can
+    drop it: max over axis 0 of -x came back as the max of x on the H200 (fuzz seeds 202878,
+    103512; the SASS shows three operands negated and the fourth not; pytorch#190973 reports the
+    same fusion). ptxas does not look through PRMT, so every operand reaches the min / max as
+    computed (benchmarks/probes/negmax_sass.py reads the SASS of each form)."""
+    dt = v.type.dtype
+    if em.interp or not dt.is_int or dt.bits > 32 or v.type.is_scalar or v.uid in em.maybe_cx:
+        return text
+    carrier = "tl.uint32" if dt is D.u32 else "tl.int32"
+    arg = text if dt.bits == 32 else f"{text}.to(tl.int32)"
+    out = (f'tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x3210;", "=r,r", [{arg}], dtype={carrier}, '
+           f'is_pure=True, pack=1)')
+    return out if dt.bits == 32 else f"{out}.to({em.carrier(dt)})"
+
+
 def binary(em, op):
     a, b = op.operands
     dt, name = a.type.dtype, op.name
@@ -181,7 +198,7 @@ def binary(em, op):
     if not dt.is_float:
         if name == "floordiv":
             return f"{A} // {B}"            # Triton's integer // truncates toward zero
-        return f"tl.{name}({A}, {B})"        # maximum / minimum
+        return f"tl.{name}({_opaque_int(em, a, A)}, {_opaque_int(em, b, B)})"        # maximum / minimum
     if name in ("maximum", "minimum"):
         em.use("fmax" if name == "maximum" else "fmin")
         if dt in LOW:        # Triton 3.6 returns f32 for a bf16 maximum: keep the IR's dtype
@@ -262,7 +279,7 @@ def unary(em, op):
             if dt in LOW:     # as binary()'s maximum: Triton 3.6 returns f32 for a 16-bit maximum
                 return from32(em, f"_fmax({f32(em, x)}, 0.0)", dt)
             return f"_fmax({X}, tl.zeros_like({X}))"
-        return f"tl.maximum({X}, tl.zeros_like({X}))"
+        return f"tl.maximum({_opaque_int(em, x, X)}, tl.zeros_like({X}))"
     if dt in LOW:
         return from32(em, _float_unary(em, name, f32(em, x), D.f32), dt)
     return _float_unary(em, name, X, dt)
@@ -332,7 +349,7 @@ def reduce(em, op):
         return f"tl.reduce({X}, {axis}, _f{op.name})"
     if dt in LOW:
         return from32(em, f"tl.sum({f32(em, x)}{ax})", dt)
-    out = f"tl.{op.name}({X}{ax})"
+    out = f"tl.{op.name}({X if op.name == 'sum' else _opaque_int(em, x, X)}{ax})"
     return f"{out}.to({em.carrier(dt)})" if dt.is_int and dt.bits < 32 else out
 
 
