@@ -98,6 +98,14 @@ class _Builder:
             return None
         return f"{v.name}.to(k.{dtype})"
 
+    @staticmethod
+    def summand(text: str, dtype: str) -> str:
+        """A float operand of a sum, cumsum or dot, clamped to +-1e4: the order of a float sum is
+        left open, so terms near the f32 range (products of int64 extremes reach 1e37) cancel
+        differently in a sequential and a tree order, past any tolerance scaled to the outputs.
+        NaN stays NaN."""
+        return f"k.minimum(k.maximum({text}, -1e4), 1e4)" if dtype in FLOATS else text
+
     def operand_like(self, a: Value, exact_only=False) -> tuple[str, bool, str]:
         """A second operand for a binary op with a: another value cast to a's dtype, or a literal."""
         b = self.pick(lambda v: (v.exact or not exact_only) and v.dtype != "bool")
@@ -237,13 +245,14 @@ def _step(b: _Builder):
         axis = int(r.integers(2))
         keep = "[:, None]" if axis == 1 else "[None, :]"
         exact = a.exact and (fn != "sum" or a.dtype not in FLOATS)
-        b.new(f"k.{fn}({a.name}, axis={axis}){keep}", a.dtype, exact, "rows" if axis == 1 else "cols", kind)
+        x = b.summand(a.name, a.dtype) if fn == "sum" else a.name
+        b.new(f"k.{fn}({x}, axis={axis}){keep}", a.dtype, exact, "rows" if axis == 1 else "cols", kind)
     elif kind == "cumsum":
         a = b.pick(lambda v: v.dtype not in ("bool", "i8") and v.shape == "tile")
         if a is None:
             return
         rev = ", reverse=True" if r.random() < 0.3 else ""
-        b.new(f"k.cumsum({a.name}, axis={int(r.integers(2))}{rev})", a.dtype, a.exact and a.dtype not in FLOATS,
+        b.new(f"k.cumsum({b.summand(a.name, a.dtype)}, axis={int(r.integers(2))}{rev})", a.dtype, a.exact and a.dtype not in FLOATS,
               "tile", kind)
     elif kind == "dot":
         if not b.square:
@@ -253,8 +262,9 @@ def _step(b: _Builder):
         if x is None or y is None:
             return
         dt = str(r.choice(FLOATS))
-        yt = f"({b.as_dtype(y, dt)}).T" if r.random() < 0.3 else b.as_dtype(y, dt)
-        b.new(f"k.dot({b.as_dtype(x, dt)}, {yt})", "f32", False, "tile", kind)
+        yt = b.summand(b.as_dtype(y, dt), dt)
+        yt = f"({yt}).T" if r.random() < 0.3 else yt
+        b.new(f"k.dot({b.summand(b.as_dtype(x, dt), dt)}, {yt})", "f32", False, "tile", kind)
     elif kind == "loop":
         a = b.pick(lambda v: v.dtype != "bool" and v.shape == "tile")
         if a is None:
