@@ -338,6 +338,29 @@ def test_min_max_of_negated_integers(target, rng):
 
 
 @k.kernel
+def narrow_transposes(x: k.Tensor[k.i8, "R", "C"], u: k.Tensor[k.u32, "R", "C"], o: k.Tensor[k.i8, "C", "R"],
+                      ou: k.Tensor[k.i8, "C", "R"], ob: k.Tensor[k.i32, "C", "R"], B: k.constexpr = 32):
+    # 8-bit and bool tiles transposed (fuzz seeds 312048, 312814: wrong lanes from Triton 3.6 on the H200)
+    for i, j in k.grid(k.cdiv(x.shape[0], B), k.cdiv(x.shape[1], B)):
+        a = x[k.span(i * B, B, other=-2), k.span(j * B, B, other=-2)]
+        w = u[k.span(i * B, B, other=5), k.span(j * B, B, other=5)]
+        o[k.span(j * B, B), k.span(i * B, B)] = a.T
+        ou[k.span(j * B, B), k.span(i * B, B)] = w.T.to(k.i8)
+        ob[k.span(j * B, B), k.span(i * B, B)] = (a > 0).T.to(k.i32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_transposes_of_narrow_tiles(target, rng):
+    x = torch.from_numpy(rng.integers(-128, 128, (45, 70)).astype(np.int8))
+    u = torch.from_numpy(rng.integers(0, 2 ** 32, (45, 70), dtype=np.uint64).astype(np.uint32))
+    got = run_both(target, narrow_transposes, {"x": x, "u": u},
+                   {"o": torch.zeros(70, 45, dtype=torch.int8), "ou": torch.zeros(70, 45, dtype=torch.int8),
+                    "ob": torch.zeros(70, 45, dtype=torch.int32)})
+    compare(got)
+    np.testing.assert_array_equal(got[target]["o"].numpy(), x.numpy().T)
+
+
+@k.kernel
 def histograms(x: k.Tensor[k.i32, "R", "N"], lo: k.Tensor[k.i32, "R"], h: k.Tensor[k.i32, "R", "B"],
                BN: k.constexpr = 64, BB: k.constexpr = 16):
     # per row: the lanes' values binned (out-of-range values and lanes below lo[r] not counted;
@@ -368,5 +391,6 @@ def test_gpu_mode_code_compiles_for_hopper(tmp_path):
     if detect_mode() != "interpret":
         pytest.skip("on a GPU the tests above run the GPU code itself")
     from hopper import assert_compiles_for_hopper
-    assert_compiles_for_hopper(__file__, ["casts", "int_math", "reductions", "histograms", "negated_extremes"],
+    assert_compiles_for_hopper(__file__, ["casts", "int_math", "reductions", "histograms", "negated_extremes",
+                                          "narrow_transposes"],
                                tmp_path)
