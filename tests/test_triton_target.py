@@ -520,3 +520,21 @@ def test_jit_like_options_compile_for_hopper(tmp_path):
         "b = compile_for_gpu(kern, folder, arch=90).asm['cubin']\n"
         "print(like['index_type'], 'flag_size_0' in like['ones'], bool(a) and bool(b), a != b)\n")
     assert run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0").split() == ["int64", "True", "True", "True"]
+
+
+def test_gpu_code_works_around_triton_36_miscompiles():
+    # what the H200 got wrong from Triton 3.6 (tests/program_fuzz.py seeds in NOTES, 3 Dec), as the
+    # gpu-mode source must avoid it: a narrow integer load's nonzero fill is selected after the load
+    # (3.6 filled vectorised i8 lanes with the fill's 32-bit pattern); integer min / max operands pass
+    # an identity PRMT (ptxas dropped a negation folded into VIMNMX3); integer abs is shift-xor-sub
+    from k31dsl.targets.triton.emit import emit
+    from test_target_semantics import narrow_fills, negated_extremes, wrapping_abs
+    fills = emit(narrow_fills.ir(), mode="gpu")
+    loads = [line for line in fills.splitlines() if "tl.load(" in line]
+    assert len(loads) == 3 and not any("other=" in line for line in loads), loads
+    assert all(line.strip().split(" = ", 1)[1].startswith("tl.where(") for line in loads), loads
+    extremes = emit(negated_extremes.ir(), mode="gpu")
+    reductions = [line for line in extremes.splitlines() if "tl.max(" in line or "tl.min(" in line]
+    assert len(reductions) == 4 and all("prmt.b32" in line for line in reductions), reductions
+    assert "abs.s32" not in emit(wrapping_abs.ir(), mode="gpu")
+    assert "prmt" not in emit(negated_extremes.ir(), mode="interpret")      # the interpreter needs none

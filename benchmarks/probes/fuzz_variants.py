@@ -47,6 +47,22 @@ CASES = {
                  triton=WARPS),
 }
 
+# second round (python fuzz_variants.py --forms): candidate fixes as Triton edits of the shrunk program
+FORMS = {
+    300771: dict(dsl=[], triton=[
+        ("flip-scan-flip", "tl.cumsum(v4.to(tl.float32), 1, reverse=True)",
+         "tl.flip(tl.cumsum(tl.flip(v4.to(tl.float32), 1), 1), 1)"),
+        ("associative_scan", "tl.cumsum(v4.to(tl.float32), 1, reverse=True)",
+         "tl.associative_scan(v4.to(tl.float32), 1, _add_f, reverse=True)"),
+        ("total - scan + x", "tl.cumsum(v4.to(tl.float32), 1, reverse=True)",
+         "(tl.sum(v4.to(tl.float32), 1)[:, None] - tl.cumsum(v4.to(tl.float32), 1) + v4.to(tl.float32))")]),
+    302679: dict(dsl=[], triton=[
+        ("key by * and +", "key = (order.to(tl.int64) << 32) | (L - 1 - lanes).to(tl.int64)",
+         "key = order.to(tl.int64) * 4294967296 + (L - 1 - lanes).to(tl.int64)"),
+        ("2-D lanes", "lanes = tl.arange(0, L)", "lanes = tl.arange(0, L)[None, :]"),
+        ("order as i64 first", "key = (order.to(tl.int64) << 32)", "key = (tl.where(order == order, order, 0).to(tl.int64) << 32)")]),
+}
+
 
 def outputs_of(prog, got: dict, ref: dict, limit=6) -> str:
     for name, dt, _ in prog.outputs:
@@ -80,7 +96,10 @@ def run_case(seed: int, spec: dict, folder: str):
                 continue
             path = os.path.join(folder, f"v_{seed}_{abs(hash((dname, tname)))}.py")
             with open(path, "w") as f:
-                f.write(text.replace(told, tnew) if told else text)
+                src = text.replace(told, tnew) if told else text
+                if "_add_f" in tnew:           # the combine function the edit calls
+                    src = src.replace("\n@triton.jit", "\n@triton.jit\ndef _add_f(a, b):\n    return a + b\n\n\n@triton.jit", 1)
+                f.write(src)
             mspec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
             mod = importlib.util.module_from_spec(mspec)
             mspec.loader.exec_module(mod)
@@ -99,10 +118,12 @@ def run_case(seed: int, spec: dict, folder: str):
 
 
 def main():
-    seeds = [int(s) for s in sys.argv[1:]] or list(CASES)
+    forms = "--forms" in sys.argv
+    table = FORMS if forms else CASES
+    seeds = [int(s) for s in sys.argv[1:] if s != "--forms"] or list(table)
     folder = tempfile.mkdtemp(prefix="k31var_")
     for seed in seeds:
-        run_case(seed, CASES[seed], folder)
+        run_case(seed, table[seed], folder)
 
 
 if __name__ == "__main__":

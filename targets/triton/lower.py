@@ -425,15 +425,7 @@ def expand(em, op):
 
 
 def trans(em, op):
-    x = op.operands[0]
-    dt, X = x.type.dtype, em.t(x)
-    if not em.interp and dt.bits <= 8:
-        # an i8 tile transposed by Triton 3.6 came back with wrong lanes on the H200 (fuzz seeds
-        # 312048, 312814); the same transpose in 32 bits is right
-        if dt is D.bool_:
-            return f"tl.trans({X}.to(tl.int32)) != 0"
-        return f"tl.trans({X}.to(tl.int32)).to({em.carrier(dt)})"
-    return f"tl.trans({X})"
+    return f"tl.trans({em.t(op.operands[0])})"
 
 
 def broadcast(em, op):
@@ -522,7 +514,15 @@ def load(em, op):
     ptr, mask, _ = _access(em, op, False)
     dt = op.operands[0].type.dtype
     other = op.attrs["other"]
-    extra = "" if other is None else f", other={fill_literal(other, dt, em)}"
+    fill = None if other is None else fill_literal(other, dt, em)
+    if (fill is not None and not em.interp and not dt.is_float and dt.bits < 32
+            and fill not in ("0", "False") and op.result.type.shape):
+        # Triton 3.6 fills the masked lanes of a vectorised 8- or 16-bit integer load with the
+        # 32-bit pattern of `other` (-2 becomes 0xFFFFFFFE: lanes -2, -1, -1, -1 on the H200,
+        # fuzz seed 312048; the PTX shows it); float fills are splatted right. Load, then select
+        return (f"tl.where({mask}, tl.load({ptr}, mask={mask}{_eviction(op)}), "
+                f"tl.full([], {fill}, {em.carrier(dt)}))")
+    extra = "" if other is None else f", other={fill}"
     text = f"tl.load({ptr}, mask={mask}{extra}{_eviction(op)})"
     if dt is D.bf16 and em.interp:
         em.use("round_bf16")
