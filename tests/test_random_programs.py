@@ -137,7 +137,7 @@ def test_shrink_keeps_what_the_failure_needs(tmp_path, monkeypatch):
     assert store in small, f"seed {seed}"
     body = small.splitlines()[slice(*shrink.body_span(small.splitlines()))]
     assert len(body) < len(lines[slice(*shrink.body_span(lines))]) or len(body) == 1
-    for n, line in enumerate(body):      # every statement left is needed: deleting it breaks the failure
+    for line in body:                    # every statement left is needed: deleting it breaks the failure
         trial = small.splitlines()
         first = trial.index(line)
         rest = trial[:first] + trial[first + 1:]

@@ -2,13 +2,14 @@
 
 The launcher takes the kernel's parameters (torch tensors, numbers), computes the grid from the
 host block and passes every tensor as a data pointer plus all of its sizes and strides. Only
-`tl.*` is used (no block pointers; libdevice and inline asm for one op each, below), and the code
+`tl.*` is used (no block pointers; libdevice and inline asm for the few ops below), and the code
 is generated for one mode, fixed at emit time and written in the header:
 
   gpu        native bf16 tiles, hardware fp8 conversions, correctly rounded `/` and sqrt, float `%`
-             as libdevice's fmod (frem is inexact there), integer abs as PTX `abs` (LLVM's abs
-             takes INT_MIN for poison); on sm_90+ programmatic dependent launch
-             (`tl.extra.cuda.gdc_*`, `launch_pdl=True`).
+             as libdevice's fmod (frem is inexact there), integer abs and the operands of integer
+             min / max through inline asm that LLVM and ptxas cannot see into (both miscompiled
+             them), narrow integer loads filled by a select (lower.py says why for each); on
+             sm_90+ programmatic dependent launch (`tl.extra.cuda.gdc_*`, `launch_pdl=True`).
   interpret  Triton's CPU interpreter: bf16 tiles live in f32 carriers rounded in software (its
              own bf16 is wrong), fp8 converts in software, dots run in f32.
 

@@ -160,6 +160,19 @@ def _outer_product_operands(a, b) -> bool:
     return len(sa) == 3 and len(sb) == 3 and sa[2] == 1 and sb[0] == 1 and (sa[0] != 1 or sb[2] != 1)
 
 
+def _int_asm(em, dt: D.DType, text: str, asm: str) -> str:
+    """An integer tile through one elementwise PTX snippet (`asm` may name {bits} and {top} =
+    bits - 1): 64-bit values in a 64-bit register, the rest in 32 bits (narrower integers widen
+    there and come back). Neither LLVM nor ptxas infers anything about the result."""
+    bits = 64 if dt.bits == 64 else 32
+    wide = "tl.int64" if bits == 64 else "tl.uint32" if dt is D.u32 else "tl.int32"
+    arg = text if em.carrier(dt) == wide else f"{text}.to({wide})"
+    reg = "l" if bits == 64 else "r"
+    out = (f'tl.inline_asm_elementwise("{asm.format(bits=bits, top=bits - 1)}", "={reg},{reg}", [{arg}], '
+           f'dtype={wide}, is_pure=True, pack=1)')
+    return out if em.carrier(dt) == wide else f"{out}.to({em.carrier(dt)})"
+
+
 def _opaque_int(em, v, text: str) -> str:
     """An integer tile as the operand of a min / max on the GPU, behind an identity byte permute.
     ptxas (12.8 to 13.3) folds an integer negation into a three-input min / max (VIMNMX3) and can
@@ -170,11 +183,7 @@ def _opaque_int(em, v, text: str) -> str:
     dt = v.type.dtype
     if em.interp or not dt.is_int or dt.bits > 32 or v.type.is_scalar or v.uid in em.maybe_cx:
         return text
-    carrier = "tl.uint32" if dt is D.u32 else "tl.int32"
-    arg = text if dt.bits == 32 else f"{text}.to(tl.int32)"
-    out = (f'tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x3210;", "=r,r", [{arg}], dtype={carrier}, '
-           f'is_pure=True, pack=1)')
-    return out if dt.bits == 32 else f"{out}.to({em.carrier(dt)})"
+    return _int_asm(em, dt, text, "prmt.b32 $0, $1, 0, 0x3210;")
 
 
 def binary(em, op):
@@ -264,14 +273,8 @@ def unary(em, op):
             # takes IABS for non-negative (the SASS drops the remainder's sign fix-up). The
             # shift-xor-subtract form in inline asm wraps as the contract does, and neither LLVM
             # nor ptxas treats its result as non-negative (benchmarks/probes/abs_forms.py)
-            bits, reg = (64, "l") if dt.bits == 64 else (32, "r")       # i8 widens to 32 bits and back
-            wide = D.i64 if bits == 64 else D.i32
-            arg = X if dt is wide else f"{X}.to({em.carrier(wide)})"
-            asm = (f"{{ .reg .s{bits} t; shr.s{bits} t, $1, {bits - 1}; xor.b{bits} $0, $1, t; "
-                   f"sub.s{bits} $0, $0, t; }}")
-            text = (f"tl.inline_asm_elementwise(\"{asm}\", \"={reg},{reg}\", [{arg}], "
-                    f"dtype={em.carrier(wide)}, is_pure=True, pack=1)")
-            return text if dt is wide else f"{text}.to({em.carrier(dt)})"
+            return _int_asm(em, dt, X, "{{ .reg .s{bits} t; shr.s{bits} t, $1, {top}; xor.b{bits} $0, $1, t; "
+                                       "sub.s{bits} $0, $0, t; }}")
         return f"tl.abs({X})"
     if name == "relu":                        # maximum(x, 0): NaN stays NaN
         if dt.is_float:
