@@ -1,0 +1,68 @@
+"""k31dsl kernels through their gpu-mode launcher, compiled for sm_90 by the Triton in this process, emulated."""
+from __future__ import annotations
+
+import numpy as np
+
+from .machine import Emulator
+from .values import Memory, SharedMemoryRace, Unsupported
+
+
+def run_gpu_code(kern, *args, folder: str, arch: int = 90):
+    """Call a k31dsl kernel as its gpu-mode launcher would on an sm_`arch` GPU (the JIT's argument
+    specialisation included), with the PTX of the Triton in this process emulated here. `args`:
+    CPU torch tensors and scalars as for `k.compile(kern)`; outputs are written in place. Needs
+    TRITON_INTERPRET unset. Returns the compiled kernel (its `.asm` holds TTGIR and PTX)."""
+    import importlib.util
+    import pathlib
+
+    import torch
+    from k31dsl.targets.triton.aot import compile_for_gpu, jit_like
+    from k31dsl.targets.triton.emit import emit, pdl_mode
+
+    ir = kern.ir()
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{ir.name}_launcher.py"
+    path.write_text(emit(ir, mode="gpu", satfinite=arch >= 89, pdl=pdl_mode(arch >= 90)))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, f"{ir.name}_kernel")
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((tuple(grid), a))
+    setattr(module, f"{ir.name}_kernel", Recorder())
+    module._fewer_programs_than_sms = lambda *a: False         # the full-GPU PDL form, as aot builds
+    getattr(module, ir.name)(*args)
+    if not calls:
+        return None                                             # an empty grid: nothing launched
+    (grid, positional), = calls
+    values = dict(zip(fn.arg_names, positional))
+    named = {p.name: values[p.name] for p in ir.params if p.name in values}
+    (folder / "aot").mkdir(exist_ok=True)
+    compiled = compile_for_gpu(ir, folder / "aot", arch=arch, **jit_like(ir, **named))
+    memory, params = Memory(), []
+    for name in fn.arg_names:
+        if compiled.src.signature.get(name, "constexpr") == "constexpr":
+            continue
+        v, ty = values[name], compiled.src.signature[name]
+        if isinstance(v, torch.Tensor):
+            storage = torch.as_strided(v, (v.untyped_storage().nbytes() // v.element_size(),), (1,), 0)
+            params.append(memory.add(storage.view(torch.uint8).numpy()) + v.storage_offset() * v.element_size())
+        elif ty in ("fp32", "fp64"):
+            np_ty = np.float32 if ty == "fp32" else np.float64
+            params.append(int(np.array([v], np_ty).view(np.uint32 if ty == "fp32" else np.uint64)[0]))
+        else:
+            params.append(int(v))
+    (folder / f"{ir.name}.ptx").write_text(compiled.asm["ptx"])         # for reading after a failure
+    emu = Emulator(compiled.asm["ptx"])
+    scratch = len(emu.entry.params) - len(params)               # Triton's global / profile scratch
+    if getattr(compiled.metadata, "global_scratch_size", 0):
+        raise Unsupported("kernels with global scratch memory")
+    emu.launch(grid, params + [0] * scratch, memory)
+    if emu.races:
+        raise SharedMemoryRace("; ".join(emu.races[:3]))
+    return compiled
+
