@@ -7,7 +7,7 @@ import numpy as np
 
 from .parse import Entry, Instr, parse
 from .scalar_ops import SCALAR_OPS
-from .values import Memory, Unsupported, imm, is_reg, to_bits, to_typed
+from .values import WIDTH, Memory, SharedMemoryRace, Unsupported, imm, is_reg, to_bits, to_typed
 from .warp_ops import WARP_OPS
 
 OPS = {**SCALAR_OPS, **WARP_OPS}
@@ -141,6 +141,8 @@ class Emulator:
                         self._run(cta, max_steps)
                     self.undefined |= cta.undefined
                     self.races += [f"CTA {(cx, cy, cz)}: {r}" for r in cta.races]
+        if self.races:                                 # the outputs are written all the same
+            raise SharedMemoryRace("; ".join(self.races[:3]))
 
     def _run(self, cta: _CTA, max_steps: int):
         """SIMT with one program counter per thread: the threads at the lowest counter run the
@@ -153,6 +155,7 @@ class Emulator:
         pcs = np.zeros(cta.n, np.int64)
         held = np.zeros(cta.n, bool)
         warp = np.arange(cta.n) // 32
+        checked: set[int] = set()
         for _ in range(max_steps):
             live = pcs < end
             if not live.any():
@@ -163,6 +166,9 @@ class Emulator:
                                   f"{sorted(set(body[p].line for p in pcs[live]))[:4]})")
             pc = int(pcs[free].min())
             ins = body[pc]
+            if pc not in checked:
+                check_modifiers(ins)
+                checked.add(pc)
             here = live & (pcs == pc)
             scope = _sync_scope(ins)
             if scope is not None:
@@ -193,6 +199,46 @@ class Emulator:
                 raise Unsupported(f"{why} (in `{ins.op} {', '.join(ins.args)}`)") from None
             pcs[here] = pc + 1
         raise Unsupported("step limit reached (a loop that does not end?)")
+
+
+# the modifiers each instruction's semantics handle (types aside); any other is refused, since an
+# ignored one is a silent wrong answer (max.relu.s32 was one)
+_MEMORY = {"global", "shared", "shared::cta", "param", "const", "nc", "v2", "v4", "volatile", "relaxed", "weak",
+           "acquire", "release", "gpu", "cta", "sys", "ca", "cg", "cs", "lu", "cv", "wb", "wt"}
+_CMPS = {"eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu", "geu",
+         "num", "nan"}
+_FTZ = ("add", "sub", "mul", "mad", "fma", "div", "min", "max", "neg", "abs", "rcp", "sqrt", "rsqrt", "ex2",
+        "lg2", "sin", "cos", "tanh", "setp", "cvt")
+MODIFIERS = {
+    "ld": _MEMORY, "st": _MEMORY, "mov": set(), "selp": set(), "and": set(), "or": set(), "xor": set(),
+    "not": set(), "shl": set(), "shr": set(), "bfe": set(), "bfi": set(), "prmt": set(), "popc": set(),
+    "clz": set(), "brev": set(), "add": {"rn", "sat"}, "sub": {"rn", "sat"}, "mul": {"rn", "lo", "hi", "wide"},
+    "mad": {"rn", "lo", "hi", "wide"}, "fma": {"rn"}, "div": {"rn", "full", "approx"}, "rem": set(),
+    "neg": set(), "abs": set(), "min": {"NaN", "relu"}, "max": {"NaN", "relu"}, "copysign": set(),
+    "rcp": {"rn", "approx"}, "sqrt": {"rn", "approx"}, "rsqrt": {"approx"}, "ex2": {"approx"},
+    "lg2": {"approx"}, "sin": {"approx"}, "cos": {"approx"}, "tanh": {"approx"},
+    "setp": _CMPS | {"and", "or", "xor"}, "cvt": {"rn", "rzi", "rni", "rmi", "rpi", "sat", "satfinite"},
+    "shfl": {"sync", "up", "down", "bfly", "idx"}, "vote": {"sync", "any", "all", "ballot", "uni"},
+    "redux": {"sync", "add", "min", "max", "and", "or", "xor"}, "activemask": set(),
+    "bar": {"sync", "warp", "aligned"}, "barrier": {"sync", "aligned", "warp"},
+    "ldmatrix": {"sync", "aligned", "m8n8", "x1", "x2", "x4", "trans", "shared", "shared::cta"},
+    "stmatrix": {"sync", "aligned", "m8n8", "x1", "x2", "x4", "trans", "shared", "shared::cta"},
+    "mma": {"sync", "aligned", "m16n8k16", "row", "col"}, "createpolicy": None, "bra": {"uni"}, "ret": set(),
+    "exit": set(), **{head: None for head in NO_OPS},
+}
+for _head in _FTZ:                               # flushing subnormals: scalar_ops.flush_subnormals
+    MODIFIERS[_head] = MODIFIERS[_head] | {"ftz"}
+
+
+def check_modifiers(ins: Instr):
+    parts = ins.parts
+    allowed = MODIFIERS.get(parts[0], set())
+    if allowed is None:
+        return
+    for p in parts[1:]:
+        if p in WIDTH or p in allowed or p.startswith(("L1::", "L2::")) or p == "pred":
+            continue
+        raise Unsupported(f"modifier .{p} of {parts[0]}")
 
 
 def _sync_scope(ins: Instr) -> str | None:

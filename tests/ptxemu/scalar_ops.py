@@ -123,7 +123,17 @@ def _fma(a, b, c, ty):
     return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(a.dtype)
 
 
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """.ftz on f32: subnormal inputs and results become zeros of their sign."""
+    if x.dtype != np.float32:
+        return x
+    return np.where(np.abs(x) < np.float32(2.0 ** -126), np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
 def _float_arith(head, mods, ty, a):
+    if "ftz" in mods:
+        return flush_subnormals(_float_arith(head, [m for m in mods if m != "ftz"], ty,
+                                             [flush_subnormals(x) for x in a]))
     calc = ty
     if ty in ("f16", "bf16"):                   # exact in f32, then one rounding
         a = [x.astype(np.float32) for x in a]
@@ -172,6 +182,8 @@ def _float_arith(head, mods, ty, a):
         raise Unsupported(f"float {head}")
     if "sat" in mods:
         out = np.clip(np.nan_to_num(out, nan=0.0), 0, 1)
+    if "relu" in mods:                             # min / max.relu.{f16,bf16}: negatives to +0
+        out = np.where(out < 0, 0, out)
     if ty in ("f16", "bf16"):
         return out.astype(np.float16 if ty == "f16" else bf16_type())
     return out.astype(NUMPY[calc])
@@ -207,10 +219,10 @@ def _int_arith(head, mods, ty, a, cta):
         out = -big[0]
     elif head == "abs":
         out = np.abs(big[0])
-    elif head == "min":
-        out = np.minimum(big[0], big[1])
-    elif head == "max":
-        out = np.maximum(big[0], big[1])
+    elif head in ("min", "max"):
+        out = (np.minimum if head == "min" else np.maximum)(big[0], big[1])
+        if "relu" in mods:                         # min / max.relu.s32: then max with 0
+            out = np.maximum(out, 0)
     elif head in ("and", "or", "xor", "not"):
         out = {"and": lambda: big[0] & big[1], "or": lambda: big[0] | big[1],
                "xor": lambda: big[0] ^ big[1], "not": lambda: ~big[0]}[head]()
@@ -335,9 +347,23 @@ def _compare(cmp: str, ty: str, a, b):
 def _setp(cta: _CTA, ins: Instr):
     parts, ty = ins.parts, instr_type(ins)
     cmp = parts[1]
-    got = _compare(cmp, ty, cta.val(ins.args[1], ty), cta.val(ins.args[2], ty))
-    combine = next((p for p in parts[2:-1] if p in ("and", "or", "xor")), None)
     dests = ins.args[0].split("|")
+    if ty.endswith("x2"):                          # p from the low halves, q from the high halves
+        one = ty[:-2]
+        for half, dst in enumerate(dests):
+            x, y = (to_typed(cta.bits(a) >> np.uint64(16 * half), one) if is_reg(a)
+                    else imm(a, one, cta.n) for a in ins.args[1:3])
+            got = _compare(cmp, one, x, y)
+            if len(ins.args) > 3:
+                f = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[parts[2]]
+                got = f(got, cta.val(ins.args[3], "pred"))
+            cta.set(dst, got, "pred")
+        return
+    x, y = cta.val(ins.args[1], ty), cta.val(ins.args[2], ty)
+    if "ftz" in parts:
+        x, y = flush_subnormals(x), flush_subnormals(y)
+    got = _compare(cmp, ty, x, y)
+    combine = next((p for p in parts[2:-1] if p in ("and", "or", "xor")), None)
     if combine:
         c = cta.val(ins.args[3], "pred")
         f = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[combine]
@@ -390,6 +416,8 @@ def _cvt(cta: _CTA, ins: Instr):
         cta.set(ins.args[0], lo | (hi << np.uint64(16)), "b64")
         return
     a = cta.val(ins.args[1], aty)
+    if "ftz" in mods:
+        a = flush_subnormals(a)
     if is_float(dty):
         if is_float(aty):
             a = a.astype(np.float64)

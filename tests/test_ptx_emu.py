@@ -1,0 +1,270 @@
+"""tests/ptxemu, the PTX emulator: each instruction form against its definition in the PTX ISA
+manual (hand-written PTX, expected values computed here from the manual's formulas), divergence,
+barriers that wait for every thread, shared-memory races, and k31dsl kernels whose sm_90 code
+(Triton's real compiler in a subprocess) runs in the emulator and agrees with the numpy target."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from ptxemu import Emulator, Memory, SharedMemoryRace, Unsupported
+
+
+def run_ptx(body: str, threads: int = 32, shared: bool = False, extra_regs: str = "") -> np.ndarray:
+    """Run `body` in a one-CTA kernel whose thread t ends by storing %r9 to out[t] (u32)."""
+    ptx = textwrap.dedent(f"""
+        .version 8.7
+        .target sm_90a
+        .address_size 64
+        .extern .shared .align 16 .b8 global_smem[];
+        .visible .entry probe(
+            .param .u64 probe_param_0
+        )
+        .reqntid {threads}
+        {{
+            .reg .pred %p<8>;
+            .reg .b16 %rs<8>;
+            .reg .b32 %r<16>;
+            .reg .b64 %rd<8>;
+            {extra_regs}
+            ld.param.b64 %rd1, [probe_param_0];
+            mov.u32 %r1, %tid.x;
+        """) + textwrap.dedent(body) + textwrap.dedent("""
+            mul.wide.u32 %rd2, %r1, 4;
+            add.s64 %rd3, %rd1, %rd2;
+            st.global.b32 [%rd3], %r9;
+            ret;
+        }
+        """)
+    out = np.zeros(threads, np.uint32)
+    mem = Memory()
+    Emulator(ptx).launch((1, 1, 1), [mem.add(out.view(np.uint8))], mem)
+    return out
+
+
+def test_prmt_picks_and_sign_replicates_bytes():
+    # prmt.b32 d, a, b, c: byte k of d is byte c[4k+2:4k] of {b, a}; with bit 4k+3 set, that byte's
+    # sign bit fills it
+    got = run_ptx("""
+        mul.lo.u32 %r2, %r1, 0x01030507;
+        xor.b32 %r3, %r2, 0x80A0C0E0;
+        prmt.b32 %r9, %r2, %r3, 0x9C40;
+    """)
+    for t, v in enumerate(got):
+        a = (t * 0x01030507) & 0xFFFFFFFF
+        pool = ((a ^ 0x80A0C0E0) << 32) | a
+        want = 0
+        for k, sel in enumerate((0x0, 0x4, 0xC, 0x9)):
+            byte = (pool >> (8 * (sel & 7))) & 0xFF
+            if sel & 8:
+                byte = 0xFF if byte & 0x80 else 0
+            want |= byte << (8 * k)
+        assert v == want, (t, hex(int(v)), hex(want))
+
+
+def test_bfe_extracts_signed_and_unsigned_fields():
+    got = run_ptx("""
+        mov.u32 %r2, 0xB7E15163;
+        and.b32 %r3, %r1, 15;
+        bfe.s32 %r4, %r2, %r3, 7;
+        bfe.u32 %r5, %r2, %r3, 7;
+        xor.b32 %r9, %r4, %r5;
+    """, threads=16)
+    for t, v in enumerate(got):
+        field = (0xB7E15163 >> t) & 0x7F
+        signed = field - 0x80 if field & 0x40 else field
+        assert v == (signed & 0xFFFFFFFF) ^ field
+
+
+@pytest.mark.parametrize("mode,b,c", [("bfly", 5, 0x1F), ("up", 3, 0), ("down", 6, 0x1F), ("idx", 13, 0x1F),
+                                      ("idx", 2, 0x181F)])
+def test_shuffles_follow_the_lane_formulas(mode, b, c):
+    got = run_ptx(f"""
+        mad.lo.u32 %r2, %r1, 3, 7;
+        shfl.sync.{mode}.b32 %r9|%p1, %r2, {b}, {c}, -1;
+    """)
+    for lane, v in enumerate(got):
+        seg = (c >> 8) & 0x1F
+        max_lane = (lane & seg) | ((c & 0x1F) & ~seg)
+        j = {"bfly": lane ^ b, "up": lane - b, "down": lane + b, "idx": (lane & seg) | (b & ~seg)}[mode]
+        ok = j >= max_lane if mode == "up" else j <= max_lane
+        assert v == (j if ok else lane) * 3 + 7, (lane, v)
+
+
+def test_conversions_extend_saturate_and_round_as_the_manual_says():
+    # an 8-bit result sign-extends into its 16-bit register; float -> int rounds as asked,
+    # saturates, and NaN gives 0; a 64-bit literal moved into 32 bits keeps its low half (Triton
+    # 3.6 filled i8 loads with `mov.u32 %r, 0xfffffffffffffffe`: bytes fe ff ff ff)
+    got = run_ptx("""
+        sub.s32 %r2, 10, %r1;
+        mul.lo.s32 %r2, %r2, 37;
+        cvt.s8.s32 %rs1, %r2;
+        cvt.s32.s16 %r3, %rs1;
+        cvt.rn.f32.s32 %r4, %r2;
+        mul.rn.f32 %r4, %r4, 0f3FC00000;
+        cvt.rzi.s8.f32 %rs2, %r4;
+        cvt.s32.s8 %r5, %rs2;
+        mov.u32 %r6, 0xfffffffffffffffe;
+        xor.b32 %r9, %r3, %r5;
+        xor.b32 %r9, %r9, %r6;
+    """)
+    for t, v in enumerate(got):
+        x = (10 - t) * 37
+        low = ((x + 128) % 256) - 128
+        f = np.float32(x) * np.float32(1.5)
+        sat = int(max(-128, min(127, np.trunc(f))))
+        assert v == ((low & 0xFFFFFFFF) ^ (sat & 0xFFFFFFFF) ^ 0xFFFFFFFE), t
+
+
+def test_float_min_max_skip_nan_and_order_signed_zeros():
+    got = run_ptx("""
+        setp.eq.u32 %p1, %r1, 0;
+        selp.f32 %r2, 0f7FC00000, 0f40400000, %p1;
+        min.f32 %r3, %r2, 0f3F800000;
+        max.f32 %r4, 0f80000000, 0f00000000;
+        min.f32 %r5, 0f80000000, 0f00000000;
+        add.f32 %r9, %r3, %r4;
+        xor.b32 %r9, %r9, %r5;
+    """, threads=2)
+    assert list(got) == [0x3F800000 ^ 0x80000000, 0x3F800000 ^ 0x80000000]
+
+
+def test_divergent_branches_and_loops_reconverge():
+    # odd lanes skip a block; every lane loops tid times; all store once after reconverging
+    got = run_ptx("""
+        mov.u32 %r9, 0;
+        and.b32 %r2, %r1, 1;
+        setp.eq.u32 %p1, %r2, 1;
+        @%p1 bra SKIP;
+        add.u32 %r9, %r9, 1000;
+    SKIP:
+        mov.u32 %r3, %r1;
+        setp.eq.u32 %p2, %r3, 0;
+        @%p2 bra DONE;
+    LOOP:
+        add.u32 %r9, %r9, 3;
+        sub.u32 %r3, %r3, 1;
+        setp.ne.u32 %p3, %r3, 0;
+        @%p3 bra LOOP;
+    DONE:
+    """)
+    np.testing.assert_array_equal(got, [(0 if t % 2 else 1000) + 3 * t for t in range(32)])
+
+
+BARRIER_AFTER_A_COLD_BLOCK = """
+    // odd threads compute their value in a block placed after the barrier and jump back (LLVM
+    // lays out cold blocks so); every thread then reads its neighbour's value after the barrier
+    mov.b32 %r8, global_smem;
+    shl.b32 %r2, %r1, 2;
+    add.s32 %r3, %r8, %r2;
+    and.b32 %r4, %r1, 1;
+    setp.eq.u32 %p1, %r4, 1;
+    mov.u32 %r5, %r1;
+    @%p1 bra COLD;
+BACK:
+    st.shared.b32 [%r3], %r5;
+    {sync}
+    add.u32 %r6, %r1, 1;
+    and.b32 %r6, %r6, 63;
+    shl.b32 %r6, %r6, 2;
+    add.s32 %r6, %r8, %r6;
+    ld.shared.b32 %r9, [%r6];
+    bra.uni END;
+COLD:
+    mul.lo.u32 %r5, %r1, 100;
+    bra.uni BACK;
+END:
+"""
+
+
+def test_a_barrier_waits_for_threads_in_blocks_laid_out_after_it():
+    got = run_ptx(BARRIER_AFTER_A_COLD_BLOCK.format(sync="bar.sync 0;"), threads=64)
+    want = [(t + 1) % 64 for t in range(64)]
+    np.testing.assert_array_equal(got, [w * 100 if w % 2 else w for w in want])
+
+
+def test_shared_memory_read_without_a_barrier_is_a_race():
+    with pytest.raises(SharedMemoryRace, match="read of another warp's write"):
+        run_ptx(BARRIER_AFTER_A_COLD_BLOCK.format(sync=""), threads=64)
+
+
+def test_ldmatrix_hands_each_lane_its_cells():
+    # an 8x8 b16 matrix, row r at shared byte 32 r (16 bytes used); lanes 0-7 give the row
+    # addresses; lane l gets cells (l // 4, 2 (l % 4) + {0, 1}), transposed: (2 (l % 4) + {0, 1}, l // 4)
+    for trans in ("", ".trans"):
+        got = run_ptx(f"""
+            mov.b32 %r8, global_smem;
+            and.b32 %r2, %r1, 7;
+            shl.b32 %r3, %r2, 5;
+            add.s32 %r3, %r8, %r3;
+            mov.u32 %r4, 0;
+        FILL:
+            shl.b32 %r5, %r2, 4;
+            add.u32 %r5, %r5, %r4;
+            cvt.u16.u32 %rs1, %r5;
+            shl.b32 %r6, %r4, 1;
+            add.s32 %r6, %r3, %r6;
+            setp.lt.u32 %p1, %r1, 8;
+            @%p1 st.shared.b16 [%r6], %rs1;
+            add.u32 %r4, %r4, 1;
+            setp.lt.u32 %p2, %r4, 8;
+            @%p2 bra FILL;
+            bar.sync 0;
+            ldmatrix.sync.aligned.m8n8.x1{trans}.shared.b16 {{%r9}}, [%r3];
+        """)
+        for lane, v in enumerate(got):
+            r, c = lane // 4, 2 * (lane % 4)
+            cells = [(c, r), (c + 1, r)] if trans else [(r, c), (r, c + 1)]
+            assert v == (16 * cells[0][0] + cells[0][1]) | (16 * cells[1][0] + cells[1][1]) << 16, (trans, lane)
+
+
+def test_unknown_instructions_are_refused_by_name():
+    with pytest.raises(Unsupported, match="wgmma"):
+        run_ptx("wgmma.fence.sync.aligned;\nmov.u32 %r9, 0;")
+
+
+# ---------------------------------------------------------------- k31dsl kernels, real compiler
+
+def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
+    """Kernels that found GPU miscompiles (test_target_semantics.py), compiled for sm_90 by this
+    machine's Triton and emulated, against the numpy target, on fresh inputs."""
+    from hopper import run_compiler_script
+    seed = int(rng.integers(2 ** 31))
+    script = textwrap.dedent(f"""
+        import sys, tempfile
+        import numpy as np, torch
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+        import k31dsl as k
+        import test_target_semantics as s
+        from ptxemu import run_gpu_code
+        from target_check import compare
+        rng = np.random.default_rng({seed})
+        i8 = lambda r, c: torch.from_numpy(rng.integers(-128, 128, (r, c)).astype(np.int8))
+        cases = [
+            (s.negated_extremes, [torch.from_numpy(rng.integers(-1000, 1000, (29, 45)).astype(np.int32)),
+                                  torch.from_numpy(rng.integers(0, 2 ** 32, (29, 45), dtype=np.uint64).astype(np.uint32))],
+             [torch.zeros(4, 45, dtype=torch.int32)], [-7]),
+            (s.narrow_fills, [i8(14, 64), torch.from_numpy(rng.integers(0, 256, (14, 64)).astype(np.uint8)).view(torch.float8_e4m3fn),
+                              torch.from_numpy(rng.random((14, 64)) < 0.5)],
+             [torch.zeros(64, 32, dtype=torch.int8), torch.zeros(32, 64), torch.zeros(32, 64, dtype=torch.int32)], []),
+            (s.narrow_transposes, [i8(45, 70), torch.from_numpy(rng.integers(0, 2 ** 32, (45, 70), dtype=np.uint64).astype(np.uint32))],
+             [torch.zeros(70, 45, dtype=torch.int8), torch.zeros(70, 45, dtype=torch.int8), torch.zeros(70, 45, dtype=torch.int32)], []),
+            (s.wrapping_abs, [torch.tensor([-2 ** 31, -7, -1, 0, 5, 2 ** 31 - 1, -2 ** 31 + 1, 12], dtype=torch.int32),
+                              torch.tensor([-128, -7, -1, 0, 5, 127, -127, 12], dtype=torch.int8),
+                              torch.tensor([-2 ** 63, -7, -1, 0, 5, 2 ** 63 - 1, -2 ** 63 + 1, 12], dtype=torch.int64)],
+             [torch.zeros(2, 8, dtype=torch.int32), torch.zeros(8, dtype=torch.int8), torch.zeros(8, dtype=torch.int64)], []),
+        ]
+        folder = tempfile.mkdtemp()
+        for kern, ins, outs, scalars in cases:
+            ref = [o.clone() for o in outs]
+            k.compile(kern, target="numpy")(*ins, *ref, *scalars)
+            got = [o.clone() for o in outs]
+            run_gpu_code(kern, *[x.clone() for x in ins], *got, *scalars, folder=folder)
+            compare({{"numpy": {{str(i): o for i, o in enumerate(ref)}}, "ptx": {{str(i): o for i, o in enumerate(got)}}}})
+            print(kern.ir().name, "agrees")
+        """)
+    out = run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0")
+    assert out.split() == ["negated_extremes", "agrees", "narrow_fills", "agrees", "narrow_transposes", "agrees",
+                           "wrapping_abs", "agrees"], out
