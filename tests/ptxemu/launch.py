@@ -19,7 +19,8 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
     from k31dsl.targets.triton.aot import compile_for_gpu, jit_like
     from k31dsl.targets.triton.emit import emit, pdl_mode
 
-    ir = kern.ir()
+    from k31dsl.dsl.ir import Kernel
+    ir = kern if isinstance(kern, Kernel) else kern.ir()
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{ir.name}_launcher.py"

@@ -468,6 +468,33 @@ def _bf16_max():
     return ml_dtypes.finfo(ml_dtypes.bfloat16).max
 
 
+def _cp_async(cta: _CTA, ins: Instr):
+    """cp.async.{ca,cg}.shared.global [dst], [src], size{, src-size}{, policy}: the first src-size
+    bytes from global memory, zeros after them. Done at issue: the groups' commit / wait only
+    order it, and a program may read the bytes only after its wait and a barrier."""
+    parts, args = ins.parts, ins.args
+    if {"commit_group", "wait_group", "wait_all"} & set(parts):
+        return
+    if "bulk" in parts:
+        raise Unsupported(f"instruction {ins.op}")
+    dst, src = cta.address(args[0]), cta.address(args[1])
+    size = int(args[2], 0)
+    extra = args[3:-1] if any(p.startswith("L2::cache_hint") for p in parts) else args[3:]
+    act = np.nonzero(cta.active)[0]
+    if not extra:
+        src_size = np.full(cta.n, size)
+    elif extra[0].startswith(("%p", "!%p")):      # ignore-src: zeros when set
+        src_size = np.where(cta.val(extra[0], "pred"), 0, size)
+    else:
+        src_size = np.minimum(cta.val(extra[0], "u32").astype(np.int64), size)
+    for b in range(size):
+        lanes = act[src_size[act] > b]
+        byte = np.zeros(cta.n, np.uint64)
+        byte[lanes] = cta.memory.read((src[lanes] + b).astype(np.uint64), 1)
+        cta.touch_shared(dst[act] + b, 1, act, True, ins.op, byte[act])
+        scatter(cta.shared, dst[act] + b, 1, byte[act])
+
+
 def _const_zero(cta: _CTA, ins: Instr):
     cta.set(ins.args[0], np.zeros(cta.n, np.uint64), "b64")
 
@@ -478,4 +505,4 @@ SCALAR_OPS = {"mov": _mov, "ld": _ld, "st": _st, "add": _arith, "sub": _arith, "
               "sin": _arith, "cos": _arith, "tanh": _arith, "copysign": _arith, "popc": _arith, "clz": _arith,
               "brev": _arith, "and": _logic, "or": _logic, "xor": _logic, "not": _logic, "shl": _shift,
               "shr": _shift, "bfe": _bfe, "bfi": _bfi, "prmt": _prmt, "selp": _selp, "setp": _setp, "cvt": _cvt,
-              "createpolicy": _const_zero}
+              "createpolicy": _const_zero, "cp": _cp_async}
