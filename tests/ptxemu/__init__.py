@@ -14,11 +14,12 @@ f32 once through f64 (exact products); f64 fma goes through float128 where numpy
     ptx = compiled.asm["ptx"]
     Emulator(ptx).launch(grid=(gx, gy, gz), params=[...], memory=mem)
     run_gpu_code(kernel, *args, folder=...)       # a k31dsl kernel as its gpu launcher calls it
+    emulate_triton_target(folder)                 # the library's Triton target, emulated
 """
 from __future__ import annotations
 
-from .launch import run_gpu_code
+from .launch import emulate_triton_target, run_gpu_code
 from .machine import Emulator
 from .values import Memory, SharedMemoryRace, Unsupported
 
-__all__ = ["Emulator", "Memory", "SharedMemoryRace", "Unsupported", "run_gpu_code"]
+__all__ = ["Emulator", "Memory", "SharedMemoryRace", "Unsupported", "emulate_triton_target", "run_gpu_code"]

@@ -65,3 +65,20 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
     emu.launch(grid, params + [0] * scratch, memory)
     return compiled
 
+
+
+def emulate_triton_target(folder: str):
+    """Make this process's k31dsl Triton target run gpu-mode code in the emulator: library ops
+    called with CPU tensors then launch, through their own runtime path, the PTX the GPU would run
+    (one config, no autotuning). For a subprocess with TRITON_INTERPRET unset; not undone."""
+    import k31dsl.targets.triton.runtime as runtime
+
+    def build(kernel, kdef=None, **options):
+        def launch(*args):
+            run_gpu_code(kernel, *args, folder=folder)
+        launch.raw, launch.source, launch.module = launch, "", None
+        return launch
+    runtime.detect_mode = lambda: "gpu"
+    runtime._check_devices = lambda *a, **k: None
+    runtime.build = build
+    runtime.TritonKernel._tunable = lambda self, passed: False
