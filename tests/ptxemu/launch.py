@@ -1,10 +1,15 @@
 """k31dsl kernels through their gpu-mode launcher, compiled for sm_90 by the Triton in this process, emulated."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from .machine import Emulator
 from .values import Memory, Unsupported
+
+
+PROFILE: dict = {}        # kernel name -> launches, CTAs, warp-level issues per PTX op (all calls)
 
 
 def run_gpu_code(kern, *args, folder: str, arch: int = 90):
@@ -63,6 +68,10 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
     if getattr(compiled.metadata, "global_scratch_size", 0):
         raise Unsupported("kernels with global scratch memory")
     emu.launch(grid, params + [0] * scratch, memory)
+    stats = PROFILE.setdefault(ir.name, {"launches": 0, "ctas": 0, "issued": Counter(), "grid": grid})
+    stats["launches"] += 1
+    stats["ctas"] += emu.ctas
+    stats["issued"].update(emu.issued)
     return compiled
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 
@@ -127,6 +128,8 @@ class Emulator:
         self.entry = parse(ptx)
         self.undefined: set[str] = set()
         self.races: list[str] = []
+        self.issued: Counter = Counter()              # op -> warp-level issues (a profile)
+        self.ctas = 0
 
     def launch(self, grid, params: list, memory: Memory, max_steps: int = 2_000_000):
         grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -140,6 +143,7 @@ class Emulator:
                     with np.errstate(all="ignore"):
                         self._run(cta, max_steps)
                     self.undefined |= cta.undefined
+                    self.ctas += 1
                     self.races += [f"CTA {(cx, cy, cz)}: {r}" for r in cta.races]
         if self.races:                                 # the outputs are written all the same
             raise SharedMemoryRace("; ".join(self.races[:3]))
@@ -198,6 +202,7 @@ class Emulator:
                 why = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {e}"
                 raise Unsupported(f"{why} (in `{ins.op} {', '.join(ins.args)}`)") from None
             pcs[here] = pc + 1
+            self.issued[ins.op] += int(np.count_nonzero(np.bincount(warp[here])))
         raise Unsupported("step limit reached (a loop that does not end?)")
 
 
