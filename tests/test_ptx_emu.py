@@ -244,20 +244,22 @@ def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
         from ptxemu import run_gpu_code
         from target_check import compare
         rng = np.random.default_rng({seed})
-        i8 = lambda r, c: torch.from_numpy(rng.integers(-128, 128, (r, c)).astype(np.int8))
+        ints = lambda lo, hi, shape, dt: torch.from_numpy(rng.integers(lo, hi, shape, dtype=np.int64).astype(dt))
+        z = torch.zeros
+        i32, i8, i64 = torch.int32, torch.int8, torch.int64
         cases = [
-            (s.negated_extremes, [torch.from_numpy(rng.integers(-1000, 1000, (29, 45)).astype(np.int32)),
-                                  torch.from_numpy(rng.integers(0, 2 ** 32, (29, 45), dtype=np.uint64).astype(np.uint32))],
-             [torch.zeros(4, 45, dtype=torch.int32)], [-7]),
-            (s.narrow_fills, [i8(14, 64), torch.from_numpy(rng.integers(0, 256, (14, 64)).astype(np.uint8)).view(torch.float8_e4m3fn),
+            (s.negated_extremes, [ints(-1000, 1000, (29, 45), np.int32), ints(0, 2 ** 32, (29, 45), np.uint32)],
+             [z(4, 45, dtype=i32)], [-7]),
+            (s.narrow_fills, [ints(-128, 128, (14, 64), np.int8),
+                              ints(0, 256, (14, 64), np.uint8).view(torch.float8_e4m3fn),
                               torch.from_numpy(rng.random((14, 64)) < 0.5)],
-             [torch.zeros(64, 32, dtype=torch.int8), torch.zeros(32, 64), torch.zeros(32, 64, dtype=torch.int32)], []),
-            (s.narrow_transposes, [i8(45, 70), torch.from_numpy(rng.integers(0, 2 ** 32, (45, 70), dtype=np.uint64).astype(np.uint32))],
-             [torch.zeros(70, 45, dtype=torch.int8), torch.zeros(70, 45, dtype=torch.int8), torch.zeros(70, 45, dtype=torch.int32)], []),
-            (s.wrapping_abs, [torch.tensor([-2 ** 31, -7, -1, 0, 5, 2 ** 31 - 1, -2 ** 31 + 1, 12], dtype=torch.int32),
-                              torch.tensor([-128, -7, -1, 0, 5, 127, -127, 12], dtype=torch.int8),
-                              torch.tensor([-2 ** 63, -7, -1, 0, 5, 2 ** 63 - 1, -2 ** 63 + 1, 12], dtype=torch.int64)],
-             [torch.zeros(2, 8, dtype=torch.int32), torch.zeros(8, dtype=torch.int8), torch.zeros(8, dtype=torch.int64)], []),
+             [z(64, 32, dtype=i8), z(32, 64), z(32, 64, dtype=i32)], []),
+            (s.narrow_transposes, [ints(-128, 128, (45, 70), np.int8), ints(0, 2 ** 32, (45, 70), np.uint32)],
+             [z(70, 45, dtype=i8), z(70, 45, dtype=i8), z(70, 45, dtype=i32)], []),
+            (s.wrapping_abs, [torch.tensor([-2 ** 31, -7, -1, 0, 5, 2 ** 31 - 1, -2 ** 31 + 1, 12], dtype=i32),
+                              torch.tensor([-128, -7, -1, 0, 5, 127, -127, 12], dtype=i8),
+                              torch.tensor([-2 ** 63, -7, -1, 0, 5, 2 ** 63 - 1, -2 ** 63 + 1, 12], dtype=i64)],
+             [z(2, 8, dtype=i32), z(8, dtype=i8), z(8, dtype=i64)], []),
         ]
         folder = tempfile.mkdtemp()
         for kern, ins, outs, scalars in cases:
@@ -265,7 +267,8 @@ def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
             k.compile(kern, target="numpy")(*ins, *ref, *scalars)
             got = [o.clone() for o in outs]
             run_gpu_code(kern, *[x.clone() for x in ins], *got, *scalars, folder=folder)
-            compare({{"numpy": {{str(i): o for i, o in enumerate(ref)}}, "ptx": {{str(i): o for i, o in enumerate(got)}}}})
+            named = lambda ts: {{str(i): t for i, t in enumerate(ts)}}
+            compare({{"numpy": named(ref), "ptx": named(got)}})
             print(kern.ir().name, "agrees")
         """)
     out = run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0")

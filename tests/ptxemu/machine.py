@@ -230,7 +230,9 @@ MODIFIERS = {
     "stmatrix": {"sync", "aligned", "m8n8", "x1", "x2", "x4", "trans", "shared", "shared::cta"},
     "mma": {"sync", "aligned", "m16n8k16", "m16n8k8", "row", "col", "tf32"},
     "cp": {"async", "ca", "cg", "shared", "shared::cta", "global", "commit_group", "wait_group", "wait_all"},
-    "wgmma": {"fence", "commit_group", "wait_group", "mma_async", "sync", "aligned"} | {f"m64n{n}k{k}" for n in range(8, 257, 8) for k in (16, 32)} | {"e4m3", "e5m2"}, "createpolicy": None, "bra": {"uni"}, "ret": set(),
+    "wgmma": {"fence", "commit_group", "wait_group", "mma_async", "sync", "aligned", "e4m3", "e5m2"}
+    | {f"m64n{n}k{k}" for n in range(8, 257, 8) for k in (16, 32)},
+    "createpolicy": None, "bra": {"uni"}, "ret": set(),
     "exit": set(), **{head: None for head in NO_OPS},
 }
 for _head in _FTZ:                               # flushing subnormals: scalar_ops.flush_subnormals
