@@ -118,6 +118,23 @@ def test_conversions_extend_saturate_and_round_as_the_manual_says():
         assert v == ((low & 0xFFFFFFFF) ^ (sat & 0xFFFFFFFF) ^ 0xFFFFFFFE), t
 
 
+def test_warp_votes_and_reductions():
+    # ballot: bit l set when lane l's predicate holds; redux.sync: the op over the warp, to every lane
+    got = run_ptx("""
+        and.b32 %r2, %r1, 31;
+        mul.lo.u32 %r3, %r2, %r2;
+        and.b32 %r4, %r3, 5;
+        setp.ne.u32 %p1, %r4, 0;
+        vote.sync.ballot.b32 %r5, %p1, -1;
+        redux.sync.max.s32 %r6, %r3, -1;
+        redux.sync.add.s32 %r7, %r2, -1;
+        xor.b32 %r9, %r5, %r6;
+        add.u32 %r9, %r9, %r7;
+    """, threads=64)
+    ballot = sum(1 << lane for lane in range(32) if (lane * lane) & 5)
+    np.testing.assert_array_equal(got, [((ballot ^ 31 * 31) + 496) & 0xFFFFFFFF] * 64)
+
+
 def test_float_min_max_skip_nan_and_order_signed_zeros():
     got = run_ptx("""
         setp.eq.u32 %p1, %r1, 0;

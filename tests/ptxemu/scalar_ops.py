@@ -272,7 +272,6 @@ def _shift(cta: _CTA, ins: Instr):
 def _bfe(cta: _CTA, ins: Instr):
     ty = instr_type(ins)
     w = WIDTH[ty]
-    a = cta.val(ins.args[1], ty).astype(np.uint64 if not is_signed(ty) else np.int64)
     pos = np.minimum(cta.val(ins.args[2], "u32").astype(np.int64) & 0xFF, w)
     ln = np.minimum(cta.val(ins.args[3], "u32").astype(np.int64) & 0xFF, w)
     ua = to_bits(cta.val(ins.args[1], ty), ty)
@@ -286,7 +285,6 @@ def _bfe(cta: _CTA, ins: Instr):
             if sbit:
                 field_ |= ((1 << w) - 1) ^ ((1 << ll) - 1)
         out[i] = field_ & ((1 << w) - 1)
-    del a
     cta.set(ins.args[0], out, "b64")
 
 

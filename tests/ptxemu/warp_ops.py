@@ -42,7 +42,7 @@ def _shfl(cta: _CTA, ins: Instr):
 
 
 def _vote(cta: _CTA, ins: Instr):
-    mode, ty = ins.parts[2], instr_type(ins)
+    mode = ins.parts[2]
     p = cta.val(ins.args[1], "pred") & cta.active
     warp = np.arange(cta.n) // 32
     if mode == "ballot":
@@ -57,7 +57,6 @@ def _vote(cta: _CTA, ins: Instr):
         lanes = (warp == w_) & cta.active
         res[warp == w_] = p[lanes].any() if mode == "any" else p[lanes].all()
     cta.set(ins.args[0], res, "pred")
-    del ty
 
 
 def _redux(cta: _CTA, ins: Instr):
