@@ -4,7 +4,7 @@ as numpy lanes with one program counter each (machine.py). It exists because the
 minutes a day: a wrong answer that the PTX already computes (a Triton lowering bug) shows here,
 with every statement's values at hand, and so does whether a workaround form fixes it; shared
 memory touched by two warps with no barrier between is reported as a race. What it cannot see:
-ptxas (the SASS the GPU runs; its miscompiles need the GPU), wgmma, timing.
+ptxas (the SASS the GPU runs; its miscompiles need the GPU) and timing.
 
 Semantics follow the PTX ISA manual for the subset Triton emits for these kernels; an instruction
 outside it raises `Unsupported` naming it, never a silent guess. Approximate instructions

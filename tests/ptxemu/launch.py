@@ -21,10 +21,10 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
     import pathlib
 
     import torch
+    from k31dsl.dsl.ir import Kernel
     from k31dsl.targets.triton.aot import compile_for_gpu, jit_like
     from k31dsl.targets.triton.emit import emit, pdl_mode
 
-    from k31dsl.dsl.ir import Kernel
     ir = kern if isinstance(kern, Kernel) else kern.ir()
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
     if getattr(compiled.metadata, "global_scratch_size", 0):
         raise Unsupported("kernels with global scratch memory")
     emu.launch(grid, params + [0] * scratch, memory)
-    stats = PROFILE.setdefault(ir.name, {"launches": 0, "ctas": 0, "issued": Counter(), "grid": grid})
+    stats = PROFILE.setdefault(ir.name, {"launches": 0, "ctas": 0, "issued": Counter()})
     stats["launches"] += 1
     stats["ctas"] += emu.ctas
     stats["issued"].update(emu.issued)

@@ -32,7 +32,6 @@ class _CTA:
             self.special[f"%ctaid.{axis}"] = np.full(n, c, np.uint64)
             self.special[f"%nctaid.{axis}"] = np.full(n, g, np.uint64)
         self.regs: dict[str, np.ndarray] = {}
-        self.undefined: set[str] = set()
         self.active = np.ones(n, bool)
         # shared-memory hazards between warps: a byte written and then read or written by another
         # warp with no bar.sync in between is a race on the GPU, where warps run apart
@@ -82,8 +81,7 @@ class _CTA:
             return self.special[tok]
         if tok == "global_smem":
             return np.zeros(self.n, np.uint64)
-        if is_reg(tok):
-            self.undefined.add(tok)
+        if is_reg(tok):                           # never written: reads as zeros
             return np.zeros(self.n, np.uint64)
         raise Unsupported(f"operand {tok!r}")
 
@@ -126,7 +124,6 @@ class Emulator:
 
     def __init__(self, ptx: str):
         self.entry = parse(ptx)
-        self.undefined: set[str] = set()
         self.races: list[str] = []
         self.issued: Counter = Counter()              # op -> warp-level issues (a profile)
         self.ctas = 0
@@ -142,7 +139,6 @@ class Emulator:
                     cta = _CTA(self.entry, (cx, cy, cz), grid, named, memory, np.zeros(SHARED_BYTES, np.uint8))
                     with np.errstate(all="ignore"):
                         self._run(cta, max_steps)
-                    self.undefined |= cta.undefined
                     self.ctas += 1
                     self.races += [f"CTA {(cx, cy, cz)}: {r}" for r in cta.races]
         if self.races:                                 # the outputs are written all the same
@@ -197,7 +193,8 @@ class Emulator:
                 pcs[here & ~cta.active] = pc + 1
                 continue
             try:
-                OPS[head](cta, ins) if head in OPS else _no_op_or_fail(ins)
+                if head in OPS:                        # check_modifiers refused all but these and NO_OPS
+                    OPS[head](cta, ins)
             except Exception as e:                     # noqa: BLE001 - name the instruction
                 why = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {e}"
                 raise Unsupported(f"{why} (in `{ins.op} {', '.join(ins.args)}`)") from None
@@ -259,10 +256,5 @@ def _sync_scope(ins: Instr) -> str | None:
     if "sync" in parts:
         return "warp"
     return None
-
-
-def _no_op_or_fail(ins: Instr):
-    if ins.parts[0] not in NO_OPS:
-        raise Unsupported(f"instruction {ins.op}")
 
 

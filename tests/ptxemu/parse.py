@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +28,6 @@ class Entry:
     body: list[Instr]
     labels: dict[str, int]
     threads: int
-    shared_symbols: list[str] = field(default_factory=list)
 
 
 def _split_args(text: str) -> list[str]:

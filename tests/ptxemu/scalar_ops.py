@@ -90,6 +90,13 @@ def _st(cta: _CTA, ins: Instr):
             raise Unsupported("st to this state space")
 
 
+def half_val(cta: _CTA, tok: str, ty: str, half: int) -> np.ndarray:
+    """Half `half` (0: the low bits) of a packed x2 operand, as `ty` (a register or a literal)."""
+    if is_reg(tok):
+        return to_typed(cta.bits(tok) >> np.uint64(half * WIDTH[ty]), ty)
+    return imm(tok, ty, cta.n)
+
+
 def _arith(cta: _CTA, ins: Instr):
     head, ty, mods = ins.parts[0], instr_type(ins), ins.parts[1:-1]
     if ty.endswith("x2"):                          # packed pairs: each half on its own
@@ -97,9 +104,8 @@ def _arith(cta: _CTA, ins: Instr):
         w = WIDTH[one]
         out = np.zeros(cta.n, np.uint64)
         for half in range(2):
-            a = [to_typed(cta.bits(x) >> np.uint64(half * w) if is_reg(x)
-                          else to_bits(imm(x, one, cta.n), one), one) for x in ins.args[1:]]
-            got = _float_arith(head, mods, one, a) if is_float(one) else _int_arith(head, mods, one, a, cta)
+            a = [half_val(cta, x, one, half) for x in ins.args[1:]]
+            got = _float_arith(head, mods, one, a) if is_float(one) else _int_arith(head, mods, one, a)
             out |= to_bits(got, one) << np.uint64(half * w)
         cta.set(ins.args[0], out, "b64")
         return
@@ -109,7 +115,7 @@ def _arith(cta: _CTA, ins: Instr):
     if ty in ("f32", "f64", "f16", "bf16"):
         out = _float_arith(head, mods, ty, a)
     else:
-        out = _int_arith(head, mods, ty, a, cta)
+        out = _int_arith(head, mods, ty, a)
         if "wide" in mods:
             cta.set(ins.args[0], out, ty[0] + str(2 * WIDTH[ty]))
             return
@@ -189,7 +195,7 @@ def _float_arith(head, mods, ty, a):
     return out.astype(NUMPY[calc])
 
 
-def _int_arith(head, mods, ty, a, cta):
+def _int_arith(head, mods, ty, a):
     w = WIDTH[ty]
     big = [x.astype(object) if w == 64 else x.astype(np.int64) for x in a]
     mask = (1 << w) - 1
@@ -202,8 +208,6 @@ def _int_arith(head, mods, ty, a, cta):
         prod = big[0] * big[1]
         if "hi" in mods:
             prod = prod >> w if w < 64 else np.array([int(p) >> 64 for p in prod], dtype=object)
-        elif "wide" in mods:
-            pass
         out = prod + (big[2] if head == "mad" else 0)
         if "wide" in mods:
             return np.array([int(v) & ((1 << (2 * w)) - 1) for v in out], dtype=np.uint64) \
@@ -349,8 +353,7 @@ def _setp(cta: _CTA, ins: Instr):
     if ty.endswith("x2"):                          # p from the low halves, q from the high halves
         one = ty[:-2]
         for half, dst in enumerate(dests):
-            x, y = (to_typed(cta.bits(a) >> np.uint64(16 * half), one) if is_reg(a)
-                    else imm(a, one, cta.n) for a in ins.args[1:3])
+            x, y = (half_val(cta, a, one, half) for a in ins.args[1:3])
             got = _compare(cmp, one, x, y)
             if len(ins.args) > 3:
                 f = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[parts[2]]
