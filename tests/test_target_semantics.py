@@ -338,26 +338,33 @@ def test_min_max_of_negated_integers(target, rng):
 
 
 @k.kernel
-def narrow_transposes(x: k.Tensor[k.i8, "R", "C"], u: k.Tensor[k.u32, "R", "C"], o: k.Tensor[k.i8, "C", "R"],
-                      ou: k.Tensor[k.i8, "C", "R"], ob: k.Tensor[k.i32, "C", "R"], B: k.constexpr = 32):
-    # 8-bit and bool tiles transposed (fuzz seeds 312048, 312814 shrink towards an i8 transpose that
-    # the H200 gets wrong inside those programs; alone, as here, it passes there)
+def narrow_transposes(x: k.Tensor[k.i8, "R", "C"], u: k.Tensor[k.u32, "R", "C"], f: k.Tensor[k.f32, "R", "C"],
+                      o: k.Tensor[k.i8, "C", "R"], ou: k.Tensor[k.i8, "C", "R"], ob: k.Tensor[k.i32, "C", "R"],
+                      of: k.Tensor[k.i8, "C", "R"], B: k.constexpr = 32):
+    # 8-bit and bool tiles transposed; the low byte of a float's bits (fuzz seed 312814: ptxas made
+    # the truncating byte store of a `selp.f32` register a float-to-u8 conversion, 0 / 1 on the H200)
     for i, j in k.grid(k.cdiv(x.shape[0], B), k.cdiv(x.shape[1], B)):
         a = x[k.span(i * B, B, other=-2), k.span(j * B, B, other=-2)]
         w = u[k.span(i * B, B, other=5), k.span(j * B, B, other=5)]
+        v = f[k.span(i * B, B, other=1.5), k.span(j * B, B, other=1.5)]
         o[k.span(j * B, B), k.span(i * B, B)] = a.T
         ou[k.span(j * B, B), k.span(i * B, B)] = w.T.to(k.i8)
         ob[k.span(j * B, B), k.span(i * B, B)] = (a > 0).T.to(k.i32)
+        of[k.span(j * B, B), k.span(i * B, B)] = k.where(v == 0.0, 0.0, v).bitcast(k.u32).T.to(k.i8)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_transposes_of_narrow_tiles(target, rng):
     x = torch.from_numpy(rng.integers(-128, 128, (45, 70)).astype(np.int8))
     u = torch.from_numpy(rng.integers(0, 2 ** 32, (45, 70), dtype=np.uint64).astype(np.uint32))
-    got = run_both(target, narrow_transposes, {"x": x, "u": u},
+    f = torch.from_numpy(rng.standard_normal((45, 70)).astype(np.float32))
+    f[3, :5] = 0.0
+    got = run_both(target, narrow_transposes, {"x": x, "u": u, "f": f},
                    {"o": torch.zeros(70, 45, dtype=torch.int8), "ou": torch.zeros(70, 45, dtype=torch.int8),
-                    "ob": torch.zeros(70, 45, dtype=torch.int32)})
+                    "ob": torch.zeros(70, 45, dtype=torch.int32), "of": torch.zeros(70, 45, dtype=torch.int8)})
     compare(got)
+    low = (f.numpy().view(np.uint32) & 0xFF).astype(np.uint8).view(np.int8)
+    np.testing.assert_array_equal(got[target]["of"].numpy(), low.T)
     np.testing.assert_array_equal(got[target]["o"].numpy(), x.numpy().T)
 
 

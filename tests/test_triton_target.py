@@ -526,9 +526,10 @@ def test_gpu_code_works_around_triton_36_miscompiles():
     # what the H200 got wrong from Triton 3.6 (tests/program_fuzz.py seeds in NOTES, 3 Dec), as the
     # gpu-mode source must avoid it: a narrow integer load's nonzero fill is selected after the load
     # (3.6 filled vectorised i8 lanes with the fill's 32-bit pattern); integer min / max operands pass
-    # an identity PRMT (ptxas dropped a negation folded into VIMNMX3); integer abs is shift-xor-sub
+    # an identity PRMT (ptxas dropped a negation folded into VIMNMX3); integer abs is shift-xor-sub;
+    # a float's bits narrowed to 8 bits pass the same PRMT
     from k31dsl.targets.triton.emit import emit
-    from test_target_semantics import narrow_fills, negated_extremes, wrapping_abs
+    from test_target_semantics import narrow_fills, narrow_transposes, negated_extremes, wrapping_abs
     fills = emit(narrow_fills.ir(), mode="gpu")
     loads = [line for line in fills.splitlines() if "tl.load(" in line]
     assert len(loads) == 3 and not any("other=" in line for line in loads), loads
@@ -537,4 +538,7 @@ def test_gpu_code_works_around_triton_36_miscompiles():
     reductions = [line for line in extremes.splitlines() if "tl.max(" in line or "tl.min(" in line]
     assert len(reductions) == 4 and all("prmt.b32" in line for line in reductions), reductions
     assert "abs.s32" not in emit(wrapping_abs.ir(), mode="gpu")
+    # a float's bits narrowed to a byte pass an identity PRMT (ptxas converted the float, seed 312814)
+    narrows = [line for line in emit(narrow_transposes.ir(), mode="gpu").splitlines() if ".to(tl.int8)" in line]
+    assert len(narrows) == 2 and sum("prmt.b32" in line for line in narrows) == 1, narrows
     assert "prmt" not in emit(negated_extremes.ir(), mode="interpret")      # the interpreter needs none

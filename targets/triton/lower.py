@@ -313,7 +313,28 @@ def cast(em, op):
         lo, hi = (-(2.0 ** (bits - 1)), 2.0 ** (bits - 1)) if signed else (-1.0, 2.0 ** bits)
         mn, mx = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
         return f"_float_to_int({X}, {em.carrier(dst)}, {lo!r}, {hi!r}, {mn}, {mx})"
+    if dst.bits < src.bits <= 32 and _holds_float_bits(em, x):
+        return em.to(_opaque_int(em, x, em.t(x)), em.carrier(dst))
     return em.to(x, em.carrier(dst))
+
+
+_LAYOUT_OPS = ("trans", "broadcast", "reshape", "expand", "cat", "where", "take", "bitcast")
+
+
+def _holds_float_bits(em, v, depth: int = 8) -> bool:
+    """Whether integer tile v is a float's bits (a bitcast from a float, through ops that only
+    move or select values). ptxas (12.8, 12.9) types a register by the instruction that wrote it:
+    a truncating byte store of a register written by `selp.f32` became a float-to-u8 conversion
+    (F2IP.U8.F32) — the H200 stored 0, 0, 0, 1 for the low bytes of small floats' bits (fuzz seed
+    312814: f32 bits as u32, transposed through shared memory, cast to i8). Behind the identity
+    PRMT the register is an integer's."""
+    op = em.defs.get(v.uid)
+    if op is None or depth == 0:
+        return False
+    if op.name == "bitcast" and op.operands[0].type.dtype.is_float:
+        return True
+    return op.name in _LAYOUT_OPS and any(
+        o.type.dtype is not D.bool_ and _holds_float_bits(em, o, depth - 1) for o in op.operands)
 
 
 def bitcast(em, op):
