@@ -371,14 +371,16 @@ def test_transposes_of_narrow_tiles(target, rng):
 @k.kernel
 def narrow_fills(x: k.Tensor[k.i8, "R", "C"], q: k.Tensor[k.f8e4m3, "R", "C"], b: k.Tensor[k.bool, "R", "C"],
                  o: k.Tensor[k.i8, "C", "R2"], oq: k.Tensor[k.f32, "R2", "C"], ob: k.Tensor[k.i32, "R2", "C"],
-                 B: k.constexpr = 32):
+                 oc: k.Tensor[k.i8, "R2", "C"], B: k.constexpr = 32):
     # masked 8-bit loads with a fill other than 0 (fuzz seed 312048: Triton 3.6 filled a vectorised
-    # i8 load with -2's 32-bit pattern, lanes -2, -1, -1, -1); rows past R read the fill
+    # i8 load with -2's 32-bit pattern, lanes -2, -1, -1, -1); rows past R read the fill. The last
+    # load walks a column (stride C: never vectorised, so it keeps Triton's own fill)
     for i, j in k.grid(k.cdiv(oq.shape[0], B), k.cdiv(x.shape[1], B)):
         a = x[k.span(i * B, B, other=-2), k.span(j * B, B, other=-2)]
         o[k.span(j * B, B), k.span(i * B, B)] = a.T
         oq[k.span(i * B, B), k.span(j * B, B)] = q[k.span(i * B, B, other=-2.0), k.span(j * B, B, other=-2.0)].to(k.f32)
         ob[k.span(i * B, B), k.span(j * B, B)] = b[k.span(i * B, B, other=True), k.span(j * B, B, other=True)].to(k.i32) + a.to(k.i32)
+        oc[k.span(i * B, B), j * B] = x[k.span(i * B, B, other=-3), j * B]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -389,11 +391,13 @@ def test_masked_narrow_loads_fill_every_lane(target, rng):
     bb = torch.from_numpy(rng.random((r, c)) < 0.5)
     got = run_both(target, narrow_fills, {"x": x, "q": q, "b": bb},
                    {"o": torch.zeros(c, 32, dtype=torch.int8), "oq": torch.zeros(32, c),
-                    "ob": torch.zeros(32, c, dtype=torch.int32)})
+                    "ob": torch.zeros(32, c, dtype=torch.int32), "oc": torch.zeros(32, c, dtype=torch.int8)})
     compare(got)
     o = got[target]["o"].numpy()
     assert (o[:, r:] == -2).all() and (got[target]["oq"][r:].numpy() == -2.0).all()
     assert (got[target]["ob"][r:].numpy() == -1).all()
+    oc = got[target]["oc"].numpy()
+    assert (oc[:r, ::32] == x.numpy()[:, ::32]).all() and (oc[r:, ::32] == -3).all()
 
 
 @k.kernel

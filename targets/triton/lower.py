@@ -539,15 +539,21 @@ def load(em, op):
     dt = op.operands[0].type.dtype
     other = op.attrs["other"]
     fill = None if other is None else fill_literal(other, dt, em)
+    extra = "" if other is None else f", other={fill}"
+    text = f"tl.load({ptr}, mask={mask}{extra}{_eviction(op)})"
     if (fill is not None and not em.interp and not dt.is_float and dt.bits < 32
             and fill not in ("0", "False") and op.result.type.shape):
         # Triton 3.6 fills the masked lanes of a vectorised 8- or 16-bit integer load with the
         # 32-bit pattern of `other` (-2 becomes 0xFFFFFFFE: lanes -2, -1, -1, -1 on the H200,
         # fuzz seed 312048; the PTX shows it); float fills are splatted right. Load, then select
-        return (f"tl.where({mask}, tl.load({ptr}, mask={mask}{_eviction(op)}), "
-                f"tl.full([], {fill}, {em.carrier(dt)}))")
-    extra = "" if other is None else f", other={fill}"
-    text = f"tl.load({ptr}, mask={mask}{extra}{_eviction(op)})"
+        # -- only where Triton may vectorise: a tile axis whose stride it specialised to 1. The
+        # select costs ~6 % of the paged indexer's issues, whose scale loads are strided.
+        em.use("may_vectorise")
+        strides = ", ".join(f"{em.n(op.operands[0])}_stride_{axis}" for axis, kind in enumerate(op.attrs["index"])
+                            if parse_index_kind(kind)[0] != "scalar")
+        select = (f"tl.where({mask}, tl.load({ptr}, mask={mask}{_eviction(op)}), "
+                  f"tl.full([], {fill}, {em.carrier(dt)}))")
+        return f"({select} if _may_vectorise({strides}) else {text})"
     if dt is D.bf16 and em.interp:
         em.use("round_bf16")
         return f"_bf16_from_bits({text})"
