@@ -245,6 +245,18 @@ def test_unknown_instructions_and_modifiers_are_refused_by_name():
         run_ptx("add.cc.u32 %r9, %r1, 1;")
 
 
+def test_sass_check_counts_only_narrow_conversions_the_ptx_does_not_ask_for():
+    # seed 312814's SASS (ptxas 12.8): a byte store of a `selp.f32` register became F2IP.U8.F32
+    from ptxemu.sass import unasked_narrow_conversions
+    bug = "/*4460*/ F2IP.U8.F32.TRUNC.NTZ R87, RZ, R86, RZ ;\n/*4500*/ STS.U8 [R12+UR4], R87 ;\n" * 2
+    assert unasked_narrow_conversions("selp.f32 %r386, 0f00000000, %r354, %p261;\nst.shared.b8 [%r460], %r386;", bug) == 2
+    asked = "F2I.S16.BF16.TRUNC.NTZ R3, R4 ;\nF2I.U8.F32.TRUNC.NTZ R5, R6 ;"
+    assert unasked_narrow_conversions("cvt.rzi.s16.bf16 %rs1, %rs2;\ncvt.rzi.sat.u8.f32 %rs3, %r4;", asked) == 0
+    # integer division's reciprocal and a rematerialised 32-bit conversion are not counted
+    wide = "I2F.U32.RP R24, R9 ;\nF2I.FTZ.U32.TRUNC.NTZ R19, R24 ;\nF2I.U32.TRUNC.NTZ R5, R8 ;\nF2I.U32.TRUNC.NTZ R9, R8 ;"
+    assert unasked_narrow_conversions("rem.s32 %r1, %r2, %r3;\ncvt.rzi.u32.f32 %r5, %r8;", wide) == 0
+
+
 # ---------------------------------------------------------------- k31dsl kernels, real compiler
 
 def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):

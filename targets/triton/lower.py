@@ -323,7 +323,7 @@ _LAYOUT_OPS = ("trans", "broadcast", "reshape", "expand", "cat", "where", "take"
 
 def _holds_float_bits(em, v, depth: int = 8) -> bool:
     """Whether integer tile v is a float's bits (a bitcast from a float, through ops that only
-    move or select values). ptxas (12.8, 12.9) types a register by the instruction that wrote it:
+    move or select values). ptxas 12.8 (Triton 3.6's) types a register by the instruction that wrote it:
     a truncating byte store of a register written by `selp.f32` became a float-to-u8 conversion
     (F2IP.U8.F32) — the H200 stored 0, 0, 0, 1 for the low bytes of small floats' bits (fuzz seed
     312814: f32 bits as u32, transposed through shared memory, cast to i8). Behind the identity

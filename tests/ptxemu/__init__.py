@@ -4,7 +4,8 @@ as numpy lanes with one program counter each (machine.py). It exists because the
 minutes a day: a wrong answer that the PTX already computes (a Triton lowering bug) shows here,
 with every statement's values at hand, and so does whether a workaround form fixes it; shared
 memory touched by two warps with no barrier between is reported as a race. What it cannot see:
-ptxas (the SASS the GPU runs; its miscompiles need the GPU) and timing.
+ptxas (the SASS the GPU runs; its miscompiles need the GPU, except float-to-narrow-integer
+conversions it adds on its own, which sass.py counts at each launch) and timing.
 
 Semantics follow the PTX ISA manual for the subset Triton emits for these kernels; an instruction
 outside it raises `Unsupported` naming it, never a silent guess. Approximate instructions
@@ -19,7 +20,8 @@ f32 once through f64 (exact products); f64 fma goes through float128 where numpy
 from __future__ import annotations
 
 from .launch import emulate_triton_target, run_gpu_code
+from .sass import PtxasConversion
 from .machine import Emulator
 from .values import Memory, SharedMemoryRace, Unsupported
 
-__all__ = ["Emulator", "Memory", "SharedMemoryRace", "Unsupported", "emulate_triton_target", "run_gpu_code"]
+__all__ = ["Emulator", "Memory", "PtxasConversion", "SharedMemoryRace", "Unsupported", "emulate_triton_target", "run_gpu_code"]

@@ -6,6 +6,7 @@ from collections import Counter
 import numpy as np
 
 from .machine import Emulator
+from .sass import check_conversions
 from .values import Memory, Unsupported
 
 
@@ -63,6 +64,7 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
         else:
             params.append(int(v))
     (folder / f"{ir.name}.ptx").write_text(compiled.asm["ptx"])         # for reading after a failure
+    check_conversions(compiled, ir.name)                        # the one ptxas fault the SASS shows
     emu = Emulator(compiled.asm["ptx"])
     scratch = len(emu.entry.params) - len(params)               # Triton's global / profile scratch
     if getattr(compiled.metadata, "global_scratch_size", 0):
