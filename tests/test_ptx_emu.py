@@ -286,6 +286,8 @@ def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
             (s.narrow_transposes, [ints(-128, 128, (45, 70), np.int8), ints(0, 2 ** 32, (45, 70), np.uint32),
                                    torch.from_numpy(rng.standard_normal((45, 70)).astype(np.float32))],
              [z(70, 45, dtype=i8), z(70, 45, dtype=i8), z(70, 45, dtype=i32), z(70, 45, dtype=i8)], []),
+            (s.signed_zeros, [torch.tensor([0.0, -0.0, 1.5, -2.0] * 20), torch.tensor([0.0, -0.0, 1.5, -2.0] * 20).to(torch.bfloat16)],
+             [z(3, 80)], []),
             (s.wrapping_abs, [torch.tensor([-2 ** 31, -7, -1, 0, 5, 2 ** 31 - 1, -2 ** 31 + 1, 12], dtype=i32),
                               torch.tensor([-128, -7, -1, 0, 5, 127, -127, 12], dtype=i8),
                               torch.tensor([-2 ** 63, -7, -1, 0, 5, 2 ** 63 - 1, -2 ** 63 + 1, 12], dtype=i64)],
@@ -303,7 +305,7 @@ def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
         """)
     out = run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0")
     assert out.split() == ["negated_extremes", "agrees", "narrow_fills", "agrees", "narrow_transposes", "agrees",
-                           "wrapping_abs", "agrees"], out
+                           "signed_zeros", "agrees", "wrapping_abs", "agrees"], out
 
 
 # the library's ops through their own Triton launch path, gpu-mode code emulated, against their

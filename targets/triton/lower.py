@@ -262,6 +262,11 @@ def unary(em, op):
     dt, name = x.type.dtype, op.name
     X = em.t(x)
     if name == "neg":
+        if dt.is_float and not em.interp:
+            # Triton 3.6 writes float -x as 0 - x (sub.rn), so -(+0.0) came out +0.0, and a division
+            # by it +inf where the reference has -inf (fuzz seed 392733, in the PTX emulator; 3.9
+            # flips the sign bit). A product with -1 is exact and LLVM makes it a true negation
+            return f"({X} * -1.0)"
         return f"-{X}"
     if name == "not":
         return f"~{X}"
