@@ -67,15 +67,20 @@ def parse_arg(text: str):
     return name, torch.empty(shape, dtype=dtype, device="meta")
 
 
+def cuobjdump(cubin: Path, flag: str) -> str:
+    """`cuobjdump <flag>` of a cubin file (-sass, -res-usage), by the tool that ships with Triton."""
+    import triton
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    return subprocess.run([str(tool), flag, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 def sass_facts(compiled, folder: Path, arch: int = 90) -> dict:
     """Registers, spills, shared memory, SASS instructions, tensor-core instructions and global
     loads by width of a `triton.compile` result, plus the programs one SM holds and the limit."""
-    import triton
-    bin_dir = Path(triton.__file__).parent / "backends/nvidia/bin"
     cubin = folder / "k.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
-    sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True).stdout
-    res = subprocess.run([str(bin_dir / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    sass = cuobjdump(cubin, "-sass")
+    res = cuobjdump(cubin, "-res-usage")
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     warps = compiled.metadata.num_warps
     smem = compiled.metadata.shared

@@ -64,7 +64,7 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
         else:
             params.append(int(v))
     (folder / f"{ir.name}.ptx").write_text(compiled.asm["ptx"])         # for reading after a failure
-    check_conversions(compiled, ir.name)                        # the one ptxas fault the SASS shows
+    check_conversions(compiled, folder / f"{ir.name}.cubin")    # the one ptxas fault the SASS shows
     emu = Emulator(compiled.asm["ptx"])
     scratch = len(emu.entry.params) - len(params)               # Triton's global / profile scratch
     if getattr(compiled.metadata, "global_scratch_size", 0):
@@ -75,7 +75,6 @@ def run_gpu_code(kern, *args, folder: str, arch: int = 90):
     stats["ctas"] += emu.ctas
     stats["issued"].update(emu.issued)
     return compiled
-
 
 
 def emulate_triton_target(folder: str):

@@ -10,8 +10,6 @@ duplicates conversions it rematerialises, so a count there proves nothing.)"""
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 from pathlib import Path
 
 NARROW_PTX_CVT = re.compile(r"\bcvt\.r[znmp]i(?:\.ftz)?(?:\.sat)?\.[su](?:8|16)\.(?:bf16|f16|f32|f64)\b")
@@ -27,19 +25,12 @@ def unasked_narrow_conversions(ptx: str, sass: str) -> int:
     return max(0, len(NARROW_SASS_F2I.findall(sass)) - len(NARROW_PTX_CVT.findall(ptx)))
 
 
-def sass_of(cubin: bytes) -> str:
-    """The SASS text of a cubin, by the cuobjdump that ships with this process's Triton."""
-    import triton
-    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-
-
-def check_conversions(compiled, name: str) -> None:
-    """Raise PtxasConversion when ptxas added narrow float-to-int conversions to `compiled`."""
-    extra = unasked_narrow_conversions(compiled.asm["ptx"], sass_of(compiled.asm["cubin"]))
+def check_conversions(compiled, cubin: Path) -> None:
+    """Raise PtxasConversion when ptxas added narrow float-to-int conversions to `compiled`
+    (its cubin is written to the file `cubin` for cuobjdump)."""
+    from k31dsl.targets.triton.resources import cuobjdump
+    cubin.write_bytes(compiled.asm["cubin"])
+    extra = unasked_narrow_conversions(compiled.asm["ptx"], cuobjdump(cubin, "-sass"))
     if extra:
-        raise PtxasConversion(f"{name}: the SASS has {extra} float-to-8/16-bit conversion(s) (F2I / F2IP) that "
+        raise PtxasConversion(f"{cubin.stem}: the SASS has {extra} float-to-8/16-bit conversion(s) (F2I / F2IP) that "
                               f"the PTX does not ask for: ptxas typed a register by a float instruction that wrote it")
