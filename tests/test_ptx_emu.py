@@ -288,6 +288,9 @@ def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
              [z(70, 45, dtype=i8), z(70, 45, dtype=i8), z(70, 45, dtype=i32), z(70, 45, dtype=i8)], []),
             (s.signed_zeros, [torch.tensor([0.0, -0.0, 1.5, -2.0] * 20), torch.tensor([0.0, -0.0, 1.5, -2.0] * 20).to(torch.bfloat16)],
              [z(3, 80)], []),
+            (s.reread_stores, [torch.from_numpy((rng.standard_normal((64, 128)) * 8).astype(np.float16)),
+                               torch.from_numpy(rng.standard_normal((64, 128)).astype(np.float32)).to(torch.float8_e4m3fn)],
+             [z(2, 64, 128, dtype=i32), z(64, 128), z(64, 128, dtype=torch.float16), z(2, 64, 128, dtype=i8)], []),
             (s.wrapping_abs, [torch.tensor([-2 ** 31, -7, -1, 0, 5, 2 ** 31 - 1, -2 ** 31 + 1, 12], dtype=i32),
                               torch.tensor([-128, -7, -1, 0, 5, 127, -127, 12], dtype=i8),
                               torch.tensor([-2 ** 63, -7, -1, 0, 5, 2 ** 63 - 1, -2 ** 63 + 1, 12], dtype=i64)],
@@ -305,7 +308,7 @@ def test_gpu_code_of_semantics_kernels_agrees_in_emulation(rng):
         """)
     out = run_compiler_script(script, TRITON_DEFAULT_FP_FUSION="0")
     assert out.split() == ["negated_extremes", "agrees", "narrow_fills", "agrees", "narrow_transposes", "agrees",
-                           "signed_zeros", "agrees", "wrapping_abs", "agrees"], out
+                           "signed_zeros", "agrees", "reread_stores", "agrees", "wrapping_abs", "agrees"], out
 
 
 # the library's ops through their own Triton launch path, gpu-mode code emulated, against their

@@ -390,6 +390,44 @@ def test_negation_flips_the_sign_of_zero(target, rng):
 
 
 @k.kernel
+def reread_stores(x: k.Tensor[k.f16, "R", "C"], q: k.Tensor[k.f8e4m3, "R", "C"], oi: k.Tensor[k.i32, "F", "R", "C"],
+                  of: k.Tensor[k.f32, "R", "C"], oh: k.Tensor[k.f16, "R", "C"], ob: k.Tensor[k.i8, "F", "R", "C"],
+                  BR: k.constexpr = 32, BC: k.constexpr = 64):
+    # stores of values that an earlier op reads too (fuzz seed 400748: Triton 3.6's layout pass,
+    # making the read's operand in the fp8 load's layout, reused the conversion made for the store
+    # of n below it, and the module failed to verify; at sizes that are multiples of 16)
+    for i, j in k.grid(k.cdiv(x.shape[0], BR), k.cdiv(x.shape[1], BC)):
+        h = x[k.span(i * BR, BR, other=0.5), k.span(j * BC, BC, other=0.5)]
+        f = h.to(k.f32)
+        n = k.where(f < 100.0, f.to(k.i32), 0)
+        m = n.to(k.f32)
+        c = n > 3
+        oi[0, k.span(i * BR, BR), k.span(j * BC, BC)] = n + 1
+        oi[1, k.span(i * BR, BR), k.span(j * BC, BC)] = n
+        g = q[k.span(i * BR, BR, other=2.0), k.span(j * BC, BC, other=2.0)].to(k.f32) * m
+        of[k.span(i * BR, BR), k.span(j * BC, BC)] = g
+        oh[k.span(i * BR, BR), k.span(j * BC, BC)] = h
+        e = c.to(k.i8)
+        ob[0, k.span(i * BR, BR), k.span(j * BC, BC)] = (n * 7).to(k.i8) + e
+        ob[1, k.span(i * BR, BR), k.span(j * BC, BC)] = e
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_stores_of_values_read_before(target, rng):
+    x = torch.from_numpy((rng.standard_normal((45, 70)) * 8).astype(np.float16))
+    q = torch.from_numpy(rng.standard_normal((45, 70)).astype(np.float32)).to(torch.float8_e4m3fn)
+    outs = {"oi": torch.zeros(2, 45, 70, dtype=torch.int32), "of": torch.zeros(45, 70),
+            "oh": torch.zeros(45, 70, dtype=torch.float16), "ob": torch.zeros(2, 45, 70, dtype=torch.int8)}
+    got = run_both(target, reread_stores, {"x": x, "q": q}, outs)
+    compare(got)
+    f = x.numpy().astype(np.float64)
+    n = np.where(f < 100, np.trunc(f), 0).astype(np.int32)
+    np.testing.assert_array_equal(got[target]["oi"][1].numpy(), n)
+    np.testing.assert_array_equal(got[target]["oh"].numpy(), x.numpy())
+    np.testing.assert_array_equal(got[target]["ob"][1].numpy(), (n > 3).astype(np.int8))
+
+
+@k.kernel
 def narrow_fills(x: k.Tensor[k.i8, "R", "C"], q: k.Tensor[k.f8e4m3, "R", "C"], b: k.Tensor[k.bool, "R", "C"],
                  o: k.Tensor[k.i8, "C", "R2"], oq: k.Tensor[k.f32, "R2", "C"], ob: k.Tensor[k.i32, "R2", "C"],
                  oc: k.Tensor[k.i8, "R2", "C"], B: k.constexpr = 32):

@@ -529,7 +529,7 @@ def test_gpu_code_works_around_triton_36_miscompiles():
     # an identity PRMT (ptxas dropped a negation folded into VIMNMX3); integer abs is shift-xor-sub;
     # a float's bits narrowed to 8 bits pass the same PRMT
     from k31dsl.targets.triton.emit import emit
-    from test_target_semantics import narrow_fills, narrow_transposes, negated_extremes, wrapping_abs
+    from test_target_semantics import narrow_fills, narrow_transposes, negated_extremes, reread_stores, wrapping_abs
     fills = emit(narrow_fills.ir(), mode="gpu")
     loads = [line.strip().split(" = ", 1)[1] for line in fills.splitlines() if "tl.load(" in line]
     assert len(loads) == 4, loads         # where Triton may vectorise (a stride it made 1): load, then select
@@ -543,3 +543,23 @@ def test_gpu_code_works_around_triton_36_miscompiles():
     narrows = [line for line in emit(narrow_transposes.ir(), mode="gpu").splitlines() if ".to(tl.int8)" in line]
     assert len(narrows) == 2 and sum("prmt.b32" in line for line in narrows) == 1, narrows
     assert "prmt" not in emit(negated_extremes.ir(), mode="interpret")      # the interpreter needs none
+    # a min / max operand that holds no negation keeps ptxas's fused form: no PRMT
+    plain = [line for line in emit(split_scale_maxima.ir(), mode="gpu").splitlines()
+             if "tl.max(" in line or "tl.maximum(" in line]
+    assert len(plain) == 3 and sum("prmt.b32" in line for line in plain) == 1, plain
+    # a store of a value an earlier op reads stores a copy (Triton 3.6's layout pass, seed 400748)
+    stores = [line for line in emit(reread_stores.ir(), mode="gpu").splitlines() if "tl.store(" in line]
+    copied = [line.split("tl.store(")[1].split(",")[0] for line in stores if "mov.b" in line]
+    assert copied == ["oi + oi_off_1", "oh + oh_off", "ob + ob_off_1"], stores
+    assert '"=h,h"' in stores[3] and "tl.int32" in stores[5], stores
+    assert "mov.b" not in emit(reread_stores.ir(), mode="interpret")
+
+
+@k.kernel
+def split_scale_maxima(s: k.Tensor[k.u8, "R", "G"], o: k.Tensor[k.i32, "R", "G"], BR: k.constexpr = 32):
+    # the paged indexer's scale split: maxima of loaded bytes and of a value less a constant need no
+    # PRMT; the maximum of a difference of two values (LLVM may make it a negation) keeps it
+    for i in k.grid(k.cdiv(s.shape[0], BR)):
+        eb = s[k.span(i * BR, BR), k.span(0, 4)].to(k.i32)
+        top = k.max(eb, axis=1)
+        o[k.span(i * BR, BR), k.span(0, 4)] = k.maximum(eb, top[:, None] - 126) + k.maximum(eb - top[:, None], -3)

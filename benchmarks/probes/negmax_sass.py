@@ -6,7 +6,7 @@ runs) three of the four negations stay (IMAD.MOV -R) and the fourth value enters
 VIMNMX3 un-negated (fuzz seeds 202878, 103512); the ptxas of Triton 3.9 (12.9) happens to keep all
 four for this kernel, though pytorch#190973 reports the same fusion up to 13.3.
 Form 1 routes each negated value through an identity PRMT, which ptxas does not look through: all
-four negations stay (what `_opaque_int` in targets/triton/lower.py now emits). Form 2 negates as
+four negations stay (what `opaque_int` in targets/triton/gpu_guards.py emits). Form 2 negates as
 not + 1 (ptxas fuses it into VIADDMNMX instead); form 3 hides the negation behind a `mov` in inline
 asm, which ptxas sees through (the bug stays).
 

@@ -114,7 +114,12 @@ class TritonEmitter(PyEmitter):
         self.defs: dict[int, Op] = {}
         self.iv_ops: dict[int, Op] = {}      # loop induction variable -> its for op
         self._nonneg: dict[int, bool] = {}
-        for op in list(walk(kernel.host)) + list(walk(kernel.body)):
+        self.position: dict[int, int] = {}   # id(op) -> its place in program order
+        self.first_use: dict[int, int] = {}  # uid -> place of the first op that reads it
+        for n, op in enumerate(list(walk(kernel.host)) + list(walk(kernel.body))):
+            self.position[id(op)] = n
+            for x in op.operands:
+                self.first_use.setdefault(x.uid, n)
             for r in op.results:
                 self.defs[r.uid] = op
             if op.name == "for":

@@ -13,6 +13,8 @@ import numpy as np
 
 from k31dsl.dsl import dtypes as D
 from k31dsl.dsl.ir import COMPARE, parse_index_kind
+from k31dsl.targets.triton.gpu_guards import (holds_float_bits, int_asm, minmax_operand, opaque_int,
+                                                 read_before, stored_copy)
 
 INFIX = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^", "shl": "<<",
          "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
@@ -160,32 +162,6 @@ def _outer_product_operands(a, b) -> bool:
     return len(sa) == 3 and len(sb) == 3 and sa[2] == 1 and sb[0] == 1 and (sa[0] != 1 or sb[2] != 1)
 
 
-def _int_asm(em, dt: D.DType, text: str, asm: str) -> str:
-    """An integer tile through one elementwise PTX snippet (`asm` may name {bits} and {top} =
-    bits - 1): 64-bit values in a 64-bit register, the rest in 32 bits (narrower integers widen
-    there and come back). Neither LLVM nor ptxas infers anything about the result."""
-    bits = 64 if dt.bits == 64 else 32
-    wide = "tl.int64" if bits == 64 else "tl.uint32" if dt is D.u32 else "tl.int32"
-    arg = text if em.carrier(dt) == wide else f"{text}.to({wide})"
-    reg = "l" if bits == 64 else "r"
-    out = (f'tl.inline_asm_elementwise("{asm.format(bits=bits, top=bits - 1)}", "={reg},{reg}", [{arg}], '
-           f'dtype={wide}, is_pure=True, pack=1)')
-    return out if em.carrier(dt) == wide else f"{out}.to({em.carrier(dt)})"
-
-
-def _opaque_int(em, v, text: str) -> str:
-    """An integer tile as the operand of a min / max on the GPU, behind an identity byte permute.
-    ptxas (12.8 to 13.3) folds an integer negation into a three-input min / max (VIMNMX3) and can
-    drop it: max over axis 0 of -x came back as the max of x on the H200 (fuzz seeds 202878,
-    103512; the SASS shows three operands negated and the fourth not; pytorch#190973 reports the
-    same fusion). ptxas does not look through PRMT, so every operand reaches the min / max as
-    computed (benchmarks/probes/negmax_sass.py reads the SASS of each form)."""
-    dt = v.type.dtype
-    if em.interp or not dt.is_int or dt.bits > 32 or v.type.is_scalar or v.uid in em.maybe_cx:
-        return text
-    return _int_asm(em, dt, text, "prmt.b32 $0, $1, 0, 0x3210;")
-
-
 def binary(em, op):
     a, b = op.operands
     dt, name = a.type.dtype, op.name
@@ -207,7 +183,7 @@ def binary(em, op):
     if not dt.is_float:
         if name == "floordiv":
             return f"{A} // {B}"            # Triton's integer // truncates toward zero
-        return f"tl.{name}({_opaque_int(em, a, A)}, {_opaque_int(em, b, B)})"        # maximum / minimum
+        return f"tl.{name}({minmax_operand(em, a, A)}, {minmax_operand(em, b, B)})"    # maximum / minimum
     if name in ("maximum", "minimum"):
         em.use("fmax" if name == "maximum" else "fmin")
         if dt in LOW:        # Triton 3.6 returns f32 for a bf16 maximum: keep the IR's dtype
@@ -278,7 +254,7 @@ def unary(em, op):
             # takes IABS for non-negative (the SASS drops the remainder's sign fix-up). The
             # shift-xor-subtract form in inline asm wraps as the contract does, and neither LLVM
             # nor ptxas treats its result as non-negative (benchmarks/probes/abs_forms.py)
-            return _int_asm(em, dt, X, "{{ .reg .s{bits} t; shr.s{bits} t, $1, {top}; xor.b{bits} $0, $1, t; "
+            return int_asm(em, dt, X, "{{ .reg .s{bits} t; shr.s{bits} t, $1, {top}; xor.b{bits} $0, $1, t; "
                                        "sub.s{bits} $0, $0, t; }}")
         return f"tl.abs({X})"
     if name == "relu":                        # maximum(x, 0): NaN stays NaN
@@ -287,7 +263,7 @@ def unary(em, op):
             if dt in LOW:     # as binary()'s maximum: Triton 3.6 returns f32 for a 16-bit maximum
                 return from32(em, f"_fmax({f32(em, x)}, 0.0)", dt)
             return f"_fmax({X}, tl.zeros_like({X}))"
-        return f"tl.maximum({_opaque_int(em, x, X)}, tl.zeros_like({X}))"
+        return f"tl.maximum({minmax_operand(em, x, X)}, tl.zeros_like({X}))"
     if dt in LOW:
         return from32(em, _float_unary(em, name, f32(em, x), D.f32), dt)
     return _float_unary(em, name, X, dt)
@@ -318,28 +294,9 @@ def cast(em, op):
         lo, hi = (-(2.0 ** (bits - 1)), 2.0 ** (bits - 1)) if signed else (-1.0, 2.0 ** bits)
         mn, mx = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
         return f"_float_to_int({X}, {em.carrier(dst)}, {lo!r}, {hi!r}, {mn}, {mx})"
-    if dst.bits < src.bits <= 32 and _holds_float_bits(em, x):
-        return em.to(_opaque_int(em, x, em.t(x)), em.carrier(dst))
+    if dst.bits < src.bits <= 32 and holds_float_bits(em, x):
+        return em.to(opaque_int(em, x, em.t(x)), em.carrier(dst))
     return em.to(x, em.carrier(dst))
-
-
-_LAYOUT_OPS = ("trans", "broadcast", "reshape", "expand", "cat", "where", "take", "bitcast")
-
-
-def _holds_float_bits(em, v, depth: int = 8) -> bool:
-    """Whether integer tile v is a float's bits (a bitcast from a float, through ops that only
-    move or select values). ptxas 12.8 (Triton 3.6's) types a register by the instruction that wrote it:
-    a truncating byte store of a register written by `selp.f32` became a float-to-u8 conversion
-    (F2IP.U8.F32) — the H200 stored 0, 0, 0, 1 for the low bytes of small floats' bits (fuzz seed
-    312814: f32 bits as u32, transposed through shared memory, cast to i8). Behind the identity
-    PRMT the register is an integer's."""
-    op = em.defs.get(v.uid)
-    if op is None or depth == 0:
-        return False
-    if op.name == "bitcast" and op.operands[0].type.dtype.is_float:
-        return True
-    return op.name in _LAYOUT_OPS and any(
-        o.type.dtype is not D.bool_ and _holds_float_bits(em, o, depth - 1) for o in op.operands)
 
 
 def bitcast(em, op):
@@ -378,7 +335,7 @@ def reduce(em, op):
         return f"tl.reduce({X}, {axis}, _f{op.name})"
     if dt in LOW:
         return from32(em, f"tl.sum({f32(em, x)}{ax})", dt)
-    out = f"tl.{op.name}({X if op.name == 'sum' else _opaque_int(em, x, X)}{ax})"
+    out = f"tl.{op.name}({X if op.name == 'sum' else minmax_operand(em, x, X)}{ax})"
     return f"{out}.to({em.carrier(dt)})" if dt.is_int and dt.bits < 32 else out
 
 
@@ -572,6 +529,8 @@ def store(em, op):
     if dt is D.bf16 and em.interp:
         em.use("round_bf16")
         v = f"_bf16_to_bits({em.t(value)})"
+    elif read_before(em, value, op):
+        v = stored_copy(em, value, em.t(value))
     return f"tl.store({ptr}, {v}, mask={mask}{_eviction(op)})"
 
 
