@@ -105,7 +105,12 @@ class _Builder:
         """A float operand of a sum, cumsum or dot, clamped to +-1e4: the order of a float sum is
         left open, so terms near the f32 range (products of int64 extremes reach 1e37) cancel
         differently in a sequential and a tree order, past any tolerance scaled to the outputs.
-        NaN stays NaN."""
+        An f32 term is also cut to a multiple of 1/16 (and to +-1e3): then every partial sum of up
+        to 1000 terms is exact, so no order rounds differently; a sum that cancels to a small
+        value (seeds 350289, 392413, 411280: x / (|x| + 1) of a cumsum) no longer magnifies the
+        order's rounding past the tolerance. NaN stays NaN."""
+        if dtype == "f32":
+            return f"k.floor(k.minimum(k.maximum({text}, -1e3), 1e3) * 16.0) * 0.0625"
         return f"k.minimum(k.maximum({text}, -1e4), 1e4)" if dtype in FLOATS else text
 
     def operand_like(self, a: Value, exact_only=False) -> tuple[str, bool, str]:
