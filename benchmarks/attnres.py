@@ -294,13 +294,10 @@ def sm90_stats(configs=None) -> list[str]:
     strides multiples of 16), and report registers, spill stack and shared memory
     (cuobjdump -res-usage) and the barriers in the code.
     Compiled with fp fusion, as `prepare_kernel("triton")` is. Needs a process without TRITON_INTERPRET."""
-    import glob
-    import subprocess
     import tempfile
-    import triton
     from k31dsl.ops import attnres as ar
     from k31dsl.targets.triton.aot import compile_for_gpu
-    tool = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"))
+    from k31dsl.targets.triton.resources import register_usage
     folder, out = Path(tempfile.mkdtemp()), []
     for i, cfg in enumerate(configs or ar.PREPARE_CONFIGS):
         cx = {key: val for key, val in cfg.items() if key != "num_warps"}
@@ -308,9 +305,7 @@ def sm90_stats(configs=None) -> list[str]:
                             divisible=lambda name: True, num_warps=cfg["num_warps"], fp_fusion=True)
         cubin = folder / f"{i}.cubin"
         cubin.write_bytes(c.asm["cubin"])
-        res = subprocess.run([tool[0], "-res-usage", str(cubin)], capture_output=True, text=True).stdout if tool else ""
-        res = " ".join(w for line in res.splitlines() if "REG" in line for w in line.split()
-                       if w.startswith(("REG", "STACK")))
+        res = register_usage(cubin)
         ptx = c.asm["ptx"]
         out.append(f"{cfg}: {res} smem {c.metadata.shared} B, bar.sync {ptx.count('bar.sync')} (in the code, "
                    f"loops once)")

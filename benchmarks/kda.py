@@ -326,13 +326,11 @@ def sm90_stats(specs=None) -> list[str]:
     at T=8192 H=96 (pointers aligned, sizes/strides multiples of 16: `tt.divisibility` 16, which
     decides vectorised loads and cp.async pipelining) and report registers, spill stack, shared
     memory and load/mma counts. Run in a process without TRITON_INTERPRET."""
-    import glob
-    import subprocess
     import tempfile
-    import triton
     import k31dsl as k
     from k31dsl.ops.kda.chunk_kernels import kda_chunk_prep, kda_chunk_state
     from k31dsl.targets.triton.aot import compile_for_gpu
+    from k31dsl.targets.triton.resources import register_usage
     prep = dict(XT=k.bf16, GT=k.bf16, BETAT=k.bf16, MT=k.bf16, GATE=2, SAFE=True, PREC="bf16", SOLVE="tf32",
                 BC=16, BK=128, BVV=128)
     state = dict(MT=k.bf16, OT=k.bf16, HAS_H0=True, STORE_HT=True, BT=64, BK=128)
@@ -345,15 +343,13 @@ def sm90_stats(specs=None) -> list[str]:
                       *((f"state BV {bv}", kda_chunk_state, {**state, "BV": bv}, 4 if bv <= 32 else 8, 2)
                         for bv in (16, 32, 64, 128))]
     small = ("seq_chunks_", "cu_", "chunk_info_", "h0_size_0", "ht_size_0", "h0_size_1", "ht_size_1")
-    tool = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"))
     out, folder = [], Path(tempfile.mkdtemp())
     for label, kdef, cx, warps, stages in specs:
         c = compile_for_gpu(kdef.ir(**cx), folder, arch=90, divisible=lambda n: not n.startswith(small),
                             num_warps=warps, num_stages=stages)
         cubin = folder / f"{len(out)}.cubin"
         cubin.write_bytes(c.asm["cubin"])
-        res = subprocess.run([tool[0], "-res-usage", str(cubin)], capture_output=True, text=True).stdout if tool else ""
-        res = " ".join(w for line in res.splitlines() if "REG" in line for w in line.split() if w.startswith(("REG", "STACK")))
+        res = register_usage(cubin)
         ptx = c.asm["ptx"]
         counts = {w: ptx.count(w) for w in ("ld.global.v4", "ld.global.b16", "cp.async.cg", "mma.sync", "wgmma.mma_async",
                                              "bar.sync")}

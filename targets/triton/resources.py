@@ -74,6 +74,14 @@ def cuobjdump(cubin: Path, flag: str) -> str:
     return subprocess.run([str(tool), flag, str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
+def register_usage(cubin: Path) -> str:
+    """The REG / STACK words of `cuobjdump -res-usage` of a cubin ("REG:128 STACK:0 ..."), one
+    group per function."""
+    res = cuobjdump(cubin, "-res-usage")
+    return " ".join(w for line in res.splitlines() if "REG" in line for w in line.split()
+                    if w.startswith(("REG", "STACK")))
+
+
 def sass_facts(compiled, folder: Path, arch: int = 90) -> dict:
     """Registers, spills, shared memory, SASS instructions, tensor-core instructions and global
     loads by width of a `triton.compile` result, plus the programs one SM holds and the limit."""
