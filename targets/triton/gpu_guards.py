@@ -41,8 +41,9 @@ def minmax_operand(em, v, text: str) -> str:
     return opaque_int(em, v, text) if may_be_negation(em, v) else text
 
 
-_VALUES = ("load", "arange", "dim", "full", "const", "sum", "max", "min", "cumsum", "histogram",
-           "topk", "dot")                    # results that are never an integer negation
+# results that are never an integer negation (a sum, scan or extreme of negations may be one:
+# LLVM writes -a + -b as -(a + b))
+_VALUES = ("load", "arange", "dim", "full", "const", "histogram", "topk", "dot")
 
 
 def _constant(em, v):
@@ -54,7 +55,8 @@ def may_be_negation(em, v, depth: int = 8) -> bool:
     """Whether LLVM may write integer tile v as a negation (`0 - x`): some op of the integer chain
     v comes from could be one after LLVM's algebra: a negation, a subtraction of anything but a
     constant (0 - x, a - (a + x)), a bitwise not or xor (~x + 1), a product or quotient with a
-    negative constant. Sums, shifts, masks, selects, minima and moves of other values cannot.
+    negative constant. Sums, shifts, masks, selects, minima and moves of other values cannot
+    (reductions and scans included: of negations, LLVM may write them as one).
     Loop-carried values and chains deeper than `depth`: maybe."""
     op = em.defs.get(v.uid)
     if op is None:                       # a parameter, a program id, a loop's variable or carried value
