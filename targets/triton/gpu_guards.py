@@ -100,10 +100,9 @@ def read_before(em, v, store) -> bool:
             and getattr(em.defs.get(v.uid), "name", None) not in ("full", "const", "arange"))
 
 
-# a register copy Triton's passes cannot see through, by the tile's register kind
-_COPY = {"tl.float32": ("r", "b32"), "tl.int32": ("r", "b32"), "tl.uint32": ("r", "b32"),
-         "tl.float16": ("h", "b16"), "tl.bfloat16": ("h", "b16"), "tl.float64": ("d", "b64"),
-         "tl.int64": ("l", "b64")}
+# a float tile's register kind and move width (integers and bools go through int_asm)
+_FLOAT_REGS = {"tl.float32": ("r", "b32"), "tl.float16": ("h", "b16"), "tl.bfloat16": ("h", "b16"),
+               "tl.float64": ("d", "b64")}
 
 
 def stored_copy(em, v, text: str) -> str:
@@ -113,8 +112,8 @@ def stored_copy(em, v, text: str) -> str:
     verify ("operand #0 does not dominate this use", fuzz seed 400748; Triton 3.9 builds it).
     The store of a copy converts a value no other op reads. ptxas drops the move."""
     carrier = em.carrier(v.type.dtype)
-    if carrier not in _COPY:                              # 8-bit and bool tiles move in 32 bits
-        return int_asm(em, v.type.dtype, text, "mov.b32 $0, $1;")
-    reg, bits = _COPY[carrier]
+    if carrier not in _FLOAT_REGS:                        # integers; 8-bit and bool tiles move in 32 bits
+        return int_asm(em, v.type.dtype, text, "mov.b{bits} $0, $1;")
+    reg, bits = _FLOAT_REGS[carrier]
     return (f'tl.inline_asm_elementwise("mov.{bits} $0, $1;", "={reg},{reg}", [{text}], '
             f'dtype={carrier}, is_pure=True, pack=1)')

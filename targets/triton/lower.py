@@ -255,7 +255,7 @@ def unary(em, op):
             # shift-xor-subtract form in inline asm wraps as the contract does, and neither LLVM
             # nor ptxas treats its result as non-negative (benchmarks/probes/abs_forms.py)
             return int_asm(em, dt, X, "{{ .reg .s{bits} t; shr.s{bits} t, $1, {top}; xor.b{bits} $0, $1, t; "
-                                       "sub.s{bits} $0, $0, t; }}")
+                                      "sub.s{bits} $0, $0, t; }}")
         return f"tl.abs({X})"
     if name == "relu":                        # maximum(x, 0): NaN stays NaN
         if dt.is_float:
@@ -508,8 +508,8 @@ def load(em, op):
         # Triton 3.6 fills the masked lanes of a vectorised 8- or 16-bit integer load with the
         # 32-bit pattern of `other` (-2 becomes 0xFFFFFFFE: lanes -2, -1, -1, -1 on the H200,
         # fuzz seed 312048; the PTX shows it); float fills are splatted right. Load, then select
-        # -- only where Triton may vectorise: a tile axis whose stride it specialised to 1. The
-        # select costs ~6 % of the paged indexer's issues, whose scale loads are strided.
+        # -- only where Triton may vectorise: a tile axis whose stride it specialised to 1 (a
+        # strided walk loads one lane at a time and Triton's own fill is right there)
         em.use("may_vectorise")
         strides = ", ".join(f"{em.n(op.operands[0])}_stride_{axis}" for axis, kind in enumerate(op.attrs["index"])
                             if parse_index_kind(kind)[0] != "scalar")
